@@ -1,0 +1,20 @@
+# Quick start: `make serve` (proxy on 127.0.0.1:8080, diskcache store in ./data), `make test`.
+VENV ?= .venv
+STAMP := $(VENV)/.installed
+
+.PHONY: install serve test bench clean
+
+$(STAMP): pyproject.toml scripts/install.sh
+	scripts/install.sh $(VENV) test
+	touch $(STAMP)
+
+install: $(STAMP)
+
+serve: $(STAMP)
+	$(VENV)/bin/context-proxy serve --config config.yaml
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""HTTP handlers: chat completions, passthrough, and the admin API."""

@@ -1,0 +1,129 @@
+"""The admin API: conversations, their live transcript and their whole trajectory.
+
+Who sees what: the admin token (or, with no token set, a loopback client without a Bearer)
+sees every tenant; any other Bearer is a client key and sees only its own tenant's conversations.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from typing import Any
+
+from aiohttp import web
+
+from ..errors import InvalidRequest, NotFound, Unauthorized
+from ..identity import ConversationKey, bearer_token, check_conversation_id, request_tenant
+from ..state import SETTINGS, STORE
+from ..store import Conversation, StoredMessage
+
+ALL_TENANTS = None
+
+
+def _is_loopback(remote: str | None) -> bool:
+    try:
+        return remote is not None and ipaddress.ip_address(remote).is_loopback
+    except ValueError:
+        return False
+
+
+def caller_scope(request: web.Request) -> str | None:
+    """The tenant the caller may see, or ALL_TENANTS for the admin."""
+    settings = request.app[SETTINGS]
+    token = bearer_token(request)
+    admin_token = settings.admin.token
+    if token is not None:
+        if admin_token is not None and hmac.compare_digest(token.encode(), admin_token.get_secret_value().encode()):
+            return ALL_TENANTS
+        return request_tenant(request, settings.conversation)
+    if admin_token is None and _is_loopback(request.remote):
+        return ALL_TENANTS
+    raise Unauthorized("The admin API needs 'Authorization: Bearer <admin token or your API key>'")
+
+
+def _limit(request: web.Request, default: int, maximum: int) -> int:
+    raw = request.query.get("limit", str(default))
+    if not raw.isdigit() or not 1 <= int(raw) <= maximum:
+        raise InvalidRequest(f"limit must be an integer between 1 and {maximum}", param="limit")
+    return int(raw)
+
+
+def _page(data: list[dict[str, Any]], has_more: bool, id_key: str = "id") -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0][id_key] if data else None,
+        "last_id": data[-1][id_key] if data else None,
+        "has_more": has_more,
+    }
+
+
+async def _conversation(request: web.Request) -> Conversation:
+    """The conversation named in the path, as the caller may see it; 404 for anything else."""
+    conversation_id = check_conversation_id(request.match_info["conversation_id"])
+    scope = caller_scope(request)
+    store = request.app[STORE]
+    if scope is not ALL_TENANTS:
+        found = await store.get(ConversationKey(scope, conversation_id))
+        candidates = [found] if found else []
+    else:
+        candidates = await store.find(conversation_id)
+        tenant = request.query.get("tenant")
+        if tenant:
+            candidates = [c for c in candidates if c.key.tenant.startswith(tenant)]
+        if len(candidates) > 1:
+            raise InvalidRequest("Several tenants have this conversation id: add ?tenant=<tenant>", param="tenant")
+    if not candidates:
+        raise NotFound(f"No conversation found with id '{conversation_id}'")
+    return candidates[0]
+
+
+async def list_conversations(request: web.Request) -> web.Response:
+    scope = caller_scope(request)
+    after = request.query.get("after")
+    page, has_more = await request.app[STORE].list_conversations(scope, after=after, limit=_limit(request, 20, 100))
+    return web.json_response(_page([c.to_api() for c in page], has_more))
+
+
+async def get_conversation(request: web.Request) -> web.Response:
+    return web.json_response((await _conversation(request)).to_api())
+
+
+async def _message_page(request: web.Request, *, live_only: bool) -> dict[str, Any]:
+    conversation = await _conversation(request)
+    after_raw = request.query.get("after")
+    if after_raw is not None and not after_raw.isdigit():
+        raise InvalidRequest("after must be a message seq (an integer)", param="after")
+    limit = _limit(request, 100, 1000)
+    rows: list[StoredMessage] = await request.app[STORE].messages(
+        conversation.key, live_only=live_only, after=int(after_raw) if after_raw else None, limit=limit + 1
+    )
+    data = [m.to_api(with_status=not live_only) for m in rows[:limit]]
+    return _page(data, len(rows) > limit, id_key="seq")
+
+
+async def list_messages(request: web.Request) -> web.Response:
+    return web.json_response(await _message_page(request, live_only=True))
+
+
+async def trajectory(request: web.Request) -> web.Response:
+    page = await _message_page(request, live_only=False)
+    page["summaries"] = []  # filled once compaction writes summaries
+    return web.json_response(page)
+
+
+async def delete_conversation(request: web.Request) -> web.Response:
+    conversation = await _conversation(request)
+    store = request.app[STORE]
+    async with store.lock(conversation.key):
+        await store.delete(conversation.key)
+    return web.json_response({"id": conversation.key.id, "object": "conversation.deleted", "deleted": True})
+
+
+def add_routes(app: web.Application) -> None:
+    base = "/v1/conversations"
+    app.router.add_get(base, list_conversations)
+    app.router.add_get(base + "/{conversation_id}", get_conversation)
+    app.router.add_delete(base + "/{conversation_id}", delete_conversation)
+    app.router.add_get(base + "/{conversation_id}/messages", list_messages)
+    app.router.add_get(base + "/{conversation_id}/trajectory", trajectory)

@@ -1,0 +1,97 @@
+"""The aiohttp application: routes, middleware, and one lifecycle context for every resource."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from .api import admin
+from .api.chat import chat_completions
+from .api.passthrough import passthrough
+from .config import Settings
+from .errors import error_boundary
+from .identity import ConversationKey
+from .logs import monotonic_ms
+from .pipeline import build_pipeline
+from .state import CONVERSATION, PIPELINE, SETTINGS, STORE, UPSTREAM
+from .store import open_store
+from .upstream import HttpUpstream
+
+log = logging.getLogger("proxy")
+access_log = logging.getLogger("proxy.access")
+
+
+@web.middleware
+async def request_log(request: web.Request, handler: web.Handler) -> web.StreamResponse:
+    """One line per request. Headers are never logged: they carry API keys."""
+    start = time.perf_counter()
+    response = await handler(request)
+    key: ConversationKey | None = request.get(CONVERSATION)
+    access_log.info(
+        "request",
+        extra={
+            "method": request.method,
+            "path": request.path,
+            "status": response.status,
+            "ms": monotonic_ms(start),
+            "conversation": key.id if key else None,
+            "tenant": key.tenant[:12] if key else None,
+        },
+    )
+    return response
+
+
+async def healthz(request: web.Request) -> web.Response:
+    await request.app[STORE].get(ConversationKey("healthz", "probe"))  # the store answers
+    return web.json_response({"status": "ok"})
+
+
+async def _resources(app: web.Application) -> AsyncIterator[None]:
+    """Open the store and the upstream session together; close them together."""
+    settings = app[SETTINGS]
+    app[STORE] = open_store(settings.storage)
+    upstream = app[UPSTREAM] = HttpUpstream(settings.upstream)
+    await upstream.start()
+    log.info(
+        "started",
+        extra={
+            "store": settings.storage.backend,
+            "upstream": settings.upstream.base_url,
+            "pipeline": app[PIPELINE].describe(),
+        },
+    )
+    try:
+        yield
+    finally:
+        await upstream.close()
+        await app[STORE].close()
+
+
+# How the app must be served (cli.py and the tests share this). Handler cancellation: a client
+# that disconnects cancels its request, so an abandoned stream stops costing upstream tokens and
+# its conversation is free for the next turn at once.
+RUNNER_OPTIONS = {"access_log": None, "handler_cancellation": True}
+
+
+def build_app(settings: Settings) -> web.Application:
+    # The request log wraps the error boundary so that it logs the status the client really got.
+    app = web.Application(
+        client_max_size=int(settings.server.max_body_mb * 1024 * 1024),
+        middlewares=[request_log, error_boundary],
+    )
+    app[SETTINGS] = settings
+    app[PIPELINE] = build_pipeline(settings)
+    app.cleanup_ctx.append(_resources)
+
+    app.router.add_get("/healthz", healthz)
+    admin.add_routes(app)
+    for prefix in ("", "/c/{conversation_id}"):
+        app.router.add_post(prefix + "/v1/chat/completions", chat_completions)
+        app.router.add_post(prefix + "/chat/completions", chat_completions)
+    # Routes match in the order added: everything not ours, last, goes upstream untouched.
+    app.router.add_route("*", "/c/{conversation_id}/{tail:.*}", passthrough)
+    app.router.add_route("*", "/{tail:.*}", passthrough)
+    return app

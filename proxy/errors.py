@@ -1,0 +1,94 @@
+"""Our small family of exceptions and the one boundary that turns them into OpenAI-shaped JSON."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from aiohttp import web
+
+log = logging.getLogger("proxy.errors")
+
+
+class ProxyError(Exception):
+    """An error answered to the client as `{"error": {"message", "type", "code", "param"}}`."""
+
+    status = 400
+    type = "invalid_request_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, code: str | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.code, self.param)
+
+
+class InvalidRequest(ProxyError):
+    status = 400
+
+
+class Unauthorized(ProxyError):
+    status = 401
+    code = "invalid_api_key"
+
+
+class NotFound(ProxyError):
+    status = 404
+    code = "not_found"
+
+
+class BodyTooLarge(ProxyError):
+    status = 413
+    code = "request_too_large"
+
+
+class UpstreamUnreachable(ProxyError):
+    status = 502
+    type = "upstream_error"
+    code = "upstream_unreachable"
+
+
+class UpstreamStreamBroken(ProxyError):
+    status = 502
+    type = "upstream_error"
+    code = "upstream_stream_broken"
+
+
+class UpstreamTimeout(ProxyError):
+    status = 504
+    type = "upstream_error"
+    code = "upstream_timeout"
+
+
+def error_body(message: str, type_: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def error_response(exc: ProxyError) -> web.Response:
+    return web.json_response(exc.body(), status=exc.status)
+
+
+@web.middleware
+async def error_boundary(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Outermost middleware: every failure leaves as OpenAI-shaped JSON, never a traceback."""
+    try:
+        return await handler(request)
+    except ProxyError as exc:
+        return error_response(exc)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return error_response(BodyTooLarge(f"Request body too large: {exc.text}"))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return web.json_response(
+            error_body(exc.reason, "invalid_request_error", exc.reason.lower().replace(" ", "_")),
+            status=exc.status,
+        )
+    except Exception:
+        log.exception("unhandled error", extra={"path": request.path})
+        return web.json_response(error_body("Internal proxy error", "server_error", "internal_error"), status=500)

@@ -1,0 +1,82 @@
+"""Who is asking (tenant) and which conversation a request belongs to."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from .config import ConversationSettings
+from .errors import InvalidRequest
+from .messages import SYSTEM_ROLES, Message
+
+CONVERSATION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+ANONYMOUS = "anonymous"
+SHARED = "shared"
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationKey:
+    """A conversation's address in the store: ids are only unique within a tenant."""
+
+    tenant: str
+    id: str
+
+    def __str__(self) -> str:
+        return f"{self.tenant}/{self.id}"
+
+
+def bearer_token(request: web.Request) -> str | None:
+    auth = request.headers.get("Authorization", "")
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def tenant_of(api_key: str | None) -> str:
+    """A stable, one-way name for an API key; the key itself is never stored or logged."""
+    if not api_key:
+        return ANONYMOUS
+    return hashlib.sha256(b"context-proxy tenant\0" + api_key.encode()).hexdigest()[:24]
+
+
+def request_tenant(request: web.Request, settings: ConversationSettings) -> str:
+    if not settings.tenant_isolation:
+        return SHARED
+    return tenant_of(bearer_token(request))
+
+
+def check_conversation_id(value: str) -> str:
+    if not CONVERSATION_ID.fullmatch(value) or set(value) == {"."}:
+        raise InvalidRequest(
+            "Invalid conversation id: use 1-128 characters of A-Z a-z 0-9 . _ : -",
+            code="invalid_conversation_id",
+        )
+    return value
+
+
+def explicit_conversation_id(request: web.Request, settings: ConversationSettings) -> str | None:
+    """The id named by the header or the `/c/<id>/v1` path, validated; None when neither is given."""
+    header = request.headers.get(settings.id_header)
+    if header is not None:
+        return check_conversation_id(header)
+    path_id = request.match_info.get("conversation_id")
+    if path_id is not None:
+        return check_conversation_id(path_id)
+    return None
+
+
+def derived_conversation_id(tenant: str, messages: list[Message]) -> str:
+    """Stable per agent run: hash of (tenant, system prompt, first user message)."""
+    system = []
+    for m in messages:  # the leading system prompt only: later system notes don't rename a run
+        if m.get("role") not in SYSTEM_ROLES:
+            break
+        system.append(m.get("content"))
+    first_user = next((m.get("content") for m in messages if m.get("role") == "user"), None)
+    blob = json.dumps([tenant, system, first_user], sort_keys=True, ensure_ascii=False)
+    return "auto-" + hashlib.sha256(blob.encode()).hexdigest()[:32]

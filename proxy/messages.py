@@ -1,0 +1,112 @@
+"""Chat messages: validation of what a client sends, and the canonical hash used for dedupe.
+
+Messages stay plain dicts (the OpenAI wire shape) so what the client sent is what we store and
+forward; this module only checks them and derives hashes from them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from .errors import InvalidRequest
+
+Message = dict[str, Any]
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+SYSTEM_ROLES = frozenset({"system", "developer"})
+# The fields that make two messages "the same" for dedupe. Anything else a client echoes back
+# (refusal: null, annotations: [], ...) must not make a resent message look new.
+HASHED_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id")
+
+
+def validate_messages(messages: Any) -> list[Message]:
+    """Check the shape of `messages` enough to store it safely; raise InvalidRequest otherwise."""
+    if not isinstance(messages, list):
+        raise InvalidRequest("'messages' must be an array of message objects", param="messages")
+    for i, msg in enumerate(messages):
+        _validate_message(msg, f"messages[{i}]")
+    return messages
+
+
+def _validate_message(msg: Any, where: str) -> None:
+    if not isinstance(msg, dict):
+        raise InvalidRequest(f"{where} must be an object", param=where)
+    role = msg.get("role")
+    if role not in ROLES:
+        raise InvalidRequest(f"{where}.role must be one of {sorted(ROLES)}, got {role!r}", param=f"{where}.role")
+    content = msg.get("content")
+    if content is not None and not isinstance(content, (str, list)):
+        raise InvalidRequest(f"{where}.content must be a string or an array of content parts", param=f"{where}.content")
+    if isinstance(content, list) and not all(isinstance(p, dict) and isinstance(p.get("type"), str) for p in content):
+        raise InvalidRequest(f"{where}.content parts must be objects with a 'type'", param=f"{where}.content")
+    if "name" in msg and not isinstance(msg["name"], str):
+        raise InvalidRequest(f"{where}.name must be a string", param=f"{where}.name")
+    if role == "tool" and not isinstance(msg.get("tool_call_id"), str):
+        raise InvalidRequest(f"{where}.tool_call_id must be a string", param=f"{where}.tool_call_id")
+    if "tool_calls" in msg and msg["tool_calls"] is not None:
+        _validate_tool_calls(msg["tool_calls"], f"{where}.tool_calls")
+
+
+def _validate_tool_calls(calls: Any, where: str) -> None:
+    if not isinstance(calls, list):
+        raise InvalidRequest(f"{where} must be an array", param=where)
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not (
+            isinstance(call, dict)
+            and isinstance(call.get("id"), str)
+            and isinstance(fn, dict)
+            and isinstance(fn.get("name"), str)
+            and isinstance(fn.get("arguments", ""), str)
+        ):
+            raise InvalidRequest(
+                f"{where}[{j}] must have a string 'id' and 'function' with string 'name' and 'arguments'",
+                param=f"{where}[{j}]",
+            )
+
+
+def canonical(msg: Message) -> Message:
+    """The dedupe-relevant view of a message: empty content and absent content are the same."""
+    out: Message = {}
+    for key in HASHED_FIELDS:
+        value = msg.get(key)
+        if value in (None, "", []):
+            continue
+        if key == "tool_calls":
+            value = [
+                {
+                    "id": c.get("id"),
+                    "name": (c.get("function") or {}).get("name"),
+                    "arguments": (c.get("function") or {}).get("arguments"),
+                }
+                for c in value
+            ]
+        out[key] = value
+    return out
+
+
+def message_hash(msg: Message) -> str:
+    blob = json.dumps(canonical(msg), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def reply_message(raw: Message) -> Message:
+    """An upstream reply message trimmed to what a request may carry, so it can be sent back later."""
+    msg: Message = {"role": "assistant", "content": raw.get("content")}
+    if raw.get("tool_calls"):
+        msg["tool_calls"] = [
+            {
+                "id": c.get("id"),
+                "type": c.get("type") or "function",
+                "function": {
+                    "name": (c.get("function") or {}).get("name"),
+                    "arguments": (c.get("function") or {}).get("arguments") or "",
+                },
+            }
+            for c in raw["tool_calls"]
+        ]
+    if raw.get("refusal"):
+        msg["refusal"] = raw["refusal"]
+    return msg

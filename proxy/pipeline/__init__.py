@@ -1,0 +1,40 @@
+"""The context pipeline: an ordered list of stages that rewrite the prompt before it goes upstream.
+
+The list is built once at start-up (`build_pipeline`) and logged; its order is the order of
+execution. A stage is one small module in this package with a class named after it. Adding a
+stage means adding it to `STAGES` below, never touching the server code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from ..config import Settings
+from .base import Stage, Turn
+
+__all__ = ["Pipeline", "Stage", "Turn", "build_pipeline", "STAGES"]
+
+# Factories in execution order. Each gets the settings and returns a stage, or None when the
+# settings turn it off. Later issues add: truncation, compaction, token window, quota, pairing.
+STAGES: list[Callable[[Settings], Stage | None]] = []
+
+
+class Pipeline:
+    """Runs its stages in order; itself a stage, so pipelines compose."""
+
+    name = "pipeline"
+
+    def __init__(self, stages: Sequence[Stage]) -> None:
+        self.stages = list(stages)
+
+    async def __call__(self, turn: Turn, messages: list) -> list:
+        for stage in self.stages:
+            messages = await stage(turn, messages)
+        return messages
+
+    def describe(self) -> list[str]:
+        return [stage.name for stage in self.stages]
+
+
+def build_pipeline(settings: Settings) -> Pipeline:
+    return Pipeline([s for factory in STAGES if (s := factory(settings)) is not None])

@@ -1,0 +1,17 @@
+"""Storage: one interface (`Store`), one backend per module."""
+
+from __future__ import annotations
+
+from ..config import ConfigError, StorageSettings
+from .base import FAILED, INCOMPLETE, LIVE, PENDING, SUPERSEDED, Conversation, Store, StoredMessage
+
+__all__ = ["FAILED", "INCOMPLETE", "LIVE", "PENDING", "SUPERSEDED", "Conversation", "Store", "StoredMessage", "open_store"]
+
+
+def open_store(settings: StorageSettings) -> Store:
+    """The backend named by `storage.backend`."""
+    if settings.backend == "diskcache":
+        from .disk import DiskStore
+
+        return DiskStore(settings.path)
+    raise ConfigError(f"storage.backend: {settings.backend!r} is not available in this build yet")

@@ -1,0 +1,100 @@
+"""The store interface every backend implements, and the records it holds.
+
+A conversation is an append-only log of messages. A message's content never changes once
+written; only its status does (pending -> live | failed, live -> superseded, ...). The live
+transcript is the live messages in sequence order; the trajectory is every message ever written.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from ..identity import ConversationKey
+from ..messages import Message
+
+# Written before forwarding; becomes live when the upstream accepts the request, failed otherwise.
+PENDING = "pending"
+LIVE = "live"
+SUPERSEDED = "superseded"  # the client diverged (edited or regenerated) after this point
+FAILED = "failed"  # the request carrying it was refused or failed: kept in the trajectory only
+INCOMPLETE = "incomplete"  # a streamed reply the client went away from
+STATUSES = frozenset({PENDING, LIVE, SUPERSEDED, FAILED, INCOMPLETE})
+
+
+def now() -> float:
+    return time.time()
+
+
+@dataclass(slots=True)
+class StoredMessage:
+    seq: int
+    message: Message
+    hash: str
+    status: str
+    created_at: float
+
+    def to_api(self, *, with_status: bool) -> dict[str, Any]:
+        out = {**self.message, "seq": self.seq, "created_at": self.created_at}
+        if with_status:
+            out["status"] = self.status
+        return out
+
+
+@dataclass(slots=True)
+class Conversation:
+    key: ConversationKey
+    created_at: float
+    updated_at: float
+    next_seq: int = 1
+    # (seq, hash) of the live transcript in order: enough to dedupe a request without reading messages.
+    live: list[tuple[int, str]] = field(default_factory=list)
+
+    @property
+    def live_hashes(self) -> list[str]:
+        return [h for _, h in self.live]
+
+    def to_api(self) -> dict[str, Any]:
+        return {
+            "id": self.key.id,
+            "object": "conversation",
+            "tenant": self.key.tenant[:12],
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "message_count": len(self.live),
+        }
+
+
+class Store(Protocol):
+    """What the proxy needs from storage. Backends must pass tests/test_store_contract.py."""
+
+    def lock(self, key: ConversationKey) -> AbstractAsyncContextManager[None]:
+        """Serialize the turns of one conversation (held for a whole request/reply cycle)."""
+
+    async def get(self, key: ConversationKey) -> Conversation | None: ...
+
+    async def append(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
+        """Append messages (creating the conversation if new); returns their sequence numbers."""
+
+    async def set_statuses(self, key: ConversationKey, changes: Mapping[int, str]) -> None:
+        """Change the status of messages by seq, in one atomic step."""
+
+    async def messages(
+        self, key: ConversationKey, *, live_only: bool, after: int | None = None, limit: int | None = None
+    ) -> list[StoredMessage]:
+        """Messages in sequence order, optionally only those after seq `after`, at most `limit`."""
+
+    async def list_conversations(
+        self, tenant: str | None, *, after: str | None = None, limit: int = 20
+    ) -> tuple[list[Conversation], bool]:
+        """Newest first; `tenant=None` lists every tenant (admin). Returns (page, has_more)."""
+
+    async def find(self, conversation_id: str) -> list[Conversation]:
+        """Every tenant's conversation with this id (admin look-ups)."""
+
+    async def delete(self, key: ConversationKey) -> bool: ...
+
+    async def close(self) -> None: ...

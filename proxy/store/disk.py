@@ -1,0 +1,196 @@
+"""The embedded store: diskcache (SQLite plus files) in one directory, for one proxy process.
+
+diskcache is synchronous, so every operation runs on one dedicated thread: the event loop never
+waits on SQLite, and the single writer thread means no SQLite lock contention between our own
+operations. Each store call is one executor hop and one diskcache transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import AsyncIterator, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import diskcache
+
+from ..identity import ConversationKey
+from ..messages import Message
+from .base import LIVE, STATUSES, Conversation, StoredMessage, now
+
+T = TypeVar("T")
+SEP = "\0"
+TENANTS = "tenants"
+CREATED = "created-counter"
+
+
+def _conv_key(key: ConversationKey) -> str:
+    return f"conv{SEP}{key.tenant}{SEP}{key.id}"
+
+
+def _msg_key(key: ConversationKey, seq: int) -> str:
+    return f"msg{SEP}{key.tenant}{SEP}{key.id}{SEP}{seq:012d}"
+
+
+def _index_key(tenant: str) -> str:
+    return f"index{SEP}{tenant}"
+
+
+class DiskStore:
+    def __init__(self, path: str | Path) -> None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        self._cache = diskcache.Cache(str(path))
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diskstore")
+        self._locks: weakref.WeakValueDictionary[ConversationKey, asyncio.Lock] = weakref.WeakValueDictionary()
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    @asynccontextmanager
+    async def lock(self, key: ConversationKey) -> AsyncIterator[None]:
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        async with lock:
+            yield
+
+    # -- conversations -------------------------------------------------------------------------
+
+    async def get(self, key: ConversationKey) -> Conversation | None:
+        return await self._run(self._get, key)
+
+    def _get(self, key: ConversationKey) -> Conversation | None:
+        raw = self._cache.get(_conv_key(key))
+        return None if raw is None else _conversation(key, raw)
+
+    async def list_conversations(
+        self, tenant: str | None, *, after: str | None = None, limit: int = 20
+    ) -> tuple[list[Conversation], bool]:
+        return await self._run(self._list, tenant, after, limit)
+
+    def _list(self, tenant: str | None, after: str | None, limit: int) -> tuple[list[Conversation], bool]:
+        tenants = [tenant] if tenant is not None else sorted(self._cache.get(TENANTS, set()))
+        entries = [  # (creation order, id, tenant), newest first
+            (order, cid, t) for t in tenants for cid, order in self._cache.get(_index_key(t), {}).items()
+        ]
+        entries.sort(reverse=True)
+        if after is not None:
+            ids = [cid for _, cid, _ in entries]
+            entries = entries[ids.index(after) + 1 :] if after in ids else []
+        page = [c for _, cid, t in entries[:limit] if (c := self._get(ConversationKey(t, cid))) is not None]
+        return page, len(entries) > limit
+
+    async def find(self, conversation_id: str) -> list[Conversation]:
+        return await self._run(self._find, conversation_id)
+
+    def _find(self, conversation_id: str) -> list[Conversation]:
+        found = []
+        for tenant in sorted(self._cache.get(TENANTS, set())):
+            conv = self._get(ConversationKey(tenant, conversation_id))
+            if conv is not None:
+                found.append(conv)
+        return found
+
+    async def delete(self, key: ConversationKey) -> bool:
+        return await self._run(self._delete, key)
+
+    def _delete(self, key: ConversationKey) -> bool:
+        with self._cache.transact():
+            raw = self._cache.get(_conv_key(key))
+            if raw is None:
+                return False
+            for seq in range(1, raw["next_seq"]):
+                self._cache.delete(_msg_key(key, seq))
+            self._cache.delete(_conv_key(key))
+            index = self._cache.get(_index_key(key.tenant), {})
+            index.pop(key.id, None)
+            self._cache.set(_index_key(key.tenant), index)
+            return True
+
+    # -- messages ------------------------------------------------------------------------------
+
+    async def append(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
+        if status not in STATUSES:
+            raise ValueError(f"unknown status {status!r}")
+        return await self._run(self._append, key, messages, hashes, status)
+
+    def _append(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
+        stamp = now()
+        with self._cache.transact():
+            raw = self._cache.get(_conv_key(key))
+            if raw is None:
+                raw = {"created_at": stamp, "updated_at": stamp, "next_seq": 1, "live": []}
+                self._register(key)
+            seqs = list(range(raw["next_seq"], raw["next_seq"] + len(messages)))
+            for seq, msg, h in zip(seqs, messages, hashes, strict=True):
+                self._cache.set(_msg_key(key, seq), {"message": msg, "hash": h, "status": status, "created_at": stamp})
+                if status == LIVE:
+                    raw["live"].append((seq, h))
+            raw["next_seq"] += len(messages)
+            raw["updated_at"] = stamp
+            self._cache.set(_conv_key(key), raw)
+        return seqs
+
+    def _register(self, key: ConversationKey) -> None:
+        # A counter, not a timestamp: two conversations created in the same microsecond still list in order.
+        index = self._cache.get(_index_key(key.tenant), {})
+        index[key.id] = self._cache.incr(CREATED, default=0)
+        self._cache.set(_index_key(key.tenant), index)
+        tenants = self._cache.get(TENANTS, set())
+        if key.tenant not in tenants:
+            self._cache.set(TENANTS, tenants | {key.tenant})
+
+    async def set_statuses(self, key: ConversationKey, changes: Mapping[int, str]) -> None:
+        if not set(changes.values()) <= STATUSES:
+            raise ValueError(f"unknown status in {set(changes.values())}")
+        if changes:
+            await self._run(self._set_statuses, key, dict(changes))
+
+    def _set_statuses(self, key: ConversationKey, changes: dict[int, str]) -> None:
+        with self._cache.transact():
+            raw = self._cache.get(_conv_key(key))
+            if raw is None:
+                raise KeyError(str(key))
+            live = dict(raw["live"])
+            for seq, status in changes.items():
+                record = self._cache.get(_msg_key(key, seq))
+                record["status"] = status
+                self._cache.set(_msg_key(key, seq), record)
+                if status == LIVE:
+                    live[seq] = record["hash"]
+                else:
+                    live.pop(seq, None)
+            raw["live"] = sorted(live.items())
+            raw["updated_at"] = now()
+            self._cache.set(_conv_key(key), raw)
+
+    async def messages(
+        self, key: ConversationKey, *, live_only: bool, after: int | None = None, limit: int | None = None
+    ) -> list[StoredMessage]:
+        return await self._run(self._messages, key, live_only, after, limit)
+
+    def _messages(self, key: ConversationKey, live_only: bool, after: int | None, limit: int | None) -> list[StoredMessage]:
+        raw = self._cache.get(_conv_key(key))
+        if raw is None:
+            return []
+        seqs = [s for s, _ in raw["live"]] if live_only else list(range(1, raw["next_seq"]))
+        if after is not None:
+            seqs = [s for s in seqs if s > after]
+        if limit is not None:
+            seqs = seqs[:limit]
+        out = []
+        for seq in seqs:
+            r = self._cache.get(_msg_key(key, seq))
+            out.append(StoredMessage(seq, r["message"], r["hash"], r["status"], r["created_at"]))
+        return out
+
+    async def close(self) -> None:
+        await self._run(self._cache.close)
+        self._thread.shutdown(wait=True)
+
+
+def _conversation(key: ConversationKey, raw: dict[str, Any]) -> Conversation:
+    return Conversation(key, raw["created_at"], raw["updated_at"], raw["next_seq"], [tuple(x) for x in raw["live"]])

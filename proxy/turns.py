@@ -1,0 +1,77 @@
+"""The store side of one chat turn: its new messages go in as pending, then end live or failed.
+
+Every write of a turn runs as its own task, chained after the previous one and shielded from
+the request's cancellation: a client that hangs up mid-turn cannot leave a write half done, and
+`settled()` lets the conversation lock wait for the last write before the next turn reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .history import TurnPlan
+from .identity import ConversationKey
+from .messages import Message, message_hash
+from .store import FAILED, INCOMPLETE, LIVE, PENDING, SUPERSEDED, Store
+
+
+class TurnWriter:
+    def __init__(self, store: Store, key: ConversationKey, plan: TurnPlan) -> None:
+        self.store, self.key, self.plan = store, key, plan
+        self.pending: list[int] = []
+        self._last: asyncio.Future[Any] | None = None
+
+    def _then(self, step: Callable[[], Awaitable[Any]]) -> Awaitable[Any]:
+        previous = self._last
+
+        async def run() -> Any:
+            if previous is not None:
+                await previous
+            return await step()
+
+        self._last = asyncio.ensure_future(run())
+        return asyncio.shield(self._last)
+
+    async def begin(self) -> None:
+        """Write the turn's new messages as pending, before anything is forwarded."""
+
+        async def step() -> None:
+            if self.plan.new:
+                self.pending = await self.store.append(self.key, self.plan.new, self.plan.new_hashes, PENDING)
+
+        await self._then(step)
+
+    async def fail(self) -> None:
+        """Refused or failed: the live transcript stays as it was; the attempt stays in the trajectory."""
+        await self._then(lambda: self.store.set_statuses(self.key, dict.fromkeys(self.pending, FAILED)))
+
+    async def accept(self, reply: Message | None, reply_status: str = LIVE) -> None:
+        """The turn joins the live transcript (superseding what it diverged from), its reply after it."""
+        await self._then(lambda: self._end(LIVE, reply, reply_status))
+
+    async def keep_partial(self, reply: Message | None) -> None:
+        """The turn failed mid-reply; the part the upstream sent stays in the trajectory as incomplete."""
+        await self._then(lambda: self._end(FAILED, reply, INCOMPLETE))
+
+    async def _end(self, status: str, reply: Message | None, reply_status: str) -> None:
+        changes = dict.fromkeys(self.pending, status)
+        if status == LIVE:
+            changes |= dict.fromkeys(self.plan.supersede, SUPERSEDED)
+        await self.store.set_statuses(self.key, changes)
+        if reply is not None:
+            await self.store.append(self.key, [reply], [message_hash(reply)], reply_status)
+
+    async def settled(self) -> None:
+        """Wait for the last write to land, even if this request is being cancelled."""
+        if self._last is None:
+            return
+        cancelled = False
+        while not self._last.done():
+            try:
+                await asyncio.wait([self._last])
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError

@@ -1,0 +1,32 @@
+"""What the request handlers need from an upstream, whatever sits behind it.
+
+The raw HTTP passthrough implements this today; a litellm adapter implements the same protocol
+so the chat handler never knows which one answered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Protocol
+
+
+class UpstreamReply(Protocol):
+    """An upstream answer whose status and headers are known; the body is read or streamed once."""
+
+    status: int
+    headers: Mapping[str, str]
+
+    @property
+    def is_event_stream(self) -> bool: ...
+
+    async def read(self) -> bytes: ...
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives; raises UpstreamTimeout / UpstreamUnreachable if it stops."""
+
+    def close(self) -> None: ...
+
+
+class Upstream(Protocol):
+    async def chat(self, body: Mapping[str, Any], headers: Mapping[str, str]) -> UpstreamReply:
+        """Send a chat completion; raises UpstreamUnreachable / UpstreamTimeout if no status came back."""

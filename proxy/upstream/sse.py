@@ -1,0 +1,91 @@
+"""Server-sent events: split a byte stream into `data:` payloads and rebuild the streamed reply.
+
+The bytes are forwarded to the client untouched; this module only watches them go by.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from ..messages import Message
+
+log = logging.getLogger("proxy.sse")
+
+
+class SSEParser:
+    """Feed raw bytes in any split; get back the `data:` payload of each complete event line."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        self._buffer += chunk
+        if b"\n" not in chunk:
+            return []
+        *lines, self._buffer = self._buffer.split(b"\n")
+        return [line[5:].strip() for line in lines if line.startswith(b"data:")]
+
+
+class ReplyAssembler:
+    """Rebuilds the assistant message (content and tool-call deltas) from chat.completion.chunks."""
+
+    def __init__(self) -> None:
+        self.content: list[str] = []
+        self.refusal: list[str] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+        self.done = False
+        self.usage: dict[str, Any] | None = None
+
+    def feed(self, payload: bytes) -> None:
+        if payload == b"[DONE]":
+            self.done = True
+            return
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            log.warning("unparseable SSE payload from upstream (%d bytes)", len(payload))
+            return
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            if choice.get("index", 0) != 0:  # n > 1: we keep the first choice, like the transcript does
+                continue
+            self._delta(choice.get("delta") or {})
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+
+    def _delta(self, delta: dict[str, Any]) -> None:
+        if delta.get("content"):
+            self.content.append(delta["content"])
+        if delta.get("refusal"):
+            self.refusal.append(delta["refusal"])
+        for call in delta.get("tool_calls") or ():
+            slot = self.tool_calls.setdefault(
+                call.get("index", 0), {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+            )
+            if call.get("id"):
+                slot["id"] = call["id"]
+            fn = call.get("function") or {}
+            if fn.get("name"):
+                slot["function"]["name"] += fn["name"]
+            if fn.get("arguments"):
+                slot["function"]["arguments"] += fn["arguments"]
+
+    @property
+    def complete(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def empty(self) -> bool:
+        return not (self.content or self.refusal or self.tool_calls)
+
+    def message(self) -> Message:
+        msg: Message = {"role": "assistant", "content": "".join(self.content) if self.content else None}
+        if self.tool_calls:
+            msg["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+        if self.refusal:
+            msg["refusal"] = "".join(self.refusal)
+        return msg

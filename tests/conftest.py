@@ -1,0 +1,110 @@
+"""Fixtures: a loop thread hosting the strict fake upstream and per-test proxies on loopback."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from openai import AsyncOpenAI, OpenAI
+
+from tests.fake_upstream import FakeUpstream
+from tests.harness import LoopThread, ProxyServer, proxy_settings
+
+ALICE = "sk-test-alice-0123456789"
+BOB = "sk-test-bob-9876543210"
+
+# A developer's own settings must not leak into the tests.
+for name in list(os.environ):
+    if name.startswith("CONTEXT_PROXY_"):
+        del os.environ[name]
+
+
+@pytest.fixture(scope="session")
+def servers() -> Iterator[LoopThread]:
+    loop = LoopThread()
+    yield loop
+    loop.stop()
+
+
+@pytest.fixture(scope="session")
+def _upstream(servers: LoopThread) -> Iterator[FakeUpstream]:
+    fake = FakeUpstream()
+    servers.run(fake.start())
+    yield fake
+    servers.run(fake.close())
+
+
+@pytest.fixture
+def upstream(_upstream: FakeUpstream) -> FakeUpstream:
+    _upstream.reset()
+    return _upstream
+
+
+MakeProxy = Callable[..., ProxyServer]
+
+
+@pytest.fixture
+def make_proxy(servers: LoopThread, upstream: FakeUpstream, tmp_path: Path) -> Iterator[MakeProxy]:
+    """Start a proxy: `make_proxy(data_dir=..., upstream_url=..., <section>={...})`."""
+    started: list[ProxyServer] = []
+
+    def make(data_dir: Path | None = None, upstream_url: str | None = None, **sections: Any) -> ProxyServer:
+        settings = proxy_settings(upstream_url or upstream.base_url, data_dir or tmp_path / "data", **sections)
+        server = ProxyServer(servers, settings).start()
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def proxy(make_proxy: MakeProxy) -> ProxyServer:
+    return make_proxy()
+
+
+def openai_client(
+    proxy: ProxyServer, api_key: str = ALICE, base_url: str | None = None, headers: dict[str, str] | None = None
+) -> OpenAI:
+    return OpenAI(base_url=base_url or proxy.base_url, api_key=api_key, max_retries=0, default_headers=headers)
+
+
+def async_openai_client(
+    proxy: ProxyServer, api_key: str = ALICE, base_url: str | None = None, headers: dict[str, str] | None = None
+) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=base_url or proxy.base_url, api_key=api_key, max_retries=0, default_headers=headers)
+
+
+@pytest.fixture
+def client(proxy: ProxyServer) -> OpenAI:
+    return openai_client(proxy)
+
+
+@pytest.fixture
+def http(proxy: ProxyServer) -> Iterator[httpx.Client]:
+    """Raw HTTP to the proxy, for what the SDK would not send (bad bodies, admin calls)."""
+    with httpx.Client(base_url=proxy.url, timeout=30) as c:
+        yield c
+
+
+def admin_get(http: httpx.Client, path: str, api_key: str | None = None, **params: Any) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    return http.get(f"/v1/conversations{path}", headers=headers, params=params)
+
+
+def live_messages(http: httpx.Client, conversation_id: str, api_key: str | None = None) -> list[dict[str, Any]]:
+    """The stored live transcript, stripped of our bookkeeping fields."""
+    response = admin_get(http, f"/{conversation_id}/messages", api_key, limit=1000)
+    assert response.status_code == 200, response.text
+    return [{k: v for k, v in m.items() if k not in ("seq", "created_at")} for m in response.json()["data"]]
+
+
+def trajectory(http: httpx.Client, conversation_id: str, api_key: str | None = None) -> list[dict[str, Any]]:
+    response = admin_get(http, f"/{conversation_id}/trajectory", api_key, limit=1000)
+    assert response.status_code == 200, response.text
+    return response.json()["data"]

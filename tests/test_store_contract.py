@@ -1,0 +1,140 @@
+"""The contract every store backend passes (diskcache today; Redis joins the parametrisation)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from proxy.config import StorageSettings
+from proxy.identity import ConversationKey
+from proxy.messages import message_hash
+from proxy.store import FAILED, LIVE, PENDING, SUPERSEDED, Store, open_store
+
+A = ConversationKey("tenant-a", "conv")
+B = ConversationKey("tenant-b", "conv")
+
+
+def msgs(*texts: str) -> list[dict]:
+    return [{"role": "user", "content": t} for t in texts]
+
+
+async def add(store: Store, key: ConversationKey, texts: list[str], status: str = LIVE) -> list[int]:
+    batch = msgs(*texts)
+    return await store.append(key, batch, [message_hash(m) for m in batch], status)
+
+
+@pytest.fixture(params=["diskcache"])
+async def store(request, tmp_path: Path) -> AsyncIterator[Store]:
+    s = open_store(StorageSettings(backend=request.param, path=tmp_path / "store"))
+    yield s
+    await s.close()
+
+
+async def test_append_assigns_increasing_seqs_and_keeps_order(store):
+    assert await add(store, A, ["a", "b"]) == [1, 2]
+    assert await add(store, A, ["c"]) == [3]
+    live = await store.messages(A, live_only=True)
+    assert [(m.seq, m.message["content"], m.status) for m in live] == [(1, "a", LIVE), (2, "b", LIVE), (3, "c", LIVE)]
+    conv = await store.get(A)
+    assert conv is not None and conv.live_hashes == [message_hash(m) for m in msgs("a", "b", "c")]
+
+
+async def test_status_changes_move_messages_in_and_out_of_the_live_transcript(store):
+    await add(store, A, ["a", "b"])
+    pending = await add(store, A, ["c", "d"], PENDING)
+    assert [m.seq for m in await store.messages(A, live_only=True)] == [1, 2]
+    await store.set_statuses(A, {2: SUPERSEDED, pending[0]: LIVE, pending[1]: FAILED})
+    assert [m.message["content"] for m in await store.messages(A, live_only=True)] == ["a", "c"]
+    everything = await store.messages(A, live_only=False)
+    assert [(m.message["content"], m.status) for m in everything] == [
+        ("a", LIVE), ("b", SUPERSEDED), ("c", LIVE), ("d", FAILED),
+    ]
+    assert [seq for seq, _ in (await store.get(A)).live] == [1, 3]
+
+
+async def test_messages_after_and_limit(store):
+    await add(store, A, [str(i) for i in range(10)])
+    page = await store.messages(A, live_only=True, after=3, limit=4)
+    assert [m.seq for m in page] == [4, 5, 6, 7]
+    assert await store.messages(A, live_only=False, after=10) == []
+
+
+async def test_tenants_are_separate_namespaces(store):
+    await add(store, A, ["alice's"])
+    await add(store, B, ["bob's"])
+    assert [m.message["content"] for m in await store.messages(A, live_only=True)] == ["alice's"]
+    assert [m.message["content"] for m in await store.messages(B, live_only=True)] == ["bob's"]
+    page, _ = await store.list_conversations("tenant-a")
+    assert [c.key for c in page] == [A]
+    assert {c.key for c in await store.find("conv")} == {A, B}
+    everyone, _ = await store.list_conversations(None)
+    assert {c.key for c in everyone} == {A, B}
+
+
+async def test_list_is_newest_first_with_a_cursor(store):
+    keys = [ConversationKey("t", f"c{i}") for i in range(5)]
+    for key in keys:
+        await add(store, key, ["x"])
+    page, more = await store.list_conversations("t", limit=3)
+    assert [c.key.id for c in page] == ["c4", "c3", "c2"] and more
+    page, more = await store.list_conversations("t", after="c2", limit=3)
+    assert [c.key.id for c in page] == ["c1", "c0"] and not more
+
+
+async def test_delete_removes_everything_of_one_conversation_only(store):
+    await add(store, A, ["a"])
+    await add(store, B, ["b"])
+    assert await store.delete(A) is True
+    assert await store.get(A) is None
+    assert await store.messages(A, live_only=False) == []
+    assert await store.delete(A) is False
+    assert (await store.get(B)) is not None
+    page, _ = await store.list_conversations("tenant-a")
+    assert page == []
+
+
+async def test_lock_serializes_one_conversation_but_not_others(store):
+    order: list[str] = []
+    inside = asyncio.Event()
+    release = asyncio.Event()
+
+    async def holder() -> None:
+        async with store.lock(A):
+            order.append("first in")
+            inside.set()
+            await release.wait()
+            order.append("first out")
+
+    async def waiter() -> None:
+        await inside.wait()
+        async with store.lock(A):
+            order.append("second in")
+
+    async def other() -> None:
+        await inside.wait()
+        async with store.lock(B):
+            order.append("other conversation")
+        release.set()
+
+    await asyncio.gather(holder(), waiter(), other())
+    assert order == ["first in", "other conversation", "first out", "second in"]
+
+
+async def test_unknown_status_is_refused(store):
+    await add(store, A, ["a"])
+    with pytest.raises(ValueError):
+        await store.set_statuses(A, {1: "bogus"})
+
+
+async def test_data_survives_reopening(tmp_path):
+    settings = StorageSettings(backend="diskcache", path=tmp_path / "persist")
+    first = open_store(settings)
+    await add(first, A, ["kept"])
+    await first.close()
+    second = open_store(settings)
+    assert [m.message["content"] for m in await second.messages(A, live_only=True)] == ["kept"]
+    assert await add(second, A, ["next"]) == [2]
+    await second.close()
