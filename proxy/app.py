@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -16,11 +17,15 @@ from .errors import error_boundary
 from .identity import ConversationKey
 from .logs import monotonic_ms
 from .pipeline import build_pipeline
-from .state import CONVERSATION, PIPELINE, SETTINGS, STORE, UPSTREAM
+from .refs import RefSigner
+from .state import CONVERSATION, COUNTER, PIPELINE, REFS, SETTINGS, STORE, SUMMARIZER, UPSTREAM
+from .summarizer import Summarizer
+from .tokens import TokenCounter
 from .store import open_store
 from .upstream import HttpUpstream
 
 log = logging.getLogger("proxy")
+WARM_MODELS = ("gpt-4o",)  # o200k_base: the encoding of today's OpenAI models
 access_log = logging.getLogger("proxy.access")
 
 
@@ -55,6 +60,10 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     app[STORE] = open_store(settings.storage)
     upstream = app[UPSTREAM] = HttpUpstream(settings.upstream)
     await upstream.start()
+    app[REFS] = RefSigner(await app[STORE].secret())
+    # Load the token-count tables now, in a thread: the first request must not stall the loop on it.
+    await asyncio.to_thread(app[COUNTER].warm, WARM_MODELS)
+    app[SUMMARIZER] = Summarizer(upstream)
     log.info(
         "started",
         extra={
@@ -84,6 +93,7 @@ def build_app(settings: Settings) -> web.Application:
     )
     app[SETTINGS] = settings
     app[PIPELINE] = build_pipeline(settings)
+    app[COUNTER] = TokenCounter()
     app.cleanup_ctx.append(_resources)
 
     app.router.add_get("/healthz", healthz)

@@ -7,10 +7,11 @@ named instead of becoming a silent no-op.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -54,6 +55,55 @@ class AdminSettings(Section):
     token: SecretStr | None = Field(None, description="Bearer token of the admin API; unset = loopback only.")
 
 
+class ContextSettings(Section):
+    history_token_limit: int = Field(
+        10000, ge=64, le=10_000_000, description="Token budget of the history sent upstream (system excluded)."
+    )
+
+
+ToolHandling = Literal["truncate", "summarize", "keep"]
+
+
+class TruncationSettings(Section):
+    enabled: bool = Field(True, description="Shorten long tool outputs before they go upstream.")
+    max_tool_response_length: int = Field(10000, ge=200, description="Tool outputs longer than this (chars) are shortened.")
+    preview_length: int = Field(2000, ge=0, description="Characters of a truncated output kept as its preview.")
+    default: ToolHandling = Field("truncate", description="Handling of tools not named in `tools`.")
+    tools: dict[str, ToolHandling] = Field(default_factory=dict, description="Handling per tool name.")
+    read_length: int = Field(8000, ge=100, description="Most characters one read_tool_output call returns.")
+    max_read_rounds: int = Field(4, ge=0, le=20, description="read_tool_output rounds per request before the model must answer.")
+
+    @model_validator(mode="after")
+    def _preview_shorter_than_limit(self) -> TruncationSettings:
+        if self.preview_length >= self.max_tool_response_length:
+            raise ValueError("preview_length must be smaller than max_tool_response_length")
+        return self
+
+
+class QuotaSettings(Section):
+    max_llm_calls: int | None = Field(None, ge=1, description="Upstream calls allowed per conversation; null = no quota.")
+    on_exhausted: Literal["reject", "warn"] = Field("reject", description="Past the quota: 429, or forward with a warning.")
+
+
+class Profile(Section):
+    """The per-request settings of every pipeline stage: the defaults, or a profile's overrides of them."""
+
+    context: ContextSettings = ContextSettings()
+    truncation: TruncationSettings = TruncationSettings()
+    quota: QuotaSettings = QuotaSettings()
+
+
+class ProfileOverrides(Section):
+    context: dict[str, Any] = Field(default_factory=dict)
+    truncation: dict[str, Any] = Field(default_factory=dict)
+    quota: dict[str, Any] = Field(default_factory=dict)
+
+
+class ModelSettings(Section):
+    profile: str | None = Field(None, description="Profile used for this model unless X-Context-Profile names one.")
+    history_token_limit: int | None = Field(None, ge=64, description="This model's history token budget.")
+
+
 class LoggingSettings(Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
 
@@ -72,6 +122,35 @@ class Settings(BaseSettings):
     conversation: ConversationSettings = ConversationSettings()
     admin: AdminSettings = AdminSettings()
     logging: LoggingSettings = LoggingSettings()
+    context: ContextSettings = ContextSettings()
+    truncation: TruncationSettings = TruncationSettings()
+    quota: QuotaSettings = QuotaSettings()
+    profiles: dict[str, ProfileOverrides] = Field(default_factory=dict)
+    models: dict[str, ModelSettings] = Field(default_factory=dict)
+
+    _profiles: dict[str | None, Profile] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _resolve_profiles(self) -> Settings:
+        """Merge each profile over the defaults once, so a bad override stops start-up, naming it."""
+        default = Profile(context=self.context, truncation=self.truncation, quota=self.quota)
+        self._profiles[None] = default
+        for name, overrides in self.profiles.items():
+            merged: dict[str, Any] = {}
+            for section in ("context", "truncation", "quota"):
+                merged[section] = {**getattr(default, section).model_dump(), **getattr(overrides, section)}
+            try:
+                self._profiles[name] = Profile.model_validate(merged)
+            except ValidationError as exc:
+                raise ValueError(f"profiles.{name}: {_one_line(exc, prefix='')}") from None
+        for model, entry in self.models.items():
+            if entry.profile is not None and entry.profile not in self.profiles:
+                raise ValueError(f"models.{model}.profile: no profile named {entry.profile!r}")
+        return self
+
+    def profile(self, name: str | None) -> Profile | None:
+        """The merged settings of profile `name` (None = the defaults); None if there is no such profile."""
+        return self._profiles.get(name)
 
     @classmethod
     def settings_customise_sources(
@@ -83,10 +162,23 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         yaml_file = settings_cls.model_config.get("yaml_file")
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings, LegacyEnvSource(settings_cls)]
         if yaml_file:
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file))
         return tuple(sources)
+
+
+# The seed's own env var for the history budget: below CONTEXT_PROXY_* vars, above the YAML.
+LEGACY_TOKEN_LIMIT_ENV = "DEFAULT_CONVERSATION_HISTORY_TOKEN_LIMIT"
+
+
+class LegacyEnvSource(PydanticBaseSettingsSource):
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        value = os.environ.get(LEGACY_TOKEN_LIMIT_ENV)
+        return {"context": {"history_token_limit": value}} if value else {}
 
 
 class ConfigError(Exception):
@@ -109,9 +201,10 @@ def load_settings(config_path: str | Path | None = None, **overrides: object) ->
         raise ConfigError(f"cannot read {config_path}: {exc}") from None
 
 
-def _one_line(exc: ValidationError) -> str:
+def _one_line(exc: ValidationError, prefix: str = "bad setting ") -> str:
     parts = []
     for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "settings"
-        parts.append(f"{where}: {err['msg']}")
-    return "bad setting " + "; ".join(parts)
+        where = ".".join(str(p) for p in err["loc"])
+        message = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{where}: {message}" if where else message)
+    return prefix + "; ".join(parts)

@@ -11,9 +11,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from .messages import SYSTEM_ROLES, Message, message_hash
+from .pipeline.base import Item
 from .store import Conversation, StoredMessage
+
+T = TypeVar("T", Message, StoredMessage)
 
 
 @dataclass(slots=True)
@@ -21,14 +25,21 @@ class TurnPlan:
     new: list[Message]  # to persist before forwarding
     new_hashes: list[str]
     upstream: list[Message]  # the transcript to send (before the pipeline rewrites it)
+    # Stored seqs of `upstream` minus its new tail (which gets seqs when written); None = not stored.
+    known_seqs: list[int | None] = field(default_factory=list)
     supersede: list[int] = field(default_factory=list)  # live seqs the client diverged from
+
+    def items(self, new_seqs: list[int]) -> list[Item]:
+        """`upstream` with each message's seq, once the new messages have theirs."""
+        seqs = self.known_seqs + list(new_seqs)
+        return [Item(m, s) for m, s in zip(self.upstream, seqs, strict=True)]
 
 
 def plan_full_history(messages: list[Message], conversation: Conversation | None) -> TurnPlan:
     hashes = [message_hash(m) for m in messages]
     live = conversation.live if conversation else []
     same = 0
-    for (_, stored), sent in zip(live, hashes):
+    for (_, stored), sent in zip(live, hashes, strict=False):
         if stored != sent:
             break
         same += 1
@@ -36,21 +47,29 @@ def plan_full_history(messages: list[Message], conversation: Conversation | None
         new=messages[same:],
         new_hashes=hashes[same:],
         upstream=messages,
+        known_seqs=[seq for seq, _ in live[:same]],
         supersede=[seq for seq, _ in live[same:]],
     )
 
 
-def split_leading_system(messages: list[Message]) -> tuple[list[Message], list[Message]]:
+def split_leading_system(messages: list[T]) -> tuple[list[T], list[T]]:
+    """(the leading system/developer messages, the rest); works on messages and stored messages."""
     for i, msg in enumerate(messages):
-        if msg.get("role") not in SYSTEM_ROLES:
+        role = (msg.message if isinstance(msg, StoredMessage) else msg).get("role")
+        if role not in SYSTEM_ROLES:
             return messages[:i], messages[i:]
     return messages, []
 
 
 def plan_proxy_history(messages: list[Message], live: list[StoredMessage]) -> TurnPlan:
     system, new = split_leading_system(messages)
-    _, history = split_leading_system([m.message for m in live])
+    _, history = split_leading_system(live)
     # On the first turn the system prompt joins the record; later, the client's current system
     # prompt leads the upstream prompt and the stored one stays in the record as it was.
     persist = new if live else messages
-    return TurnPlan(new=persist, new_hashes=[message_hash(m) for m in persist], upstream=system + history + new)
+    return TurnPlan(
+        new=persist,
+        new_hashes=[message_hash(m) for m in persist],
+        upstream=system + [m.message for m in history] + new,
+        known_seqs=[None] * len(system) + [m.seq for m in history] if live else [],
+    )

@@ -110,3 +110,23 @@ def reply_message(raw: Message) -> Message:
     if raw.get("refusal"):
         msg["refusal"] = raw["refusal"]
     return msg
+
+
+def text_of(content: Any) -> str | None:
+    """The text of a message's content (a string, or the text parts of an array); None if it has none."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        if texts and all(isinstance(t, str) for t in texts):
+            return "".join(texts)
+    return None
+
+
+def tool_names_by_call_id(messages: list[Message]) -> dict[str, str]:
+    """call id -> function name, from every assistant tool call in `messages`."""
+    names: dict[str, str] = {}
+    for msg in messages:
+        for call in msg.get("tool_calls") or ():
+            names[call.get("id")] = (call.get("function") or {}).get("name")
+    return names

@@ -7,6 +7,9 @@ from aiohttp import web
 from .config import Settings
 from .identity import ConversationKey
 from .pipeline import Pipeline
+from .refs import RefSigner
+from .summarizer import Summarizer
+from .tokens import TokenCounter
 from .store import Store
 from .upstream import HttpUpstream
 
@@ -14,6 +17,9 @@ SETTINGS = web.AppKey("settings", Settings)
 STORE = web.AppKey("store", Store)
 UPSTREAM = web.AppKey("upstream", HttpUpstream)
 PIPELINE = web.AppKey("pipeline", Pipeline)
+REFS = web.AppKey("refs", RefSigner)
+COUNTER = web.AppKey("counter", TokenCounter)
+SUMMARIZER = web.AppKey("summarizer", Summarizer)
 
 # Per request: the conversation it was routed to, for the request log.
 CONVERSATION = web.RequestKey("conversation", ConversationKey)

@@ -14,7 +14,7 @@ from typing import Any
 from .history import TurnPlan
 from .identity import ConversationKey
 from .messages import Message, message_hash
-from .store import FAILED, INCOMPLETE, LIVE, PENDING, SUPERSEDED, Store
+from .store import FAILED, INCOMPLETE, INTERNAL, LIVE, PENDING, SUPERSEDED, Store
 
 
 class TurnWriter:
@@ -42,6 +42,11 @@ class TurnWriter:
                 self.pending = await self.store.append(self.key, self.plan.new, self.plan.new_hashes, PENDING)
 
         await self._then(step)
+
+    async def internal(self, messages: list[Message]) -> None:
+        """A read-back round the proxy answered itself: kept in the trajectory, never live."""
+        hashes = [message_hash(m) for m in messages]
+        await self._then(lambda: self.store.append(self.key, messages, hashes, INTERNAL))
 
     async def fail(self) -> None:
         """Refused or failed: the live transcript stays as it was; the attempt stays in the trajectory."""

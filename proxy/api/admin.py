@@ -14,7 +14,8 @@ from aiohttp import web
 
 from ..errors import InvalidRequest, NotFound, Unauthorized
 from ..identity import ConversationKey, bearer_token, check_conversation_id, request_tenant
-from ..state import SETTINGS, STORE
+from ..messages import text_of
+from ..state import REFS, SETTINGS, STORE
 from ..store import Conversation, StoredMessage
 
 ALL_TENANTS = None
@@ -112,6 +113,27 @@ async def trajectory(request: web.Request) -> web.Response:
     return web.json_response(page)
 
 
+async def tool_output(request: web.Request) -> web.Response:
+    """The full text of a shortened tool output; a ref of another conversation or tenant is a 404."""
+    conversation = await _conversation(request)
+    ref = request.match_info["ref"]
+    seq = request.app[REFS].seq_of(conversation.key, ref)
+    stored = await request.app[STORE].message(conversation.key, seq) if seq is not None else None
+    if stored is None or stored.message.get("role") != "tool":
+        raise NotFound(f"No tool output with ref '{ref}' in this conversation")
+    content = text_of(stored.message.get("content")) or ""
+    return web.json_response(
+        {
+            "object": "tool_output",
+            "ref": ref,
+            "seq": stored.seq,
+            "tool_call_id": stored.message.get("tool_call_id"),
+            "length": len(content),
+            "content": content,
+        }
+    )
+
+
 async def delete_conversation(request: web.Request) -> web.Response:
     conversation = await _conversation(request)
     store = request.app[STORE]
@@ -127,3 +149,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_delete(base + "/{conversation_id}", delete_conversation)
     app.router.add_get(base + "/{conversation_id}/messages", list_messages)
     app.router.add_get(base + "/{conversation_id}/trajectory", trajectory)
+    app.router.add_get(base + "/{conversation_id}/tool_outputs/{ref}", tool_output)

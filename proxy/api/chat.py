@@ -1,34 +1,37 @@
-"""POST /v1/chat/completions: identify, persist, rewrite, forward, persist the reply, hand it back.
+"""POST /v1/chat/completions: check the request, find its conversation and profile, and run the
+turn under the conversation's lock (one turn at a time per conversation).
 
 A turn's new messages are written as pending before anything is forwarded. They join the live
 transcript only once the upstream's reply has come back whole (or the client walked away from a
 stream the upstream was answering); a refusal or failure marks them failed, so the live
-transcript is as it was and the attempt stays in the trajectory.
+transcript is as it was and the attempt stays in the trajectory (see turns.py, exchange.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from typing import Any
 
 from aiohttp import web
 
-from ..errors import InvalidRequest, ProxyError, UpstreamStreamBroken
+from ..config import ContextSettings, Profile, Settings
+from ..errors import InvalidRequest
 from ..history import TurnPlan, plan_full_history, plan_proxy_history
 from ..identity import ConversationKey, derived_conversation_id, explicit_conversation_id, request_tenant
-from ..messages import Message, reply_message, validate_messages
+from ..messages import Message, validate_messages
 from ..pipeline import Turn
-from ..state import CONVERSATION, PIPELINE, SETTINGS, STORE, UPSTREAM
-from ..store import INCOMPLETE, LIVE, Store
+from ..quota import QuotaLedger
+from ..state import CONVERSATION, COUNTER, PIPELINE, REFS, SETTINGS, STORE, SUMMARIZER, UPSTREAM
+from ..store import Conversation, Store
 from ..turns import TurnWriter
-from ..upstream import UpstreamReply, forwardable
-from ..upstream.sse import ReplyAssembler, SSEParser
+from ..upstream import forwardable
+from .exchange import Exchange
 
 log = logging.getLogger("proxy.chat")
 
 HISTORY_HEADER = "X-History"
+PROFILE_HEADER = "X-Context-Profile"
 # Our own request headers: meant for the proxy, never forwarded upstream.
 OWN_HEADERS = frozenset({"x-history", "x-context-profile", "x-compaction"})
 
@@ -52,13 +55,15 @@ def history_mode(request: web.Request, default: str) -> str:
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    settings = request.app[SETTINGS]
-    store = request.app[STORE]
+    app = request.app
+    settings = app[SETTINGS]
+    store = app[STORE]
     body = await read_json_object(request)
     if "messages" not in body:
         raise InvalidRequest("'messages' is a required property", param="messages")
     messages = validate_messages(body["messages"])
     mode = history_mode(request, settings.conversation.history)
+    profile = request_profile(request, settings, body)
     tenant = request_tenant(request, settings.conversation)
     conversation_id = explicit_conversation_id(request, settings.conversation)
     if conversation_id is None:
@@ -71,116 +76,39 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         conversation_id = derived_conversation_id(tenant, messages)
     key = ConversationKey(tenant, conversation_id)
     request[CONVERSATION] = key
+    headers = dict(forwardable(request.headers, drop=OWN_HEADERS | {settings.conversation.id_header.lower()}))
 
     async with store.lock(key):
-        turn = TurnWriter(store, key, await _plan(store, key, mode, messages))
+        conversation = await store.get(key)
+        writer = TurnWriter(store, key, await _plan(store, key, mode, messages, conversation))
+        ledger = QuotaLedger(
+            profile.quota,
+            call_number=(conversation.llm_calls if conversation else 0) + 1,
+            first_forwarded=dict(conversation.first_forwarded) if conversation else {},
+        )
+        turn = Turn(key, body, store, profile, app[COUNTER], app[REFS], ledger, app[SUMMARIZER], headers)
         try:
-            return await _forward(request, body, turn)
+            return await Exchange(request, body, writer, turn, app[PIPELINE], app[UPSTREAM]).run()
         finally:
-            await turn.settled()  # the next turn of this conversation must see every write of this one
+            await writer.settled()  # the next turn of this conversation must see every write of this one
 
 
-async def _forward(request: web.Request, body: dict[str, Any], turn: TurnWriter) -> web.StreamResponse:
-    await turn.begin()
-    try:
-        outgoing = await request.app[PIPELINE](Turn(turn.key, body, turn.store), turn.plan.upstream)
-        id_header = request.app[SETTINGS].conversation.id_header.lower()
-        headers = forwardable(request.headers, drop=OWN_HEADERS | {id_header})
-        reply = await request.app[UPSTREAM].chat({**body, "messages": outgoing}, headers)
-    except BaseException:
-        await turn.fail()
-        raise
-    if not 200 <= reply.status < 300:
-        return await _relay_refusal(reply, turn)
-    if reply.is_event_stream:
-        return await _relay_stream(request, reply, turn)
-    return await _relay_body(reply, turn)
+def request_profile(request: web.Request, settings: Settings, body: dict[str, Any]) -> Profile:
+    """`X-Context-Profile`, else the model's entry in `models:`, else the defaults; unknown is a 400."""
+    model = settings.models.get(str(body.get("model") or ""))
+    name = request.headers.get(PROFILE_HEADER) or (model.profile if model else None)
+    profile = settings.profile(name)
+    if profile is None:
+        raise InvalidRequest(f"Unknown context profile {name!r}", param=PROFILE_HEADER, code="unknown_profile")
+    if model is not None and model.history_token_limit is not None:
+        profile = profile.model_copy(update={"context": ContextSettings(history_token_limit=model.history_token_limit)})
+    return profile
 
 
-async def _plan(store: Store, key: ConversationKey, mode: str, messages: list[Message]) -> TurnPlan:
-    conversation = await store.get(key)
+async def _plan(
+    store: Store, key: ConversationKey, mode: str, messages: list[Message], conversation: Conversation | None
+) -> TurnPlan:
     if mode == "full":
         return plan_full_history(messages, conversation)
     live = await store.messages(key, live_only=True) if conversation else []
     return plan_proxy_history(messages, live)
-
-
-def _headers(reply: UpstreamReply, key: ConversationKey) -> dict[str, str]:
-    headers = dict(forwardable(reply.headers))
-    headers["X-Conversation-ID"] = key.id
-    return headers
-
-
-async def _relay_refusal(reply: UpstreamReply, turn: TurnWriter) -> web.Response:
-    """The upstream's own 4xx/5xx goes back as it came; the turn is marked failed."""
-    try:
-        data = await reply.read()
-    finally:
-        reply.close()
-        await turn.fail()
-    return web.Response(body=data, status=reply.status, headers=_headers(reply, turn.key))
-
-
-async def _relay_body(reply: UpstreamReply, turn: TurnWriter) -> web.Response:
-    try:
-        data = await reply.read()
-    except BaseException:
-        await turn.fail()
-        raise
-    finally:
-        reply.close()
-    await turn.accept(_first_choice(data))
-    return web.Response(body=data, status=reply.status, headers=_headers(reply, turn.key))
-
-
-def _first_choice(data: bytes) -> Message | None:
-    try:
-        return reply_message(json.loads(data)["choices"][0]["message"])
-    except (ValueError, KeyError, IndexError, TypeError):
-        log.warning("upstream 2xx reply without choices[0].message; nothing to persist")
-        return None
-
-
-async def _relay_stream(request: web.Request, reply: UpstreamReply, turn: TurnWriter) -> web.StreamResponse:
-    """Forward each chunk the moment it arrives, assembling the reply on the side."""
-    response = web.StreamResponse(status=reply.status, headers=_headers(reply, turn.key))
-    parser, assembler = SSEParser(), ReplyAssembler()
-    broken: ProxyError | None = None
-    try:
-        await response.prepare(request)
-        async for chunk in reply.chunks():
-            for payload in parser.feed(chunk):
-                assembler.feed(payload)
-            await response.write(chunk)
-    except (ConnectionResetError, asyncio.CancelledError):
-        # The client went away (aiohttp cancels the handler when it notices). The upstream did
-        # accept the turn, so the request stays; the reply is kept whole if it was, else incomplete.
-        finished = assembler.complete or assembler.done
-        await turn.accept(None if assembler.empty else assembler.message(), LIVE if finished else INCOMPLETE)
-        if not finished:
-            log.info("client went away mid-stream", extra={"conversation": str(turn.key)})
-        raise
-    except ProxyError as exc:
-        broken = exc
-    finally:
-        reply.close()
-
-    if broken is None and not (assembler.complete or assembler.done):
-        broken = UpstreamStreamBroken("Upstream stream ended before the reply was complete")
-    if broken is not None:
-        await turn.keep_partial(None if assembler.empty else assembler.message())
-        await _write_quietly(response, b"data: " + json.dumps(broken.body()).encode() + b"\n\n")
-    else:
-        await turn.accept(assembler.message())
-    await _write_quietly(response, None)
-    return response
-
-
-async def _write_quietly(response: web.StreamResponse, data: bytes | None) -> None:
-    try:
-        if data is None:
-            await response.write_eof()
-        else:
-            await response.write(data)
-    except ConnectionResetError:
-        pass

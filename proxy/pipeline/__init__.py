@@ -10,13 +10,19 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ..config import Settings
-from .base import Stage, Turn
+from . import pairing, quota, truncation, window
+from .base import Item, Stage, Turn
 
-__all__ = ["Pipeline", "Stage", "Turn", "build_pipeline", "STAGES"]
+__all__ = ["Item", "Pipeline", "Stage", "Turn", "build_pipeline", "STAGES"]
 
 # Factories in execution order. Each gets the settings and returns a stage, or None when the
-# settings turn it off. Later issues add: truncation, compaction, token window, quota, pairing.
-STAGES: list[Callable[[Settings], Stage | None]] = []
+# settings leave it nothing to do. (History compaction joins between truncation and the window.)
+STAGES: list[Callable[[Settings], Stage | None]] = [
+    truncation.build,
+    window.build,
+    quota.build,
+    pairing.build,  # last: whatever the stages before did, what goes upstream is well paired
+]
 
 
 class Pipeline:
@@ -27,10 +33,10 @@ class Pipeline:
     def __init__(self, stages: Sequence[Stage]) -> None:
         self.stages = list(stages)
 
-    async def __call__(self, turn: Turn, messages: list) -> list:
+    async def __call__(self, turn: Turn, items: list[Item]) -> list[Item]:
         for stage in self.stages:
-            messages = await stage(turn, messages)
-        return messages
+            items = await stage(turn, items)
+        return items
 
     def describe(self) -> list[str]:
         return [stage.name for stage in self.stages]

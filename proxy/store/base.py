@@ -22,7 +22,8 @@ LIVE = "live"
 SUPERSEDED = "superseded"  # the client diverged (edited or regenerated) after this point
 FAILED = "failed"  # the request carrying it was refused or failed: kept in the trajectory only
 INCOMPLETE = "incomplete"  # a streamed reply the client went away from
-STATUSES = frozenset({PENDING, LIVE, SUPERSEDED, FAILED, INCOMPLETE})
+INTERNAL = "internal"  # a read_tool_output round the proxy answered itself: never shown to the client
+STATUSES = frozenset({PENDING, LIVE, SUPERSEDED, FAILED, INCOMPLETE, INTERNAL})
 
 
 def now() -> float:
@@ -52,6 +53,10 @@ class Conversation:
     next_seq: int = 1
     # (seq, hash) of the live transcript in order: enough to dedupe a request without reading messages.
     live: list[tuple[int, str]] = field(default_factory=list)
+    llm_calls: int = 0  # upstream calls made for this conversation (the quota counts these)
+    # seq -> llm_calls when that message was first forwarded: its quota figures never change after.
+    first_forwarded: dict[int, int] = field(default_factory=dict)
+    rewritten: frozenset[int] = frozenset()  # seqs with a stored rewrite (e.g. a tool-output summary)
 
     @property
     def live_hashes(self) -> list[str]:
@@ -65,6 +70,7 @@ class Conversation:
             "created_at": self.created_at,
             "updated_at": self.updated_at,
             "message_count": len(self.live),
+            "llm_calls": self.llm_calls,
         }
 
 
@@ -96,5 +102,21 @@ class Store(Protocol):
         """Every tenant's conversation with this id (admin look-ups)."""
 
     async def delete(self, key: ConversationKey) -> bool: ...
+
+    async def message(self, key: ConversationKey, seq: int) -> StoredMessage | None: ...
+
+    async def count_llm_call(self, key: ConversationKey) -> int:
+        """Count one upstream call; returns the conversation's total so far, this one included."""
+
+    async def mark_forwarded(self, key: ConversationKey, marks: Mapping[int, int]) -> None:
+        """Record, for messages forwarded for the first time, the call count at that moment."""
+
+    async def set_rewrites(self, key: ConversationKey, rewrites: Mapping[int, str]) -> None:
+        """Store the forwarded form of messages (by seq), so every later turn sends the same bytes."""
+
+    async def rewrites(self, key: ConversationKey, seqs: list[int]) -> dict[int, str]: ...
+
+    async def secret(self) -> bytes:
+        """A random per-store secret (made on first use): keys the HMAC that makes refs unguessable."""
 
     async def close(self) -> None: ...

@@ -8,6 +8,7 @@ operations. Each store call is one executor hop and one diskcache transaction.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +25,7 @@ from .base import LIVE, STATUSES, Conversation, StoredMessage, now
 T = TypeVar("T")
 SEP = "\0"
 TENANTS = "tenants"
+SECRET = "ref-secret"
 CREATED = "created-counter"
 
 
@@ -33,6 +35,10 @@ def _conv_key(key: ConversationKey) -> str:
 
 def _msg_key(key: ConversationKey, seq: int) -> str:
     return f"msg{SEP}{key.tenant}{SEP}{key.id}{SEP}{seq:012d}"
+
+
+def _rewrite_key(key: ConversationKey, seq: int) -> str:
+    return f"rewrite{SEP}{key.tenant}{SEP}{key.id}{SEP}{seq:012d}"
 
 
 def _index_key(tenant: str) -> str:
@@ -104,6 +110,7 @@ class DiskStore:
                 return False
             for seq in range(1, raw["next_seq"]):
                 self._cache.delete(_msg_key(key, seq))
+                self._cache.delete(_rewrite_key(key, seq))
             self._cache.delete(_conv_key(key))
             index = self._cache.get(_index_key(key.tenant), {})
             index.pop(key.id, None)
@@ -122,7 +129,7 @@ class DiskStore:
         with self._cache.transact():
             raw = self._cache.get(_conv_key(key))
             if raw is None:
-                raw = {"created_at": stamp, "updated_at": stamp, "next_seq": 1, "live": []}
+                raw = _new_record(stamp)
                 self._register(key)
             seqs = list(range(raw["next_seq"], raw["next_seq"] + len(messages)))
             for seq, msg, h in zip(seqs, messages, hashes, strict=True):
@@ -187,10 +194,78 @@ class DiskStore:
             out.append(StoredMessage(seq, r["message"], r["hash"], r["status"], r["created_at"]))
         return out
 
+    async def message(self, key: ConversationKey, seq: int) -> StoredMessage | None:
+        return await self._run(self._message, key, seq)
+
+    def _message(self, key: ConversationKey, seq: int) -> StoredMessage | None:
+        r = self._cache.get(_msg_key(key, seq))
+        return None if r is None else StoredMessage(seq, r["message"], r["hash"], r["status"], r["created_at"])
+
+    async def count_llm_call(self, key: ConversationKey) -> int:
+        return await self._run(self._update_record, key, _count_call)
+
+    async def mark_forwarded(self, key: ConversationKey, marks: Mapping[int, int]) -> None:
+        if marks:
+            await self._run(self._update_record, key, lambda raw: raw["first_forwarded"].update(marks))
+
+    async def set_rewrites(self, key: ConversationKey, rewrites: Mapping[int, str]) -> None:
+        if rewrites:
+            await self._run(self._set_rewrites, key, dict(rewrites))
+
+    def _set_rewrites(self, key: ConversationKey, rewrites: dict[int, str]) -> None:
+        with self._cache.transact():
+            for seq, content in rewrites.items():
+                self._cache.set(_rewrite_key(key, seq), content)
+            self._update_record(key, lambda raw: raw["rewritten"].update(rewrites))
+
+    async def rewrites(self, key: ConversationKey, seqs: list[int]) -> dict[int, str]:
+        return await self._run(self._rewrites, key, seqs)
+
+    def _rewrites(self, key: ConversationKey, seqs: list[int]) -> dict[int, str]:
+        found = {seq: self._cache.get(_rewrite_key(key, seq)) for seq in seqs}
+        return {seq: content for seq, content in found.items() if content is not None}
+
+    def _update_record(self, key: ConversationKey, change: Callable[[dict[str, Any]], Any]) -> Any:
+        """Apply `change` to the conversation record (creating it if new); returns what `change` returns."""
+        with self._cache.transact():
+            raw = self._cache.get(_conv_key(key))
+            if raw is None:
+                raw = _new_record(now())
+                self._register(key)
+            result = change(raw)
+            self._cache.set(_conv_key(key), raw)
+            return result
+
+    async def secret(self) -> bytes:
+        return await self._run(self._secret)
+
+    def _secret(self) -> bytes:
+        with self._cache.transact():
+            value = self._cache.get(SECRET)
+            if value is None:
+                value = secrets.token_bytes(32)
+                self._cache.set(SECRET, value)
+            return value
+
     async def close(self) -> None:
         await self._run(self._cache.close)
         self._thread.shutdown(wait=True)
 
 
+def _new_record(stamp: float) -> dict[str, Any]:
+    return {
+        "created_at": stamp, "updated_at": stamp, "next_seq": 1, "live": [],
+        "llm_calls": 0, "first_forwarded": {}, "rewritten": set(),
+    }
+
+
+def _count_call(raw: dict[str, Any]) -> int:
+    raw["llm_calls"] += 1
+    return raw["llm_calls"]
+
+
 def _conversation(key: ConversationKey, raw: dict[str, Any]) -> Conversation:
-    return Conversation(key, raw["created_at"], raw["updated_at"], raw["next_seq"], [tuple(x) for x in raw["live"]])
+    return Conversation(
+        key, raw["created_at"], raw["updated_at"], raw["next_seq"], [tuple(x) for x in raw["live"]],
+        raw["llm_calls"], dict(raw["first_forwarded"]), frozenset(raw["rewritten"]),
+    )

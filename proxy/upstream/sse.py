@@ -39,15 +39,22 @@ class ReplyAssembler:
         self.done = False
         self.usage: dict[str, Any] | None = None
 
-    def feed(self, payload: bytes) -> None:
+    def feed(self, payload: bytes) -> dict[str, Any] | None:
+        """Take one `data:` payload; returns it parsed (None for [DONE] or junk)."""
         if payload == b"[DONE]":
             self.done = True
-            return
+            return None
         try:
             chunk = json.loads(payload)
         except ValueError:
             log.warning("unparseable SSE payload from upstream (%d bytes)", len(payload))
-            return
+            return None
+        if isinstance(chunk, dict):
+            self.feed_chunk(chunk)
+            return chunk
+        return None
+
+    def feed_chunk(self, chunk: dict[str, Any]) -> None:
         if chunk.get("usage"):
             self.usage = chunk["usage"]
         for choice in chunk.get("choices") or ():

@@ -1,0 +1,94 @@
+"""Stage 1, tool-response truncation: a long tool output goes upstream as a preview (or an LLM
+summary) plus a marker naming its ref; the full output stays in the conversation log, readable
+through `read_tool_output`. Runs first, so one huge output cannot by itself trigger compaction.
+
+Stable: the preview and marker are a pure function of the message, its seq and the quota figures
+fixed at its first forwarding; a summary is made once and stored.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..config import Settings
+from ..messages import text_of, tool_names_by_call_id
+from ..readback import READ_TOOL
+from .base import Item, Turn
+
+log = logging.getLogger("proxy.truncation")
+
+
+class Truncation:
+    name = "truncation"
+
+    async def __call__(self, turn: Turn, items: list[Item]) -> list[Item]:
+        settings = turn.profile.truncation
+        if not settings.enabled:
+            return items
+        names: dict[str, str] | None = None
+        long_outputs: list[tuple[int, Item, str, str]] = []  # (position, item, text, tool name)
+        for position, item in enumerate(items):
+            msg = item.message
+            if msg.get("role") != "tool" or item.seq is None:
+                continue
+            text = text_of(msg.get("content"))
+            if text is None or len(text) <= settings.max_tool_response_length:
+                continue
+            if names is None:
+                names = tool_names_by_call_id([i.message for i in items])
+            tool = names.get(msg.get("tool_call_id"), "")
+            if settings.tools.get(tool, settings.default) != "keep":
+                long_outputs.append((position, item, text, tool))
+        if not long_outputs:
+            return items
+
+        summaries = await self._summaries(turn, [(i, text, tool) for _, i, text, tool in long_outputs if
+                                                 settings.tools.get(tool, settings.default) == "summarize"])
+        out = list(items)
+        refs = turn.notes.setdefault("truncated", {})
+        for position, item, text, _ in long_outputs:
+            assert item.seq is not None
+            ref = turn.refs.make(turn.key, item.seq)
+            summary = summaries.get(item.seq)
+            body = summary if summary is not None else text[: settings.preview_length]
+            content = body + self._marker(turn, item.seq, ref, len(text), summary is not None)
+            out[position] = Item({**item.message, "content": content}, item.seq)
+            refs[item.seq] = ref
+        return out
+
+    def _marker(self, turn: Turn, seq: int, ref: str, total: int, summarized: bool) -> str:
+        settings = turn.profile.truncation
+        shown = "a summary" if summarized else f"the first {settings.preview_length} of {total} characters"
+        start = 0 if summarized else settings.preview_length
+        marker = (
+            f"\n\n[context-proxy: this tool output was shortened to {shown}. The full output "
+            f"({total} characters) is stored as ref \"{ref}\". To read more, call "
+            f"{READ_TOOL}(ref=\"{ref}\", offset={start}, length={settings.read_length}).]"
+        )
+        figures = turn.ledger.figures(seq)
+        if figures is not None:
+            marker = marker[:-1] + " " + figures.line() + "]"
+        return marker
+
+    async def _summaries(self, turn: Turn, wanted: list[tuple[Item, str, str]]) -> dict[int, str]:
+        """Stored summaries, and new ones made now (a failure falls back to a preview, logged)."""
+        if not wanted:
+            return {}
+        seqs = [item.seq for item, _, _ in wanted if item.seq is not None]
+        stored = await turn.store.rewrites(turn.key, seqs)
+        made: dict[int, str] = {}
+        for item, text, tool in wanted:
+            if item.seq is None or item.seq in stored:
+                continue
+            summary = await turn.summarizer.tool_output(text, tool, turn.model, turn.headers)
+            if summary is None:
+                turn.notes["summaries_failed"] = turn.notes.get("summaries_failed", 0) + 1
+                continue
+            made[item.seq] = summary
+        await turn.store.set_rewrites(turn.key, made)
+        return {**stored, **made}
+
+
+def build(settings: Settings) -> Truncation:
+    # Always in the list: whether it acts is per request (profiles can turn it on or off).
+    return Truncation()

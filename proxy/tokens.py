@@ -1,0 +1,289 @@
+"""Token counting for the token window: tiktoken, cached per message, plus the context windows
+litellm knows.
+
+- OpenAI models: o200k_base (gpt-4o, 4.1, 4.5, 5, o-series, gpt-oss) or cl100k_base (gpt-4,
+  gpt-3.5, and any name tiktoken does not know).
+- Other models: cl100k_base too, by default. For claude-3+, gemini, mistral, ... litellm's own
+  `token_counter` falls back to cl100k_base anyway, while importing litellm costs ~2 s and
+  ~190 MB resident, and for llama/cohere names it downloads a tokenizer from the Hugging Face hub
+  (retrying for ~20 s when offline). `TokenCounter(use_litellm=True)` opts into litellm's counter.
+- Offline: tiktoken downloads its encodings unless they are in its cache dir; litellm's wheel
+  ships the two we use, so TIKTOKEN_CACHE_DIR points there (found without importing litellm).
+- Each message is tokenized once: counts are cached by a hash of exactly what is counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import cache, lru_cache
+from pathlib import Path
+from typing import Any
+
+from .messages import Message
+
+log = logging.getLogger("proxy.tokens")
+
+Encode = Callable[[str], int]  # text -> number of tokens
+
+# OpenAI's chat framing (openai-cookbook "How to count tokens"): every message costs 3 tokens
+# besides its role and content, a `name` one more. Tool calls are not documented: 3 per call
+# covers their wrapper in practice. Images are billed by size; 765 is a 1024x1024 image at high
+# detail, 85 at low detail. Audio/file parts get the image figure: an estimate, not a bill.
+PER_MESSAGE = 3
+PER_NAME = 1
+PER_TOOL_CALL = 3
+IMAGE_TOKENS = 765
+LOW_DETAIL_IMAGE_TOKENS = 85
+
+DEFAULT_CACHE_ENTRIES = 100_000
+OFFLOAD_CHARS = 32_000  # new text beyond this is tokenized off the event loop
+FALLBACK_ENCODING = "cl100k_base"
+MODEL_PRICES_FILE = "model_prices_and_context_window_backup.json"
+
+
+class TokenCounter:
+    """Counts chat messages in tokens, each distinct message once (a bounded LRU cache).
+
+    Thread-safe: one instance serves the whole process (the event loop and background work).
+    """
+
+    def __init__(self, max_entries: int = DEFAULT_CACHE_ENTRIES, use_litellm: bool = False) -> None:
+        self.max_entries = max_entries
+        self.use_litellm = use_litellm
+        self.encodes = 0  # distinct messages actually tokenized (cache misses): for tests and metrics
+        # hash of (tokenizer, counted texts, flat extras) -> tokens. Insertion order is the LRU
+        # order: a hit is popped and put back at the end, the first key is the oldest.
+        self._cache: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def count(self, message: Message, model: str) -> int:
+        """Tokens of one chat message as OpenAI counts it, framing overhead included."""
+        return self.count_many([message], model)[0]
+
+    def count_many(self, messages: Sequence[Message], model: str) -> list[int]:
+        """`count` of each message: one tokenizer lookup and one lock round for the whole prompt."""
+        tokenizer, keys, counts, misses = self._lookup(messages, model)
+        made = self._encode_misses(tokenizer, model, misses) if misses else {}
+        return [made[key] if tokens is None else tokens for key, tokens in zip(keys, counts, strict=True)]
+
+    async def count_many_async(self, messages: Sequence[Message], model: str) -> list[int]:
+        """`count_many` for the event loop: cache hits inline, a large amount of new text in a thread
+        (tokenizing 200 KB takes ~15 ms, too long to hold the loop)."""
+        tokenizer, keys, counts, misses = self._lookup(messages, model)
+        made: dict[int, int] = {}
+        if misses:
+            if sum(len(t) for texts, _ in misses.values() for t in texts) > OFFLOAD_CHARS:
+                made = await asyncio.to_thread(self._encode_misses, tokenizer, model, misses)
+            else:
+                made = self._encode_misses(tokenizer, model, misses)
+        return [made[key] if tokens is None else tokens for key, tokens in zip(keys, counts, strict=True)]
+
+    def _lookup(
+        self, messages: Sequence[Message], model: str
+    ) -> tuple[str, list[int], list[int | None], dict[int, tuple[tuple[str, ...], int]]]:
+        tokenizer = self.tokenizer_name(model)
+        parts = [counted_parts(m) for m in messages]
+        # Python's str hash is cached on the string and ~20x cheaper than messages.message_hash
+        # (no JSON dump, no sha256): 64 bits are plenty for a cache of 100k entries.
+        keys = [hash((tokenizer, texts, extra)) for texts, extra in parts]
+        cache = self._cache
+        with self._lock:
+            counts = [cache.pop(key, None) for key in keys]
+            for key, tokens in zip(keys, counts, strict=True):
+                if tokens is not None:
+                    cache[key] = tokens  # back at the end: most recently used
+        misses = {keys[i]: parts[i] for i, tokens in enumerate(counts) if tokens is None}
+        return tokenizer, keys, counts, misses
+
+    def _encode_misses(self, tokenizer: str, model: str, misses: dict[int, tuple[tuple[str, ...], int]]) -> dict[int, int]:
+        encode = self._encoder(tokenizer, model)  # tokenized outside the lock
+        made = {key: extra + sum(encode(text) for text in texts if text) for key, (texts, extra) in misses.items()}
+        with self._lock:
+            self.encodes += len(made)
+            self._cache.update(made)
+            while len(self._cache) > self.max_entries:
+                del self._cache[next(iter(self._cache))]
+        return made
+
+    def tokenizer_name(self, model: str) -> str:
+        """The tokenizer `count` uses for `model`: a tiktoken encoding name, or 'litellm:<model>'."""
+        name = encoding_name(model)
+        if self.use_litellm and name is None:
+            return f"litellm:{model}"
+        return name or FALLBACK_ENCODING
+
+    def context_window(self, model: str) -> int | None:
+        """The model's max input tokens where litellm's bundled table knows the model, else None."""
+        windows = context_windows()
+        for name in lookup_names(model):
+            if name in windows:
+                return windows[name]
+        return None
+
+    def warm(self, models: Iterable[str] = ()) -> None:
+        """Load the window table and the tokenizers of `models` now (at start-up, off the request
+        path): o200k_base takes ~0.2 s to load, cl100k_base ~0.1 s, the table ~20-40 ms."""
+        context_windows()
+        for model in models:
+            tokenizer = self.tokenizer_name(model)
+            self._encoder(tokenizer, model)
+
+    def _encoder(self, tokenizer: str, model: str) -> Encode:
+        if tokenizer.startswith("litellm:"):
+            return litellm_encoder(model)
+        return tiktoken_encoder(tokenizer)
+
+
+def counted_parts(message: Message) -> tuple[tuple[str, ...], int]:
+    """(every text of the message that is tokenized, the flat tokens added to them).
+
+    One function decides both what is counted and what the cache key covers, so they can't drift.
+    It runs for every message of every request, hence the plain loops.
+    """
+    get = message.get
+    texts: list[str] = [str(get("role") or "")]
+    extra = PER_MESSAGE
+    content = get("content")
+    if isinstance(content, str):
+        texts.append(content)
+    elif isinstance(content, list):
+        extra += _add_parts(content, texts)
+    for key in ("refusal", "tool_call_id", "name"):
+        value = get(key)
+        if isinstance(value, str):
+            texts.append(value)
+            extra += PER_NAME if key == "name" else 0
+    calls = get("tool_calls")
+    if isinstance(get("function_call"), dict):  # legacy single call
+        calls = [*(calls or ()), {"function": get("function_call")}]
+    for call in calls or ():
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict):
+            texts.extend(v for v in (call.get("id"), fn.get("name"), fn.get("arguments")) if isinstance(v, str))
+            extra += PER_TOOL_CALL
+    return tuple(texts), extra
+
+
+def _add_parts(parts: list[Any], texts: list[str]) -> int:
+    """Append the text of each content part to `texts`; return the flat tokens of the others."""
+    extra = 0
+    for part in parts:
+        if not isinstance(part, dict):
+            continue
+        kind = part.get("type")
+        if kind in ("text", "refusal") and isinstance(part.get(kind), str):
+            texts.append(part[kind])
+        elif (
+            kind == "image_url" and isinstance(part.get("image_url"), dict) and part["image_url"].get("detail") == "low"
+        ):
+            extra += LOW_DETAIL_IMAGE_TOKENS
+        else:
+            extra += IMAGE_TOKENS
+    return extra
+
+
+# -- tokenizers ---------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=1024)  # model names come from clients: bounded
+def encoding_name(model: str) -> str | None:
+    """'o200k_base' or 'cl100k_base' for the models tiktoken knows, None for the others.
+
+    A provider prefix ('openai/', 'azure/', 'openrouter/openai/') is ignored. Legacy encodings
+    (p50k, r50k) are not bundled with litellm, so their models are counted with cl100k_base.
+    """
+    import tiktoken.model  # light (~10 ms, no encoding loaded)
+
+    base = model.rsplit("/", 1)[-1]
+    try:
+        name = tiktoken.model.encoding_name_for_model(base)
+    except KeyError:
+        return None
+    return "o200k_base" if name.startswith("o200k") else FALLBACK_ENCODING
+
+
+@cache  # one per encoding name: at most two
+def tiktoken_encoder(name: str) -> Encode:
+    use_bundled_encodings()
+    import tiktoken
+
+    try:
+        encoding = tiktoken.get_encoding(name)
+    except Exception as exc:  # noqa: BLE001  # no file, no network, bad hash...: estimate, don't fail requests
+        log.warning("cannot load tiktoken encoding %s (%s); estimating 4 characters per token", name, exc)
+        return _estimate
+    return lambda text: len(encoding.encode_ordinary(text))  # ordinary: '<|endoftext|>' in text is text
+
+
+def _estimate(text: str) -> int:
+    return (len(text) + 3) // 4
+
+
+@lru_cache(maxsize=1024)
+def litellm_encoder(model: str) -> Encode:
+    """litellm's counter for `model`; imports litellm (~2 s) on first use."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of the cost map
+    import litellm
+
+    return lambda text: int(litellm.token_counter(model=model, text=text))
+
+
+def litellm_dir() -> Path | None:
+    """litellm's package directory, found without importing litellm (its import takes seconds)."""
+    spec = importlib.util.find_spec("litellm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def use_bundled_encodings() -> None:
+    """Point tiktoken's cache at the encodings litellm ships, unless the user chose a cache dir.
+
+    tiktoken names cached files by the sha1 of their URL; litellm's tokenizers directory holds
+    cl100k_base (9b5ad71b...) and o200k_base (fb374d41...) under those names.
+    """
+    if "TIKTOKEN_CACHE_DIR" in os.environ:
+        return
+    root = litellm_dir()
+    bundled = root / "litellm_core_utils" / "tokenizers" if root else None
+    if bundled is not None and bundled.is_dir():
+        os.environ["TIKTOKEN_CACHE_DIR"] = str(bundled)
+
+
+# -- context windows ----------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=1)  # the table is read once, on first use, and kept as {name: tokens} only
+def context_windows() -> dict[str, int]:
+    """model name -> max input tokens, from litellm's bundled model table (not imported: read)."""
+    root = litellm_dir()
+    path = root / MODEL_PRICES_FILE if root else None
+    try:
+        table = json.loads(path.read_bytes()) if path else {}
+    except (OSError, ValueError) as exc:
+        log.warning("cannot read litellm's model table %s: %s", path, exc)
+        table = {}
+    windows: dict[str, int] = {}
+    for name, entry in table.items():
+        tokens = entry.get("max_input_tokens") if isinstance(entry, dict) else None
+        if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0:
+            windows[name] = tokens
+    return windows
+
+
+def lookup_names(model: str) -> Iterator[str]:
+    """The names to try for `model`: itself, then without its provider prefixes, then the base of a
+    fine-tune ('ft:gpt-4o-mini:org::id' -> 'gpt-4o-mini')."""
+    name = model
+    yield name
+    while "/" in name:
+        name = name.split("/", 1)[1]
+        yield name
+    if name.startswith("ft:") and name.count(":") >= 2:
+        yield name.split(":")[1]

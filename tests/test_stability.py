@@ -1,0 +1,34 @@
+"""Stable rewrites: what was already sent upstream is sent again byte for byte, so prompt caches hit."""
+
+from __future__ import annotations
+
+import json
+
+from tests.conftest import openai_client
+
+TOOLS = [{"type": "function", "function": {"name": "run", "parameters": {"type": "object", "properties": {}}}}]
+
+
+def test_thirty_turns_resend_identical_bytes_for_the_seen_part(make_proxy, upstream):
+    proxy = make_proxy(quota={"max_llm_calls": 500}, context={"history_token_limit": 1_000_000})
+    client = openai_client(proxy, headers={"X-Conversation-ID": "stable"})
+    history: list[dict] = [{"role": "system", "content": "agent"}, {"role": "user", "content": "task"}]
+    previous: list[bytes] = []
+    for turn in range(30):
+        call_id = f"call_{turn}"
+        output = (f"output {turn} " * (2000 if turn % 3 == 0 else 5)).strip()  # every third one is truncated
+        payload = json.dumps({"turn": turn, "ok": True}) if turn % 3 == 1 else output
+        history += [
+            {"role": "assistant", "content": None, "tool_calls": [{"id": call_id, "type": "function", "function": {"name": "run", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": call_id, "content": payload},
+        ]
+        reply = client.chat.completions.create(model="gpt-4o-mini", messages=history, tools=TOOLS)
+        history.append({"role": "assistant", "content": reply.choices[0].message.content})
+        history.append({"role": "user", "content": f"continue {turn}"})
+        sent = [json.dumps(m, sort_keys=True).encode() for m in upstream.chat_requests()[-1]["messages"]]
+        assert sent[: len(previous)] == previous, f"turn {turn} changed bytes already sent"
+        assert len(sent) > len(previous)
+        previous = sent
+    rewritten = [m for m in upstream.chat_requests()[-1]["messages"] if m["role"] == "tool"]
+    assert sum("out_" in m["content"] for m in rewritten) == 10
+    assert sum("_quota_info" in m["content"] for m in rewritten) == 10

@@ -1,0 +1,196 @@
+"""Tool-output truncation and read-back: the upstream sees a preview and a ref, the client sees only
+its own tools, and the full output stays readable."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests.conftest import ALICE, BOB, admin_get, live_messages, openai_client, trajectory
+from tests.fake_upstream import Reply
+
+REF = re.compile(r"out_\d+_[0-9a-f]{24}")
+BIG = "".join(f"line {i:05d}: some build log output\n" for i in range(1500))  # ~48k chars
+TOOLS = [{"type": "function", "function": {"name": "run_build", "parameters": {"type": "object", "properties": {}}}}]
+
+
+def transcript(output: str = BIG, tool: str = "run_build") -> list[dict]:
+    return [
+        {"role": "system", "content": "You build software."},
+        {"role": "user", "content": "build it"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "call_build", "type": "function", "function": {"name": tool, "arguments": "{}"}}],
+        },
+        {"role": "tool", "tool_call_id": "call_build", "content": output},
+    ]
+
+
+def sent_tool_message(upstream, index: int = -1) -> dict:
+    return next(m for m in upstream.chat_requests()[index]["messages"] if m["role"] == "tool")
+
+
+def read_call(ref: str, offset: int, length: int) -> tuple[str, str]:
+    return ("read_tool_output", json.dumps({"ref": ref, "offset": offset, "length": length}))
+
+
+def test_long_output_goes_upstream_as_preview_and_ref_and_is_stored_whole(proxy, upstream, http):
+    client = openai_client(proxy, headers={"X-Conversation-ID": "trunc"})
+    client.chat.completions.create(model="gpt-4o-mini", messages=transcript(), tools=TOOLS)
+    sent = sent_tool_message(upstream)["content"]
+    assert sent.startswith(BIG[:2000]) and BIG[:2001] not in sent
+    assert f"({len(BIG)} characters)" in sent
+    ref = REF.search(sent).group(0)
+    assert f'read_tool_output(ref="{ref}", offset=2000' in sent
+    offered = [t["function"]["name"] for t in upstream.chat_requests()[-1]["tools"]]
+    assert offered == ["run_build", "read_tool_output"]
+
+    assert live_messages(http, "trunc")[3]["content"] == BIG  # the log keeps the full output
+    full = admin_get(http, f"/trunc/tool_outputs/{ref}").json()
+    assert full["content"] == BIG and full["length"] == len(BIG) and full["tool_call_id"] == "call_build"
+
+
+def test_refs_do_not_cross_tenants_or_conversations(proxy, upstream, http):
+    openai_client(proxy, headers={"X-Conversation-ID": "mine"}).chat.completions.create(
+        model="m", messages=transcript(), tools=TOOLS
+    )
+    ref = REF.search(sent_tool_message(upstream)["content"]).group(0)
+    assert admin_get(http, f"/mine/tool_outputs/{ref}", ALICE).status_code == 200
+    assert admin_get(http, f"/mine/tool_outputs/{ref}", BOB).status_code == 404
+    openai_client(proxy, headers={"X-Conversation-ID": "other"}).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert admin_get(http, f"/other/tool_outputs/{ref}").status_code == 404
+    forged = ref[:-4] + ("0000" if not ref.endswith("0000") else "1111")
+    assert admin_get(http, f"/mine/tool_outputs/{forged}").status_code == 404
+
+
+def test_short_outputs_and_kept_tools_are_untouched(make_proxy, upstream):
+    proxy = make_proxy(truncation={"tools": {"cat_file": "keep"}})
+    client = openai_client(proxy)
+    client.chat.completions.create(model="m", messages=transcript("short output"), tools=TOOLS)
+    assert sent_tool_message(upstream)["content"] == "short output"
+    assert "tools" in upstream.chat_requests()[-1] and len(upstream.chat_requests()[-1]["tools"]) == 1
+    client.chat.completions.create(model="m", messages=transcript(BIG, tool="cat_file"))
+    assert sent_tool_message(upstream)["content"] == BIG
+    assert "tools" not in upstream.chat_requests()[-1]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_read_back_is_answered_by_the_proxy_and_hidden_from_the_client(proxy, upstream, http, stream):
+    client = openai_client(proxy, headers={"X-Conversation-ID": f"rb-{stream}"})
+    client.chat.completions.create(model="m", messages=transcript(), tools=TOOLS)
+    ref = REF.search(sent_tool_message(upstream)["content"]).group(0)
+
+    history = transcript() + [{"role": "assistant", "content": "reply to: build it"}, {"role": "user", "content": "what failed at line 1400?"}]
+    upstream.enqueue(
+        Reply.tool_calls([read_call(ref, BIG.index("line 01400"), 60), read_call(ref, 0, 10)]),
+        Reply.text("Line 1400 is fine."),
+    )
+    result = client.chat.completions.create(model="m", messages=history, tools=TOOLS, stream=stream)
+    if stream:
+        chunks = list(result)
+        assert not any(c.choices and c.choices[0].delta.tool_calls for c in chunks)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    else:
+        assert result.choices[0].message.tool_calls is None
+        text = result.choices[0].message.content
+    assert text == "Line 1400 is fine."
+
+    second = upstream.chat_requests()[-1]["messages"]
+    answers = [m for m in second[len(history):] if m["role"] == "tool"]
+    assert [m["role"] for m in second[len(history):]] == ["assistant", "tool", "tool"]
+    assert "line 01400: some build log output" in answers[0]["content"]
+    assert answers[1]["content"].endswith("\n" + BIG[:10])
+    statuses = [(m["role"], m["status"]) for m in trajectory(http, f"rb-{stream}")[-5:]]
+    assert statuses == [("user", "live"), ("assistant", "internal"), ("tool", "internal"), ("tool", "internal"), ("assistant", "live")]
+    assert live_messages(http, f"rb-{stream}")[-1] == {"role": "assistant", "content": "Line 1400 is fine."}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_mixed_reply_gives_the_client_only_its_own_calls(proxy, upstream, http, stream):
+    client = openai_client(proxy, headers={"X-Conversation-ID": f"mixed-{stream}"})
+    client.chat.completions.create(model="m", messages=transcript(), tools=TOOLS)
+    ref = REF.search(sent_tool_message(upstream)["content"]).group(0)
+    history = transcript() + [{"role": "assistant", "content": "reply to: build it"}, {"role": "user", "content": "again"}]
+    upstream.enqueue(Reply.tool_calls([read_call(ref, 0, 10), ("run_build", '{"clean": true}')]))
+    result = client.chat.completions.create(model="m", messages=history, tools=TOOLS, stream=stream)
+    if stream:
+        calls: dict[int, dict] = {}
+        for chunk in result:
+            for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                slot = calls.setdefault(d.index, {"name": "", "arguments": ""})
+                slot["name"] += (d.function.name or "") if d.function else ""
+                slot["arguments"] += (d.function.arguments or "") if d.function else ""
+        assert calls == {0: {"name": "run_build", "arguments": '{"clean": true}'}}
+    else:
+        calls_seen = result.choices[0].message.tool_calls
+        assert [(c.function.name, c.function.arguments) for c in calls_seen] == [("run_build", '{"clean": true}')]
+    stored = live_messages(http, f"mixed-{stream}")[-1]
+    assert [c["function"]["name"] for c in stored["tool_calls"]] == ["run_build"]
+
+
+def test_read_rounds_are_bounded(make_proxy, upstream):
+    proxy = make_proxy(truncation={"max_read_rounds": 2})
+    client = openai_client(proxy)
+    client.chat.completions.create(model="m", messages=transcript(), tools=TOOLS)
+    ref = REF.search(sent_tool_message(upstream)["content"]).group(0)
+    upstream.reset()
+    upstream.enqueue(Reply.tool_calls([read_call(ref, 0, 5)]), Reply.tool_calls([read_call(ref, 5, 5)]), Reply.text("done"))
+    history = transcript() + [{"role": "assistant", "content": "reply to: build it"}, {"role": "user", "content": "more"}]
+    assert client.chat.completions.create(model="m", messages=history, tools=TOOLS).choices[0].message.content == "done"
+    offered = [[t["function"]["name"] for t in r.get("tools", [])] for r in upstream.chat_requests()]
+    assert offered == [["run_build", "read_tool_output"], ["run_build", "read_tool_output"], ["run_build"]]
+
+
+def test_client_tool_named_read_tool_output_is_left_alone(proxy, upstream):
+    tools = TOOLS + [{"type": "function", "function": {"name": "read_tool_output", "parameters": {"type": "object", "properties": {}}}}]
+    openai_client(proxy).chat.completions.create(model="m", messages=transcript(), tools=tools)
+    names = [t["function"]["name"] for t in upstream.chat_requests()[-1]["tools"]]
+    assert names == ["run_build", "read_tool_output"]  # the client's, once
+
+
+def summarizing_responder(body: dict):
+    system = body["messages"][0]
+    if system["role"] == "system" and "condense the output of one tool call" in system["content"]:
+        return Reply.text(f"SUMMARY of {len(body['messages'][1]['content'])} chars")
+    return Reply.text("ok")
+
+
+def test_summarize_handling_summarizes_once_and_resends_the_same_bytes(make_proxy, upstream):
+    proxy = make_proxy(truncation={"tools": {"run_build": "summarize"}})
+    upstream.responder = summarizing_responder
+    client = openai_client(proxy, headers={"X-Conversation-ID": "summ"})
+    history = transcript()
+    client.chat.completions.create(model="m", messages=history, tools=TOOLS)
+    first = sent_tool_message(upstream)["content"]
+    assert first.startswith("SUMMARY of") and "shortened to a summary" in first and REF.search(first)
+    history += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "next"}]
+    client.chat.completions.create(model="m", messages=history, tools=TOOLS)
+    assert sent_tool_message(upstream)["content"] == first
+    summaries = [r for r in upstream.chat_requests() if "condense" in r["messages"][0]["content"]]
+    assert len(summaries) == 1
+    assert summaries[0]["model"] == "m"  # the request's own model, with the client's key
+    assert upstream.requests[0].headers["authorization"] == f"Bearer {ALICE}"
+
+
+def test_failing_summarizer_falls_back_to_a_preview(make_proxy, upstream):
+    proxy = make_proxy(truncation={"tools": {"run_build": "summarize"}})
+    upstream.enqueue(Reply.error(500, {"error": {"message": "down", "type": "server_error", "code": None}}))
+    reply = openai_client(proxy).chat.completions.create(model="m", messages=transcript(), tools=TOOLS)
+    assert reply.choices[0].message.content
+    assert sent_tool_message(upstream)["content"].startswith(BIG[:2000])
+
+
+def test_tokens_sent_header(proxy, upstream, http):
+    response = http.post(
+        "/v1/chat/completions",
+        json={"model": "gpt-4o-mini", "messages": transcript(), "tools": TOOLS},
+        headers={"Authorization": f"Bearer {ALICE}"},
+    )
+    tokens = int(response.headers["X-Context-Tokens-Sent"])
+    assert 400 < tokens < 2000  # the preview and marker, not the 48k-char output
+    assert response.headers["X-Context-Messages-Left-Out"] == "0"
