@@ -11,7 +11,7 @@ import pytest
 from proxy.config import StorageSettings
 from proxy.identity import ConversationKey
 from proxy.messages import message_hash
-from proxy.store import FAILED, LIVE, PENDING, SUPERSEDED, Store, open_store
+from proxy.store import FAILED, LIVE, PENDING, SUPERSEDED, Store, Summary, open_store
 
 A = ConversationKey("tenant-a", "conv")
 B = ConversationKey("tenant-b", "conv")
@@ -138,3 +138,60 @@ async def test_data_survives_reopening(tmp_path):
     assert [m.message["content"] for m in await second.messages(A, live_only=True)] == ["kept"]
     assert await add(second, A, ["next"]) == [2]
     await second.close()
+
+
+def summary(first: int, last: int, text: str = "s") -> Summary:
+    return Summary(text=text, first_seq=first, last_seq=last, strategy="turns", model="m", tokens_in=10, tokens_out=2)
+
+
+async def test_summaries_are_all_kept_and_the_boundary_only_moves_forward(store):
+    await add(store, A, [str(i) for i in range(10)])
+    first = await store.add_summary(A, summary(1, 4, "first"))
+    assert first.id == 1
+    conv = await store.get(A)
+    assert (conv.boundary, conv.summary_id) == (4, 1)
+    second = await store.add_summary(A, summary(1, 8, "second"))
+    stale = await store.add_summary(A, summary(1, 6, "late and stale"))
+    conv = await store.get(A)
+    assert (conv.boundary, conv.summary_id) == (8, second.id)
+    assert [s.text for s in await store.summaries(A)] == ["first", "second", "late and stale"]
+    assert (await store.summary(A, stale.id)).last_seq == 6
+    assert await store.summaries(B) == []
+
+
+async def test_leases_are_exclusive_until_released_or_expired(store):
+    token = await store.acquire_lease("compact:a", ttl_s=60)
+    assert token is not None
+    assert await store.acquire_lease("compact:a", ttl_s=60) is None
+    assert await store.acquire_lease("compact:b", ttl_s=60) is not None
+    await store.release_lease("compact:a", "not-the-token")
+    assert await store.acquire_lease("compact:a", ttl_s=60) is None
+    await store.release_lease("compact:a", token)
+    assert await store.acquire_lease("compact:a", ttl_s=0.000001) is not None
+    # An expired lease is free again: ttl above is ~0, so the next acquire takes it over.
+    assert await store.acquire_lease("compact:a", ttl_s=60) is not None
+
+
+async def test_single_message_counters_marks_and_rewrites(store):
+    await add(store, A, ["a", "b"])
+    assert (await store.message(A, 2)).message["content"] == "b"
+    assert await store.message(A, 3) is None
+    assert [await store.count_llm_call(A) for _ in range(3)] == [1, 2, 3]
+    assert (await store.get(A)).llm_calls == 3
+    await store.mark_forwarded(A, {1: 1, 2: 3})
+    await store.mark_forwarded(A, {})
+    assert (await store.get(A)).first_forwarded == {1: 1, 2: 3}
+    await store.set_rewrites(A, {2: "short form"})
+    assert await store.rewrites(A, [1, 2]) == {2: "short form"}
+    assert (await store.get(A)).rewritten == frozenset({2})
+    assert await store.rewrites(B, [2]) == {}
+
+
+async def test_secret_is_made_once_and_kept(store):
+    first = await store.secret()
+    assert len(first) >= 16 and await store.secret() == first
+
+
+async def test_concurrent_appends_to_one_conversation_never_share_a_seq(store):
+    seqs = await asyncio.gather(*(add(store, A, [f"m{i}"]) for i in range(20)))
+    assert sorted(s for batch in seqs for s in batch) == list(range(1, 21))

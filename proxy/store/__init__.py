@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from ..config import ConfigError, StorageSettings
-from .base import FAILED, INCOMPLETE, INTERNAL, LIVE, PENDING, SUPERSEDED, Conversation, Store, StoredMessage
+from .base import FAILED, INCOMPLETE, INTERNAL, LIVE, PENDING, SUPERSEDED, Conversation, Store, StoredMessage, Summary
 
-__all__ = ["FAILED", "INCOMPLETE", "INTERNAL", "LIVE", "PENDING", "SUPERSEDED", "Conversation", "Store", "StoredMessage", "open_store"]
+__all__ = ["FAILED", "INCOMPLETE", "INTERNAL", "LIVE", "PENDING", "SUPERSEDED", "Conversation", "Store", "StoredMessage", "Summary", "open_store"]
 
 
 def open_store(settings: StorageSettings) -> Store:

@@ -46,6 +46,35 @@ class StoredMessage:
 
 
 @dataclass(slots=True)
+class Summary:
+    """A compaction summary: what the live history up to `last_seq` was, for the agent."""
+
+    text: str
+    first_seq: int  # the window of live messages it covers (with the previous summary folded in)
+    last_seq: int
+    strategy: str
+    model: str
+    tokens_in: int  # what the summarizer spent
+    tokens_out: int
+    created_at: float = field(default_factory=lambda: now())
+    id: int = 0  # set by the store: 1, 2, ... per conversation
+
+    def to_api(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "conversation.summary",
+            "text": self.text,
+            "first_seq": self.first_seq,
+            "last_seq": self.last_seq,
+            "strategy": self.strategy,
+            "model": self.model,
+            "tokens_in": self.tokens_in,
+            "tokens_out": self.tokens_out,
+            "created_at": self.created_at,
+        }
+
+
+@dataclass(slots=True)
 class Conversation:
     key: ConversationKey
     created_at: float
@@ -57,6 +86,9 @@ class Conversation:
     # seq -> llm_calls when that message was first forwarded: its quota figures never change after.
     first_forwarded: dict[int, int] = field(default_factory=dict)
     rewritten: frozenset[int] = frozenset()  # seqs with a stored rewrite (e.g. a tool-output summary)
+    # Compaction: live messages up to `boundary` go upstream as summary `summary_id` instead.
+    boundary: int = 0
+    summary_id: int | None = None
 
     @property
     def live_hashes(self) -> list[str]:
@@ -71,6 +103,8 @@ class Conversation:
             "updated_at": self.updated_at,
             "message_count": len(self.live),
             "llm_calls": self.llm_calls,
+            "boundary": self.boundary,
+            "summary_id": self.summary_id,
         }
 
 
@@ -115,6 +149,23 @@ class Store(Protocol):
         """Store the forwarded form of messages (by seq), so every later turn sends the same bytes."""
 
     async def rewrites(self, key: ConversationKey, seqs: list[int]) -> dict[int, str]: ...
+
+    async def add_summary(self, key: ConversationKey, summary: Summary) -> Summary:
+        """Keep a new summary (every one is kept, for audit) and make it current: the boundary moves to
+        `summary.last_seq`. Returns it with its id. A summary whose window ends at or before the
+        current boundary is kept but does not become current (the boundary never moves back)."""
+
+    async def summaries(self, key: ConversationKey) -> list[Summary]:
+        """Every summary of the conversation, oldest first."""
+
+    async def summary(self, key: ConversationKey, summary_id: int) -> Summary | None: ...
+
+    async def acquire_lease(self, name: str, ttl_s: float) -> str | None:
+        """Take the named lease if free (or expired): a token to release it with, else None. Used so
+        that one compaction at a time runs per conversation (across replicas, for shared backends)."""
+
+    async def release_lease(self, name: str, token: str) -> None:
+        """Release the lease if `token` still holds it."""
 
     async def secret(self) -> bytes:
         """A random per-store secret (made on first use): keys the HMAC that makes refs unguessable."""

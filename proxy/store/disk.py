@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -20,7 +22,7 @@ import diskcache
 
 from ..identity import ConversationKey
 from ..messages import Message
-from .base import LIVE, STATUSES, Conversation, StoredMessage, now
+from .base import LIVE, STATUSES, Conversation, StoredMessage, Summary, now
 
 T = TypeVar("T")
 SEP = "\0"
@@ -41,6 +43,10 @@ def _rewrite_key(key: ConversationKey, seq: int) -> str:
     return f"rewrite{SEP}{key.tenant}{SEP}{key.id}{SEP}{seq:012d}"
 
 
+def _summary_key(key: ConversationKey, summary_id: int) -> str:
+    return f"summary{SEP}{key.tenant}{SEP}{key.id}{SEP}{summary_id:08d}"
+
+
 def _index_key(tenant: str) -> str:
     return f"index{SEP}{tenant}"
 
@@ -51,6 +57,7 @@ class DiskStore:
         self._cache = diskcache.Cache(str(path))
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diskstore")
         self._locks: weakref.WeakValueDictionary[ConversationKey, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._leases: dict[str, tuple[str, float]] = {}  # name -> (token, monotonic expiry)
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
@@ -111,6 +118,8 @@ class DiskStore:
             for seq in range(1, raw["next_seq"]):
                 self._cache.delete(_msg_key(key, seq))
                 self._cache.delete(_rewrite_key(key, seq))
+            for summary_id in range(1, raw["summaries"] + 1):
+                self._cache.delete(_summary_key(key, summary_id))
             self._cache.delete(_conv_key(key))
             index = self._cache.get(_index_key(key.tenant), {})
             index.pop(key.id, None)
@@ -236,6 +245,50 @@ class DiskStore:
             self._cache.set(_conv_key(key), raw)
             return result
 
+    async def add_summary(self, key: ConversationKey, summary: Summary) -> Summary:
+        return await self._run(self._add_summary, key, summary)
+
+    def _add_summary(self, key: ConversationKey, summary: Summary) -> Summary:
+        def change(raw: dict[str, Any]) -> Summary:
+            raw["summaries"] += 1
+            stored = replace(summary, id=raw["summaries"])
+            self._cache.set(_summary_key(key, stored.id), asdict(stored))
+            if summary.last_seq > raw["boundary"]:
+                raw["boundary"], raw["summary_id"] = summary.last_seq, stored.id
+            return stored
+
+        return self._update_record(key, change)
+
+    async def summaries(self, key: ConversationKey) -> list[Summary]:
+        return await self._run(self._summaries, key)
+
+    def _summaries(self, key: ConversationKey) -> list[Summary]:
+        raw = self._cache.get(_conv_key(key))
+        count = raw["summaries"] if raw else 0
+        return [s for i in range(1, count + 1) if (s := self._summary(key, i)) is not None]
+
+    async def summary(self, key: ConversationKey, summary_id: int) -> Summary | None:
+        return await self._run(self._summary, key, summary_id)
+
+    def _summary(self, key: ConversationKey, summary_id: int) -> Summary | None:
+        raw = self._cache.get(_summary_key(key, summary_id))
+        return None if raw is None else Summary(**raw)
+
+    async def acquire_lease(self, name: str, ttl_s: float) -> str | None:
+        # One process owns this store (diskcache is not shared between replicas): leases live here.
+        now_ = time.monotonic()
+        held = self._leases.get(name)
+        if held is not None and held[1] > now_:
+            return None
+        token = secrets.token_hex(8)
+        self._leases[name] = (token, now_ + ttl_s)
+        return token
+
+    async def release_lease(self, name: str, token: str) -> None:
+        held = self._leases.get(name)
+        if held is not None and held[0] == token:
+            del self._leases[name]
+
     async def secret(self) -> bytes:
         return await self._run(self._secret)
 
@@ -256,6 +309,7 @@ def _new_record(stamp: float) -> dict[str, Any]:
     return {
         "created_at": stamp, "updated_at": stamp, "next_seq": 1, "live": [],
         "llm_calls": 0, "first_forwarded": {}, "rewritten": set(),
+        "summaries": 0, "boundary": 0, "summary_id": None,
     }
 
 
@@ -268,4 +322,5 @@ def _conversation(key: ConversationKey, raw: dict[str, Any]) -> Conversation:
     return Conversation(
         key, raw["created_at"], raw["updated_at"], raw["next_seq"], [tuple(x) for x in raw["live"]],
         raw["llm_calls"], dict(raw["first_forwarded"]), frozenset(raw["rewritten"]),
+        raw["boundary"], raw["summary_id"],
     )
