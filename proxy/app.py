@@ -18,7 +18,8 @@ from .identity import ConversationKey
 from .logs import monotonic_ms
 from .pipeline import build_pipeline
 from .refs import RefSigner
-from .state import CONVERSATION, COUNTER, PIPELINE, REFS, SETTINGS, STORE, SUMMARIZER, UPSTREAM
+from .compaction.runner import CompactionRunner
+from .state import COMPACTION, CONVERSATION, COUNTER, PIPELINE, REFS, SETTINGS, STORE, SUMMARIZER, UPSTREAM
 from .summarizer import Summarizer
 from .tokens import TokenCounter
 from .store import open_store
@@ -63,7 +64,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     app[REFS] = RefSigner(await app[STORE].secret())
     # Load the token-count tables now, in a thread: the first request must not stall the loop on it.
     await asyncio.to_thread(app[COUNTER].warm, WARM_MODELS)
-    app[SUMMARIZER] = Summarizer(upstream)
+    app[SUMMARIZER] = Summarizer(settings.summarizer, route=lambda model: upstream)
+    app[COMPACTION] = CompactionRunner(settings, app[STORE], app[SUMMARIZER], app[COUNTER])
     log.info(
         "started",
         extra={
@@ -75,6 +77,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        await app[COMPACTION].close()
         await upstream.close()
         await app[STORE].close()
 

@@ -9,9 +9,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -85,23 +94,119 @@ class QuotaSettings(Section):
     on_exhausted: Literal["reject", "warn"] = Field("reject", description="Past the quota: 429, or forward with a warning.")
 
 
+class CompactionSettings(Section):
+    strategy: Literal["off", "mask", "turns", "budget"] = Field("off", description="How history is compacted.")
+    keep_tool_outputs: int = Field(10, ge=0, description="mask: the newest N tool outputs stay whole.")
+    every_n_user_messages: int = Field(10, ge=1, description="turns: summarize after N new user messages.")
+    max_history_summary_length: int = Field(
+        40000, ge=1000, description="budget: summarize once the live history exceeds this many characters."
+    )
+    compaction_percent: int = Field(50, ge=1, le=100, description="budget: share of the history a window takes.")
+    recent_context_messages: int = Field(6, ge=0, le=100, description="budget: messages after the window shown to the summarizer.")
+    background: bool = Field(True, description="Summarize after the reply (true) or before forwarding (false).")
+    max_summarizer_input_tokens: int = Field(
+        60000, ge=1000, description="Larger windows are summarized in chunks of this size."
+    )
+    max_key_facts: int = Field(40, ge=0, le=500, description="Most identifiers appended when a summary lost them.")
+    compactor_class: str | None = Field(
+        "proxy.compaction.llm.LLMCompactor", description="Dotted path of the compactor class (turns/budget)."
+    )
+
+
 class Profile(Section):
     """The per-request settings of every pipeline stage: the defaults, or a profile's overrides of them."""
 
     context: ContextSettings = ContextSettings()
     truncation: TruncationSettings = TruncationSettings()
+    compaction: CompactionSettings = CompactionSettings()
     quota: QuotaSettings = QuotaSettings()
+
+
+PROFILE_SECTIONS = ("context", "truncation", "compaction", "quota")
 
 
 class ProfileOverrides(Section):
     context: dict[str, Any] = Field(default_factory=dict)
     truncation: dict[str, Any] = Field(default_factory=dict)
+    compaction: dict[str, Any] = Field(default_factory=dict)
     quota: dict[str, Any] = Field(default_factory=dict)
 
 
+class SummarizerSettings(Section):
+    model: str | None = Field(None, description="Model that writes summaries; null = the request's own model.")
+    timeout_s: float = Field(120, gt=0, le=3600, description="Longest a summary may take before it counts as failed.")
+
+
 class ModelSettings(Section):
+    """One entry of `models:`, keyed by the public model name clients send.
+
+    With `litellm_model` set, the model's requests go through litellm to that provider and come
+    back in OpenAI format; without it, the entry only carries settings (profile, limits, window)
+    for a model of the passthrough upstream.
+    """
+
     profile: str | None = Field(None, description="Profile used for this model unless X-Context-Profile names one.")
     history_token_limit: int | None = Field(None, ge=64, description="This model's history token budget.")
+    litellm_model: str | None = Field(
+        None,
+        min_length=1,
+        description="litellm model string, e.g. 'anthropic/claude-3-5-sonnet-20241022', 'gemini/gemini-2.0-flash', "
+        "'ollama_chat/llama3.1', 'hosted_vllm/Qwen/Qwen2.5-7B-Instruct'; null = served by the passthrough upstream.",
+    )
+    api_base: str | None = Field(None, min_length=1, description="Provider base URL (litellm's api_base); null = the provider's default.")
+    api_key_env: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="NAME of the env var holding the provider key (read at each call, never logged); "
+        "null = litellm's own default variable for the provider (e.g. ANTHROPIC_API_KEY), if any.",
+    )
+    forward_client_key: bool = Field(
+        False,
+        description="Send the client's own Bearer key as the provider key (only when api_key_env is not set).",
+    )
+    extra_headers: dict[str, str] = Field(default_factory=dict, description="Extra HTTP headers sent to the provider.")
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra litellm.acompletion keyword arguments (e.g. temperature, max_tokens, drop_params, "
+        "num_retries); they win over the request's own parameters.",
+    )
+    timeout_s: float | None = Field(
+        None, gt=0, le=86400, description="Seconds of provider silence before a 504; null = upstream.timeout_s."
+    )
+    context_window: int | None = Field(
+        None, ge=256, description="The model's context window in tokens, when litellm's model table lacks or misstates it."
+    )
+
+    # Fields that only mean something for a litellm-routed model.
+    LITELLM_ONLY: ClassVar[tuple[str, ...]] = (
+        "api_base", "api_key_env", "forward_client_key", "extra_headers", "params", "timeout_s",
+    )
+    # litellm.acompletion arguments the proxy sets itself: `params` may not override them.
+    RESERVED_PARAMS: ClassVar[frozenset[str]] = frozenset(
+        {"model", "messages", "stream", "api_key", "api_base", "base_url", "extra_headers", "headers", "timeout", "client"}
+    )
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _key_is_set(cls, name: str | None) -> str | None:
+        # Checked at start-up so a missing key stops the proxy instead of failing every request;
+        # the value itself is read again at each call (rotation without a restart).
+        if name is not None and not os.environ.get(name):
+            raise ValueError(f"environment variable {name} is not set")
+        return name
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelSettings:
+        if self.litellm_model is None:
+            used = [name for name in self.LITELLM_ONLY if name in self.model_fields_set]
+            if used:
+                raise ValueError(f"{', '.join(used)} only apply to a model with litellm_model set")
+        reserved = sorted(self.RESERVED_PARAMS.intersection(self.params))
+        if reserved:
+            raise ValueError(
+                f"params may not set {', '.join(reserved)} (use litellm_model, api_base, api_key_env, extra_headers, timeout_s)"
+            )
+        return self
 
 
 class LoggingSettings(Section):
@@ -124,7 +229,9 @@ class Settings(BaseSettings):
     logging: LoggingSettings = LoggingSettings()
     context: ContextSettings = ContextSettings()
     truncation: TruncationSettings = TruncationSettings()
+    compaction: CompactionSettings = CompactionSettings()
     quota: QuotaSettings = QuotaSettings()
+    summarizer: SummarizerSettings = SummarizerSettings()
     profiles: dict[str, ProfileOverrides] = Field(default_factory=dict)
     models: dict[str, ModelSettings] = Field(default_factory=dict)
 
@@ -133,16 +240,25 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _resolve_profiles(self) -> Settings:
         """Merge each profile over the defaults once, so a bad override stops start-up, naming it."""
-        default = Profile(context=self.context, truncation=self.truncation, quota=self.quota)
+        default = Profile(context=self.context, truncation=self.truncation, compaction=self.compaction, quota=self.quota)
         self._profiles[None] = default
         for name, overrides in self.profiles.items():
             merged: dict[str, Any] = {}
-            for section in ("context", "truncation", "quota"):
+            for section in PROFILE_SECTIONS:
                 merged[section] = {**getattr(default, section).model_dump(), **getattr(overrides, section)}
             try:
                 self._profiles[name] = Profile.model_validate(merged)
             except ValidationError as exc:
                 raise ValueError(f"profiles.{name}: {_one_line(exc, prefix='')}") from None
+        for name, profile in self._profiles.items():
+            if profile.compaction.strategy in ("turns", "budget"):
+                from .compaction import compactor_class  # imported here: it loads user code
+
+                try:
+                    compactor_class(profile.compaction.compactor_class)
+                except ValueError as exc:
+                    where = "compaction" if name is None else f"profiles.{name}.compaction"
+                    raise ValueError(f"{where}.compactor_class: {exc}") from None
         for model, entry in self.models.items():
             if entry.profile is not None and entry.profile not in self.profiles:
                 raise ValueError(f"models.{model}.profile: no profile named {entry.profile!r}")

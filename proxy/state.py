@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from .compaction.runner import CompactionRunner
 from .config import Settings
 from .identity import ConversationKey
 from .pipeline import Pipeline
@@ -20,6 +21,7 @@ PIPELINE = web.AppKey("pipeline", Pipeline)
 REFS = web.AppKey("refs", RefSigner)
 COUNTER = web.AppKey("counter", TokenCounter)
 SUMMARIZER = web.AppKey("summarizer", Summarizer)
+COMPACTION = web.AppKey("compaction", CompactionRunner)
 
 # Per request: the conversation it was routed to, for the request log.
 CONVERSATION = web.RequestKey("conversation", ConversationKey)

@@ -16,7 +16,7 @@ from ..errors import InvalidRequest, NotFound, Unauthorized
 from ..identity import ConversationKey, bearer_token, check_conversation_id, request_tenant
 from ..messages import text_of
 from ..state import REFS, SETTINGS, STORE
-from ..store import Conversation, StoredMessage
+from ..store import LIVE, Conversation, StoredMessage
 
 ALL_TENANTS = None
 
@@ -108,8 +108,17 @@ async def list_messages(request: web.Request) -> web.Response:
 
 
 async def trajectory(request: web.Request) -> web.Response:
+    """Every message (live ones behind the compaction boundary marked compacted, tool outputs with
+    their ref) and every summary: the replayable record."""
+    conversation = await _conversation(request)
     page = await _message_page(request, live_only=False)
-    page["summaries"] = []  # filled once compaction writes summaries
+    refs = request.app[REFS]
+    for message in page["data"]:
+        if message["status"] == LIVE and message["seq"] <= conversation.boundary:
+            message["status"] = "compacted"
+        if message.get("role") == "tool":
+            message["ref"] = refs.make(conversation.key, message["seq"])
+    page["summaries"] = [s.to_api() for s in await request.app[STORE].summaries(conversation.key)]
     return web.json_response(page)
 
 

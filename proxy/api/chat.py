@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ..compaction import CompactionJob
 from ..config import ContextSettings, Profile, Settings
 from ..errors import InvalidRequest
 from ..history import TurnPlan, plan_full_history, plan_proxy_history
@@ -22,7 +23,7 @@ from ..identity import ConversationKey, derived_conversation_id, explicit_conver
 from ..messages import Message, validate_messages
 from ..pipeline import Turn
 from ..quota import QuotaLedger
-from ..state import CONVERSATION, COUNTER, PIPELINE, REFS, SETTINGS, STORE, SUMMARIZER, UPSTREAM
+from ..state import COMPACTION, CONVERSATION, COUNTER, PIPELINE, REFS, SETTINGS, STORE, SUMMARIZER, UPSTREAM
 from ..store import Conversation, Store
 from ..turns import TurnWriter
 from ..upstream import forwardable
@@ -32,6 +33,7 @@ log = logging.getLogger("proxy.chat")
 
 HISTORY_HEADER = "X-History"
 PROFILE_HEADER = "X-Context-Profile"
+COMPACTION_HEADER = "X-Compaction"
 # Our own request headers: meant for the proxy, never forwarded upstream.
 OWN_HEADERS = frozenset({"x-history", "x-context-profile", "x-compaction"})
 
@@ -45,6 +47,17 @@ async def read_json_object(request: web.Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise InvalidRequest("Request body must be a JSON object", code="invalid_json")
     return body
+
+
+def compaction_control(request: web.Request) -> str | None:
+    """`X-Compaction: force` compacts before this request; `skip` starts no compaction for it."""
+    control = request.headers.get(COMPACTION_HEADER)
+    if control is None:
+        return None
+    control = control.strip().lower()
+    if control not in ("force", "skip"):
+        raise InvalidRequest(f"{COMPACTION_HEADER} must be 'force' or 'skip'", param=COMPACTION_HEADER)
+    return control
 
 
 def history_mode(request: web.Request, default: str) -> str:
@@ -64,6 +77,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     messages = validate_messages(body["messages"])
     mode = history_mode(request, settings.conversation.history)
     profile = request_profile(request, settings, body)
+    control = compaction_control(request)
     tenant = request_tenant(request, settings.conversation)
     conversation_id = explicit_conversation_id(request, settings.conversation)
     if conversation_id is None:
@@ -87,10 +101,20 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             first_forwarded=dict(conversation.first_forwarded) if conversation else {},
         )
         turn = Turn(key, body, store, profile, app[COUNTER], app[REFS], ledger, app[SUMMARIZER], headers)
+        runner = app[COMPACTION]
+        job = CompactionJob(
+            key, profile, app[SUMMARIZER].model_for(turn.model), headers, ledger.figures(None), force=control == "force"
+        )
+        if control == "force" or (control != "skip" and not profile.compaction.background):
+            await runner.run_now(job)  # before forwarding: this request already uses the new summary
+        turn.summary = await runner.current_summary(job)
         try:
-            return await Exchange(request, body, writer, turn, app[PIPELINE], app[UPSTREAM]).run()
+            response = await Exchange(request, body, writer, turn, app[PIPELINE], app[UPSTREAM]).run()
         finally:
             await writer.settled()  # the next turn of this conversation must see every write of this one
+    if control is None and profile.compaction.background and 200 <= response.status < 300:
+        runner.schedule(job)  # after the reply: never on the request's critical path
+    return response
 
 
 def request_profile(request: web.Request, settings: Settings, body: dict[str, Any]) -> Profile:

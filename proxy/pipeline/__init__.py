@@ -10,15 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ..config import Settings
-from . import pairing, quota, truncation, window
+from . import compaction, pairing, quota, truncation, window
 from .base import Item, Stage, Turn
 
 __all__ = ["Item", "Pipeline", "Stage", "Turn", "build_pipeline", "STAGES"]
 
 # Factories in execution order. Each gets the settings and returns a stage, or None when the
-# settings leave it nothing to do. (History compaction joins between truncation and the window.)
+# settings leave it nothing to do.
 STAGES: list[Callable[[Settings], Stage | None]] = [
-    truncation.build,
+    truncation.build,  # first: one huge output must not by itself trigger a compaction
+    compaction.build,
     window.build,
     quota.build,
     pairing.build,  # last: whatever the stages before did, what goes upstream is well paired

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..config import Profile
 from ..identity import ConversationKey
 from ..messages import Message
-from ..store import Store
+from ..store import Store, Summary
 
 if TYPE_CHECKING:
     from ..quota import QuotaLedger
@@ -41,6 +41,7 @@ class Turn:
     ledger: QuotaLedger
     summarizer: Summarizer
     headers: dict[str, str]  # what goes upstream with the request (the summarizer uses the same credentials)
+    summary: Summary | None = None  # the conversation's current compaction summary, if any
     notes: dict[str, Any] = field(default_factory=dict)  # what stages report (tokens, counts), for headers/logs
 
     @property

@@ -37,7 +37,10 @@ class TokenWindow:
             reply_reserve(turn.body),
             system_tokens,
         )
-        kept = select_window(messages, counts, limit)
+        pinned = turn.notes.get("pinned", 0)  # the task, pinned by compaction right after the summary
+        n_system = leading_system_count(messages)
+        limit -= sum(counts[n_system : n_system + pinned])
+        kept = select_window(messages, counts, max(limit, 0), pinned=pinned)
         turn.notes["tokens_sent"] = sum(counts[i] for i in kept)
         left_out = len(items) - len(kept)
         # Added to, not set: an earlier stage (compaction) may have left messages out too.
@@ -50,10 +53,11 @@ def build(settings: Settings) -> TokenWindow:
     return TokenWindow()
 
 
-def select_window(messages: Sequence[Message], counts: Sequence[int], limit: int) -> list[int]:
-    """Indices of the messages to send, in order: the leading system messages (not counted against
-    `limit`), then the suffix of the rest described in the module docstring. O(len(messages))."""
-    n_system = leading_system_count(messages)
+def select_window(messages: Sequence[Message], counts: Sequence[int], limit: int, pinned: int = 0) -> list[int]:
+    """Indices of the messages to send, in order: the leading system messages and the `pinned`
+    messages after them (neither counted against `limit`), then the suffix of the rest described
+    in the module docstring. O(len(messages))."""
+    n_system = leading_system_count(messages) + pinned
     blocks = history_blocks(messages, n_system)
     if not blocks:
         return list(range(n_system))

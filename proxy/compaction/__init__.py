@@ -1,0 +1,30 @@
+"""History compaction: when and how a conversation's older history becomes a summary.
+
+- `windows.py` picks what to summarize, `facts.py` keeps identifiers, `llm.py` is the built-in
+  compactor, `runner.py` runs compactions one at a time per conversation, in the background.
+- The pipeline stage that applies a summary (and the no-LLM `mask` strategy) is
+  `proxy/pipeline/compaction.py`.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .base import CompactionJob, Compactor
+
+__all__ = ["CompactionJob", "Compactor", "compactor_class"]
+
+
+def compactor_class(path: str | None) -> type:
+    """Import the compactor class at `path`; ValueError with a clear reason if it is not usable."""
+    if not path:
+        raise ValueError("compaction is enabled but no compactor_class is set")
+    module_name, _, class_name = path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ValueError(f"cannot import compactor_class {path!r}: {exc}") from None
+    missing = [op for op in ("get_summary", "compact_if_needed") if not callable(getattr(cls, op, None))]
+    if not isinstance(cls, type) or missing:
+        raise ValueError(f"compactor_class {path!r} is not a compactor (needs get_summary and compact_if_needed)")
+    return cls
