@@ -1,8 +1,9 @@
-"""The contract every store backend passes (diskcache today; Redis joins the parametrisation)."""
+"""The contract every store backend passes: diskcache and Redis (a real redis-server, see tests/redis_server.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -12,6 +13,8 @@ from proxy.config import StorageSettings
 from proxy.identity import ConversationKey
 from proxy.messages import message_hash
 from proxy.store import FAILED, LIVE, PENDING, SUPERSEDED, Store, Summary, open_store
+from proxy.store.redis import RedisStore
+from tests.redis_server import redis_server  # noqa: F401  (a fixture)
 
 A = ConversationKey("tenant-a", "conv")
 B = ConversationKey("tenant-b", "conv")
@@ -26,9 +29,14 @@ async def add(store: Store, key: ConversationKey, texts: list[str], status: str 
     return await store.append(key, batch, [message_hash(m) for m in batch], status)
 
 
-@pytest.fixture(params=["diskcache"])
+@pytest.fixture(params=["diskcache", "redis"])
 async def store(request, tmp_path: Path) -> AsyncIterator[Store]:
-    s = open_store(StorageSettings(backend=request.param, path=tmp_path / "store"))
+    if request.param == "redis":
+        # One server for the session; a key prefix of its own keeps each test's data apart.
+        server = request.getfixturevalue("redis_server")
+        s: Store = RedisStore(server.url, prefix=f"cp-test-{uuid.uuid4().hex[:8]}:")
+    else:
+        s = open_store(StorageSettings(backend=request.param, path=tmp_path / "store"))
     yield s
     await s.close()
 

@@ -90,8 +90,7 @@ async def get_conversation(request: web.Request) -> web.Response:
     return web.json_response((await _conversation(request)).to_api())
 
 
-async def _message_page(request: web.Request, *, live_only: bool) -> dict[str, Any]:
-    conversation = await _conversation(request)
+async def _message_page(request: web.Request, conversation: Conversation, *, live_only: bool) -> dict[str, Any]:
     after_raw = request.query.get("after")
     if after_raw is not None and not after_raw.isdigit():
         raise InvalidRequest("after must be a message seq (an integer)", param="after")
@@ -104,14 +103,14 @@ async def _message_page(request: web.Request, *, live_only: bool) -> dict[str, A
 
 
 async def list_messages(request: web.Request) -> web.Response:
-    return web.json_response(await _message_page(request, live_only=True))
+    return web.json_response(await _message_page(request, await _conversation(request), live_only=True))
 
 
 async def trajectory(request: web.Request) -> web.Response:
     """Every message (live ones behind the compaction boundary marked compacted, tool outputs with
     their ref) and every summary: the replayable record."""
     conversation = await _conversation(request)
-    page = await _message_page(request, live_only=False)
+    page = await _message_page(request, conversation, live_only=False)
     refs = request.app[REFS]
     for message in page["data"]:
         if message["status"] == LIVE and message["seq"] <= conversation.boundary:
