@@ -21,6 +21,7 @@ class TurnWriter:
     def __init__(self, store: Store, key: ConversationKey, plan: TurnPlan) -> None:
         self.store, self.key, self.plan = store, key, plan
         self.pending: list[int] = []
+        self.record: dict[str, Any] | None = None  # what went upstream, kept with the turn once it ends
         self._last: asyncio.Future[Any] | None = None
 
     def _then(self, step: Callable[[], Awaitable[Any]]) -> Awaitable[Any]:
@@ -50,7 +51,7 @@ class TurnWriter:
 
     async def fail(self) -> None:
         """Refused or failed: the live transcript stays as it was; the attempt stays in the trajectory."""
-        await self._then(lambda: self.store.set_statuses(self.key, dict.fromkeys(self.pending, FAILED)))
+        await self._then(lambda: self._end(FAILED, None, FAILED))
 
     async def accept(self, reply: Message | None, reply_status: str = LIVE) -> None:
         """The turn joins the live transcript (superseding what it diverged from), its reply after it."""
@@ -64,9 +65,10 @@ class TurnWriter:
         changes = dict.fromkeys(self.pending, status)
         if status == LIVE:
             changes |= dict.fromkeys(self.plan.supersede, SUPERSEDED)
-        await self.store.set_statuses(self.key, changes)
-        if reply is not None:
-            await self.store.append(self.key, [reply], [message_hash(reply)], reply_status)
+        record = {**self.record, "status": status, "new_seqs": self.pending} if self.record is not None else None
+        await self.store.finish_turn(
+            self.key, changes, (reply, message_hash(reply), reply_status) if reply is not None else None, record
+        )
 
     async def settled(self) -> None:
         """Wait for the last write to land, even if this request is being cancelled."""

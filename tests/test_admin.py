@@ -110,3 +110,20 @@ def test_no_bearer_is_admin_only_from_loopback_without_a_token(remote, token_set
     else:
         with pytest.raises(Unauthorized):
             caller_scope(request)
+
+
+def test_turn_records_say_what_went_upstream(make_proxy, upstream):
+    proxy = make_proxy(context={"history_token_limit": 100}, quota={"max_llm_calls": 9})
+    client = openai_client(proxy, headers={"X-Conversation-ID": "turns"})
+    messages = [{"role": "system", "content": "s"}]
+    for i in range(4):
+        messages.append({"role": "user", "content": f"question {i} " + "word " * 30})
+        messages.append(client.chat.completions.create(model="m", messages=messages).choices[0].message.model_dump(include={"role", "content"}))
+    with httpx.Client(base_url=proxy.url) as http:
+        records = http.get("/v1/conversations/turns/turns").json()["data"]
+    assert [r["turn"] for r in records] == [1, 2, 3, 4]
+    assert [r["llm_calls"] for r in records] == [1, 2, 3, 4]
+    assert records[0]["sent_seqs"] == [1, 2] and records[0]["messages_left_out"] == 0
+    assert records[3]["sent_seqs"][0] == 1 and 2 not in records[3]["sent_seqs"]  # the window dropped old turns
+    assert records[3]["messages_left_out"] > 0 and records[3]["tokens_sent"] <= 100 + 10
+    assert all(r["status"] == "live" and r["reply_seq"] for r in records)

@@ -121,6 +121,17 @@ async def trajectory(request: web.Request) -> web.Response:
     return web.json_response(page)
 
 
+async def turns(request: web.Request) -> web.Response:
+    """What went upstream at each turn: the window's seqs, tokens sent, left out, quota, summary."""
+    conversation = await _conversation(request)
+    after_raw = request.query.get("after", "0")
+    if not after_raw.isdigit():
+        raise InvalidRequest("after must be a turn number (an integer)", param="after")
+    limit = _limit(request, 100, 1000)
+    rows = await request.app[STORE].turn_records(conversation.key, after=int(after_raw), limit=limit + 1)
+    return web.json_response(_page(rows[:limit], len(rows) > limit, id_key="turn"))
+
+
 async def tool_output(request: web.Request) -> web.Response:
     """The full text of a shortened tool output; a ref of another conversation or tenant is a 404."""
     conversation = await _conversation(request)
@@ -158,3 +169,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get(base + "/{conversation_id}/messages", list_messages)
     app.router.add_get(base + "/{conversation_id}/trajectory", trajectory)
     app.router.add_get(base + "/{conversation_id}/tool_outputs/{ref}", tool_output)
+    app.router.add_get(base + "/{conversation_id}/turns", turns)

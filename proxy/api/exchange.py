@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from typing import Any
 
 from aiohttp import web
@@ -66,6 +67,17 @@ class Exchange:
         await self.turn.store.mark_forwarded(self.turn.key, self.turn.ledger.new_marks)
         self.messages = [item.message for item in items]
         self.offer_read = bool(self.turn.notes.get("truncated")) and not client_has_read_tool(self.body)
+        notes = self.turn.notes
+        self.writer.record = {  # the turn's window, for the trajectory and the replay page
+            "created_at": time.time(),
+            "model": self.turn.model,
+            "sent_seqs": [item.seq for item in items if item.seq is not None],
+            "tokens_sent": notes.get("tokens_sent"),
+            "messages_left_out": notes.get("messages_left_out", 0),
+            "truncated": len(notes.get("truncated", {})),
+            "summary_id": self.turn.summary.id if self.turn.summary is not None else None,
+            "repairs": notes.get("repairs", 0),
+        }
 
     @property
     def _reading(self) -> bool:
@@ -79,6 +91,8 @@ class Exchange:
         if ledger.exhausted:
             self.turn.notes["quota_warning"] = f"LLM call quota exhausted ({ledger.settings.max_llm_calls} calls)"
         ledger.call_number = await self.turn.store.count_llm_call(self.turn.key) + 1
+        if self.writer.record is not None:
+            self.writer.record |= {"llm_calls": ledger.call_number - 1, "read_rounds": self.rounds}
         body = {**self.body, "messages": self.messages + self.internal}
         if self._reading:
             body = with_read_tool(body)

@@ -122,6 +122,19 @@ class Store(Protocol):
     async def set_statuses(self, key: ConversationKey, changes: Mapping[int, str]) -> None:
         """Change the status of messages by seq, in one atomic step."""
 
+    async def finish_turn(
+        self,
+        key: ConversationKey,
+        changes: Mapping[int, str],
+        reply: tuple[Message, str, str] | None,
+        record: Mapping[str, Any] | None,
+    ) -> int | None:
+        """End a turn in one atomic step: status changes, then the reply (message, hash, status)
+        appended, then the turn's record (what was sent upstream) kept. Returns the reply's seq."""
+
+    async def turn_records(self, key: ConversationKey, *, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+        """The records of finished turns, oldest first (each has `turn`, 1, 2, ...), after turn `after`."""
+
     async def messages(
         self, key: ConversationKey, *, live_only: bool, after: int | None = None, limit: int | None = None
     ) -> list[StoredMessage]:

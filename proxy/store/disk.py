@@ -43,6 +43,10 @@ def _rewrite_key(key: ConversationKey, seq: int) -> str:
     return f"rewrite{SEP}{key.tenant}{SEP}{key.id}{SEP}{seq:012d}"
 
 
+def _turn_key(key: ConversationKey, turn: int) -> str:
+    return f"turn{SEP}{key.tenant}{SEP}{key.id}{SEP}{turn:08d}"
+
+
 def _summary_key(key: ConversationKey, summary_id: int) -> str:
     return f"summary{SEP}{key.tenant}{SEP}{key.id}{SEP}{summary_id:08d}"
 
@@ -120,6 +124,8 @@ class DiskStore:
                 self._cache.delete(_rewrite_key(key, seq))
             for summary_id in range(1, raw["summaries"] + 1):
                 self._cache.delete(_summary_key(key, summary_id))
+            for turn in range(1, raw["turns"] + 1):
+                self._cache.delete(_turn_key(key, turn))
             self._cache.delete(_conv_key(key))
             index = self._cache.get(_index_key(key.tenant), {})
             index.pop(key.id, None)
@@ -182,6 +188,41 @@ class DiskStore:
             raw["live"] = sorted(live.items())
             raw["updated_at"] = now()
             self._cache.set(_conv_key(key), raw)
+
+    async def finish_turn(
+        self,
+        key: ConversationKey,
+        changes: Mapping[int, str],
+        reply: tuple[Message, str, str] | None,
+        record: Mapping[str, Any] | None,
+    ) -> int | None:
+        if not set(changes.values()) <= STATUSES or (reply is not None and reply[2] not in STATUSES):
+            raise ValueError("unknown status")
+        return await self._run(self._finish_turn, key, dict(changes), reply, dict(record) if record else None)
+
+    def _finish_turn(
+        self, key: ConversationKey, changes: dict[int, str], reply: tuple[Message, str, str] | None, record: dict[str, Any] | None
+    ) -> int | None:
+        with self._cache.transact():
+            if changes:
+                self._set_statuses(key, changes)
+            seq = self._append(key, [reply[0]], [reply[1]], reply[2])[0] if reply is not None else None
+            if record is not None:
+                def keep(raw: dict[str, Any]) -> None:
+                    raw["turns"] += 1
+                    self._cache.set(_turn_key(key, raw["turns"]), {**record, "turn": raw["turns"], "reply_seq": seq})
+
+                self._update_record(key, keep)
+            return seq
+
+    async def turn_records(self, key: ConversationKey, *, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+        return await self._run(self._turn_records, key, after, limit)
+
+    def _turn_records(self, key: ConversationKey, after: int, limit: int | None) -> list[dict[str, Any]]:
+        raw = self._cache.get(_conv_key(key))
+        last = raw["turns"] if raw else 0
+        end = last if limit is None else min(last, after + limit)
+        return [r for t in range(after + 1, end + 1) if (r := self._cache.get(_turn_key(key, t))) is not None]
 
     async def messages(
         self, key: ConversationKey, *, live_only: bool, after: int | None = None, limit: int | None = None
@@ -309,7 +350,7 @@ def _new_record(stamp: float) -> dict[str, Any]:
     return {
         "created_at": stamp, "updated_at": stamp, "next_seq": 1, "live": [],
         "llm_calls": 0, "first_forwarded": {}, "rewritten": set(),
-        "summaries": 0, "boundary": 0, "summary_id": None,
+        "summaries": 0, "boundary": 0, "summary_id": None, "turns": 0,
     }
 
 
