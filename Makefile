@@ -14,6 +14,7 @@ serve: $(STAMP)
 	$(VENV)/bin/context-proxy serve --config config.yaml
 
 test: $(STAMP)
+	scripts/ensure-redis.sh
 	$(VENV)/bin/python -m pytest
 
 clean:

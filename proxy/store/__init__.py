@@ -14,4 +14,8 @@ def open_store(settings: StorageSettings) -> Store:
         from .disk import DiskStore
 
         return DiskStore(settings.path)
+    if settings.backend == "redis":
+        from .redis import RedisStore
+
+        return RedisStore(settings.redis_url)
     raise ConfigError(f"storage.backend: {settings.backend!r} is not available in this build yet")

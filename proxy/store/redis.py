@@ -1,0 +1,600 @@
+"""The shared store: Redis, for several proxy replicas behind one load balancer.
+
+Layout (every key starts with `prefix`, "cp:" by default):
+
+    {prefix}{<tenant>/<id>}:meta     hash: created_at, updated_at, next_seq, llm_calls, summaries,
+                                     turns, boundary, summary_id (absent = None), order
+    {prefix}{<tenant>/<id>}:body     hash seq -> JSON {"t": created_at, "m": message}   (never changes)
+    {prefix}{<tenant>/<id>}:hash     hash seq -> message hash                           (never changes)
+    {prefix}{<tenant>/<id>}:status   hash seq -> status
+    {prefix}{<tenant>/<id>}:live     sorted set of "seq:hash" scored by seq: the live transcript
+    {prefix}{<tenant>/<id>}:fwd      hash seq -> llm_calls when first forwarded
+    {prefix}{<tenant>/<id>}:rw       hash seq -> rewritten content
+    {prefix}{<tenant>/<id>}:sum      hash summary id -> JSON summary
+    {prefix}{<tenant>/<id>}:turns    hash turn -> JSON {"turn", "reply_seq", "record"}
+    {prefix}convs:<tenant>           sorted set of conversation ids scored by creation order
+    {prefix}all                      sorted set of "<tenant>/<id>" scored by creation order (admin)
+    {prefix}tenants                  set of tenants
+    {prefix}created                  the creation counter
+    {prefix}secret, {prefix}lease:<name>, {prefix}lock:<tenant>/<id>
+
+A conversation's keys share the hash tag {<tenant>/<id>} ('/' and braces are in no id), which also
+keeps two ids from ever producing the same key. Every write is one Lua script, so replicas sharing
+one Redis never interleave inside an operation; the scripts also touch the global index keys, so
+this targets one Redis server (or a primary with replicas), not Redis Cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import random
+import secrets
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import asdict, replace
+from typing import Any, ParamSpec, TypeVar
+
+import redis.asyncio as aioredis
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+from ..errors import ProxyError
+from ..identity import ConversationKey
+from ..messages import Message
+from .base import LIVE, STATUSES, Conversation, StoredMessage, Summary, now
+
+log = logging.getLogger("proxy.store.redis")
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+CONVERSATION_PARTS = ("meta", "body", "hash", "status", "live", "fwd", "rw", "sum", "turns")
+NO_CONVERSATION = "no such conversation"
+NO_MESSAGE = "no such message"
+
+
+class StoreUnavailable(ProxyError):
+    """The store cannot be reached: the request fails fast and the client may retry."""
+
+    status = 503
+    type = "server_error"
+    code = "store_unavailable"
+
+
+@contextmanager
+def _available() -> Iterator[None]:
+    try:
+        yield
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        # The cause (host, errno) goes to the logs via the chain, not to the client.
+        raise StoreUnavailable("The conversation store is unavailable; try again shortly.") from exc
+
+
+def _guarded(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        with _available():
+            return await fn(*args, **kwargs)
+
+    return wrapper
+
+
+# -- Lua -------------------------------------------------------------------------------------------
+# Conversation scripts all take the same KEYS (see RedisStore._keys) and ARGV[1..3] = tenant, id,
+# stamp; their own arguments start at ARGV[4].
+
+PRELUDE = """
+local meta, body, hashes, statuses, live, fwd, rw, sums, turns, index, tenants, created, all = unpack(KEYS)
+local tenant, id, stamp = ARGV[1], ARGV[2], ARGV[3]
+
+-- Create the conversation record if new, and list it (creation order from a counter, not a clock).
+local function ensure()
+  if redis.call('EXISTS', meta) == 1 then return end
+  local order = redis.call('INCR', created)
+  redis.call('HSET', meta, 'created_at', stamp, 'updated_at', stamp, 'next_seq', 1, 'llm_calls', 0,
+             'summaries', 0, 'turns', 0, 'boundary', 0, 'order', order)
+  redis.call('ZADD', index, order, id)
+  redis.call('ZADD', all, order, tenant .. '/' .. id)
+  redis.call('SADD', tenants, tenant)
+end
+
+-- Status changes are ARGV[from..] (seq, status) pairs. A script checks them all before it writes
+-- anything (Lua does not roll back), so a bad seq leaves everything as it was.
+local function check_statuses(from)
+  if from > #ARGV then return nil end
+  if redis.call('EXISTS', meta) == 0 then return redis.error_reply('""" + NO_CONVERSATION + """') end
+  for i = from, #ARGV, 2 do
+    if redis.call('HEXISTS', statuses, ARGV[i]) == 0 then
+      return redis.error_reply('""" + NO_MESSAGE + """ ' .. ARGV[i])
+    end
+  end
+  return nil
+end
+
+local function set_statuses(from)
+  for i = from, #ARGV, 2 do
+    local seq, status = ARGV[i], ARGV[i + 1]
+    redis.call('HSET', statuses, seq, status)
+    redis.call('ZREMRANGEBYSCORE', live, seq, seq)
+    if status == '""" + LIVE + """' then redis.call('ZADD', live, seq, seq .. ':' .. redis.call('HGET', hashes, seq)) end
+  end
+  if from <= #ARGV then redis.call('HSET', meta, 'updated_at', stamp) end
+end
+
+-- Append (body, hash) pairs ARGV[from..to]: seqs come from next_seq inside the script, never shared.
+local function append(status, from, to)
+  ensure()
+  local first = tonumber(redis.call('HGET', meta, 'next_seq'))
+  local n = (to - from + 1) / 2
+  for i = 0, n - 1 do
+    local seq, h = first + i, ARGV[from + 1 + 2 * i]
+    redis.call('HSET', body, seq, ARGV[from + 2 * i])
+    redis.call('HSET', hashes, seq, h)
+    redis.call('HSET', statuses, seq, status)
+    if status == '""" + LIVE + """' then redis.call('ZADD', live, seq, seq .. ':' .. h) end
+  end
+  redis.call('HSET', meta, 'next_seq', first + n, 'updated_at', stamp)
+  return first
+end
+"""
+
+APPEND = PRELUDE + """
+-- ARGV[4] = status, then (body, hash) pairs.
+return append(ARGV[4], 5, #ARGV)
+"""
+
+SET_STATUSES = PRELUDE + """
+-- ARGV[4..] = (seq, status) pairs.
+local refused = check_statuses(4)
+if refused then return refused end
+set_statuses(4)
+return 1
+"""
+
+FINISH_TURN = PRELUDE + """
+-- ARGV[4] = reply status ('' = no reply), ARGV[5], ARGV[6] = its body and hash,
+-- ARGV[7] = the turn record's JSON ('' = none), ARGV[8..] = (seq, status) changes. Returns the reply's seq.
+local refused = check_statuses(8)
+if refused then return refused end
+set_statuses(8)
+local seq = false
+if ARGV[4] ~= '' then seq = append(ARGV[4], 5, 6) end
+if ARGV[7] ~= '' then
+  ensure()
+  local turn = redis.call('HINCRBY', meta, 'turns', 1)
+  local reply_seq = seq and tostring(seq) or 'null'
+  -- Spliced, not re-encoded: cjson would turn the record's empty lists into objects.
+  redis.call('HSET', turns, turn, '{"turn":' .. turn .. ',"reply_seq":' .. reply_seq .. ',"record":' .. ARGV[7] .. '}')
+end
+return seq
+"""
+
+COUNT_CALL = PRELUDE + """
+ensure()
+return redis.call('HINCRBY', meta, 'llm_calls', 1)
+"""
+
+# ARGV[4] names the hash (fwd or rw: the caller's choice of key), then (field, value) pairs.
+SET_FIELDS = PRELUDE + """
+ensure()
+local target = ({fwd = fwd, rw = rw})[ARGV[4]]
+for i = 5, #ARGV, 2 do redis.call('HSET', target, ARGV[i], ARGV[i + 1]) end
+return 1
+"""
+
+ADD_SUMMARY = PRELUDE + """
+-- ARGV[4] = summary JSON, ARGV[5] = its last_seq. The boundary never moves back.
+ensure()
+local sid = redis.call('HINCRBY', meta, 'summaries', 1)
+redis.call('HSET', sums, sid, ARGV[4])
+if tonumber(ARGV[5]) > tonumber(redis.call('HGET', meta, 'boundary')) then
+  redis.call('HSET', meta, 'boundary', ARGV[5], 'summary_id', sid)
+end
+return sid
+"""
+
+DELETE = PRELUDE + """
+if redis.call('EXISTS', meta) == 0 then return 0 end
+redis.call('UNLINK', meta, body, hashes, statuses, live, fwd, rw, sums, turns)
+redis.call('ZREM', index, id)
+redis.call('ZREM', all, tenant .. '/' .. id)
+return 1
+"""
+
+MESSAGES = PRELUDE + """
+-- ARGV[4] = live only (1/0), ARGV[5] = after, ARGV[6] = limit (-1: none). Returns flat
+-- (seq, body, hash, status) quadruples: one consistent read, one round trip.
+local after, limit = tonumber(ARGV[5]), tonumber(ARGV[6])
+local seqs = {}
+if ARGV[4] == '1' then
+  local members
+  if limit >= 0 then
+    members = redis.call('ZRANGEBYSCORE', live, '(' .. after, '+inf', 'LIMIT', 0, limit)
+  else
+    members = redis.call('ZRANGEBYSCORE', live, '(' .. after, '+inf')
+  end
+  for _, m in ipairs(members) do seqs[#seqs + 1] = tonumber(string.match(m, '^(%d+):')) end
+else
+  local last = tonumber(redis.call('HGET', meta, 'next_seq') or '1') - 1
+  if limit >= 0 then last = math.min(last, after + limit) end
+  for seq = after + 1, last do seqs[#seqs + 1] = seq end
+end
+local out = {}
+for _, seq in ipairs(seqs) do
+  out[#out + 1] = seq
+  out[#out + 1] = redis.call('HGET', body, seq)
+  out[#out + 1] = redis.call('HGET', hashes, seq)
+  out[#out + 1] = redis.call('HGET', statuses, seq)
+end
+return out
+"""
+
+# Locks and leases are token-checked: only the holder releases or extends one.
+RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+# A lock that vanished (expired while our event loop stalled, or Redis restarted empty) is taken
+# back if nobody else took it meanwhile.
+EXTEND = """
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+if not holder then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 2
+end
+return 0
+"""
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+class RedisStore:
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "cp:",
+        lock_ttl_s: float = 30.0,
+        socket_timeout_s: float = 2.0,
+        connect_timeout_s: float = 1.0,
+    ) -> None:
+        # No automatic retries: a retried script could apply twice (an append, a call count) if only
+        # the reply was lost. A failure surfaces as StoreUnavailable; the client retries the request.
+        # Pooled connections the server closed (a Redis restart) are reconnected by the pool before
+        # use; RESP2 because with RESP3 recent redis-py skips that check (maintenance notifications).
+        self._redis: aioredis.Redis = aioredis.Redis.from_url(
+            url,
+            decode_responses=True,
+            socket_timeout=socket_timeout_s,
+            socket_connect_timeout=connect_timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            protocol=2,
+        )
+        self._prefix = prefix
+        self._lock_ttl_ms = max(1, round(lock_ttl_s * 1000))
+        self._locks: weakref.WeakValueDictionary[ConversationKey, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._renewals: set[asyncio.Task[None]] = set()
+        register = self._redis.register_script
+        self._append, self._set_statuses, self._count_call = register(APPEND), register(SET_STATUSES), register(COUNT_CALL)
+        self._finish_turn = register(FINISH_TURN)
+        self._set_fields, self._add_summary, self._delete = register(SET_FIELDS), register(ADD_SUMMARY), register(DELETE)
+        self._messages, self._release, self._extend = register(MESSAGES), register(RELEASE), register(EXTEND)
+
+    # -- keys ----------------------------------------------------------------------------------
+
+    def _conv(self, key: ConversationKey, part: str) -> str:
+        return f"{self._prefix}{{{key.tenant}/{key.id}}}:{part}"
+
+    def _index(self, tenant: str) -> str:
+        return f"{self._prefix}convs:{tenant}"
+
+    def _global(self, name: str) -> str:
+        return f"{self._prefix}{name}"
+
+    def _keys(self, key: ConversationKey) -> list[str]:
+        """The KEYS of every conversation script, in PRELUDE's order."""
+        return [self._conv(key, part) for part in CONVERSATION_PARTS] + [
+            self._index(key.tenant), self._global("tenants"), self._global("created"), self._global("all"),
+        ]
+
+    def _args(self, key: ConversationKey, *rest: Any, stamp: float | None = None) -> list[Any]:
+        return [key.tenant, key.id, repr(now() if stamp is None else stamp), *rest]
+
+    # -- lock ----------------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def lock(self, key: ConversationKey) -> AsyncIterator[None]:
+        # The in-process lock first: only one task per replica polls Redis for a conversation.
+        local = self._locks.get(key)
+        if local is None:
+            local = self._locks[key] = asyncio.Lock()
+        async with local:
+            name = self._global(f"lock:{key.tenant}/{key.id}")
+            token = await self._take_lock(name)
+            renewal = asyncio.create_task(self._keep_lock(name, token))
+            self._renewals.add(renewal)
+            renewal.add_done_callback(self._renewals.discard)
+            try:
+                yield
+            finally:
+                renewal.cancel()
+                await self._drop_lock(name, token)
+
+    @_guarded
+    async def _take_lock(self, name: str) -> str:
+        token = secrets.token_hex(16)
+        delay = 0.005
+        try:
+            while not await self._redis.set(name, token, nx=True, px=self._lock_ttl_ms):
+                # Backoff with jitter, so waiting replicas neither hammer Redis nor poll in lockstep.
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                delay = min(delay * 2, 0.05)
+        except asyncio.CancelledError:
+            # Cancelled mid-SET, the lock may be ours already: release it rather than block the
+            # conversation for a whole TTL (a no-op if the SET did not land).
+            await self._drop_lock(name, token)
+            raise
+        return token
+
+    async def _keep_lock(self, name: str, token: str) -> None:
+        """Extend the lock while it is held, so a long streamed turn does not outlive its TTL."""
+        while True:
+            await asyncio.sleep(self._lock_ttl_ms / 3000)
+            try:
+                with _available():
+                    held = await self._extend(keys=[name], args=[token, self._lock_ttl_ms])
+            except StoreUnavailable:
+                log.warning("cannot renew a conversation lock: Redis unreachable", extra={"lock": name})
+                continue
+            if held == 0:
+                log.error("lost a conversation lock to another holder", extra={"lock": name})
+                return
+
+    async def _drop_lock(self, name: str, token: str) -> None:
+        try:
+            with _available():
+                await self._release(keys=[name], args=[token])
+        except StoreUnavailable:
+            # Not raised over the turn's own outcome: the lock expires by itself after its TTL.
+            log.warning("cannot release a conversation lock: Redis unreachable", extra={"lock": name})
+
+    # -- conversations -------------------------------------------------------------------------
+
+    @_guarded
+    async def get(self, key: ConversationKey) -> Conversation | None:
+        return (await self._read_conversations([key]))[0]
+
+    async def _read_conversations(self, keys: list[ConversationKey]) -> list[Conversation | None]:
+        """Read whole records in one round trip (MULTI: each one a consistent snapshot)."""
+        if not keys:
+            return []
+        async with self._redis.pipeline(transaction=True) as pipe:
+            for key in keys:
+                pipe.hgetall(self._conv(key, "meta"))
+                pipe.zrange(self._conv(key, "live"), 0, -1)
+                pipe.hgetall(self._conv(key, "fwd"))
+                pipe.hkeys(self._conv(key, "rw"))
+            replies = await pipe.execute()
+        return [_conversation(key, *replies[4 * i : 4 * i + 4]) for i, key in enumerate(keys)]
+
+    @_guarded
+    async def list_conversations(
+        self, tenant: str | None, *, after: str | None = None, limit: int = 20
+    ) -> tuple[list[Conversation], bool]:
+        index = self._index(tenant) if tenant is not None else self._global("all")
+        top = "+inf"
+        if after is not None:
+            order = await self._order_of(after, tenant)
+            if order is None:
+                return [], False
+            top = f"({order}"
+        members = await self._redis.zrevrangebyscore(index, top, "-inf", start=0, num=limit + 1)
+        if tenant is not None:
+            keys = [ConversationKey(tenant, cid) for cid in members[:limit]]
+        else:
+            keys = [ConversationKey(*m.rsplit("/", 1)) for m in members[:limit]]
+        page = [c for c in await self._read_conversations(keys) if c is not None]
+        return page, len(members) > limit
+
+    async def _order_of(self, conversation_id: str, tenant: str | None) -> int | None:
+        """The creation order of the cursor: across tenants, the newest conversation with that id."""
+        tenants = [tenant] if tenant is not None else list(await self._redis.smembers(self._global("tenants")))
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for t in tenants:
+                pipe.zscore(self._index(t), conversation_id)
+            scores = [s for s in await pipe.execute() if s is not None]
+        return int(max(scores)) if scores else None
+
+    @_guarded
+    async def find(self, conversation_id: str) -> list[Conversation]:
+        tenants = sorted(await self._redis.smembers(self._global("tenants")))
+        found = await self._read_conversations([ConversationKey(t, conversation_id) for t in tenants])
+        return [c for c in found if c is not None]
+
+    @_guarded
+    async def delete(self, key: ConversationKey) -> bool:
+        return bool(await self._delete(keys=self._keys(key), args=self._args(key)))
+
+    # -- messages ------------------------------------------------------------------------------
+
+    @_guarded
+    async def append(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
+        if status not in STATUSES:
+            raise ValueError(f"unknown status {status!r}")
+        stamp = now()
+        pairs = [x for msg, h in zip(messages, hashes, strict=True) for x in (_dumps({"t": stamp, "m": msg}), h)]
+        first = await self._append(keys=self._keys(key), args=self._args(key, status, *pairs, stamp=stamp))
+        return list(range(first, first + len(messages)))
+
+    @_guarded
+    async def set_statuses(self, key: ConversationKey, changes: Mapping[int, str]) -> None:
+        if not set(changes.values()) <= STATUSES:
+            raise ValueError(f"unknown status in {set(changes.values())}")
+        if not changes:
+            return
+        pairs = [x for seq, status in changes.items() for x in (seq, status)]
+        with _missing_as_key_error(key):
+            await self._set_statuses(keys=self._keys(key), args=self._args(key, *pairs))
+
+    @_guarded
+    async def finish_turn(
+        self,
+        key: ConversationKey,
+        changes: Mapping[int, str],
+        reply: tuple[Message, str, str] | None,
+        record: Mapping[str, Any] | None,
+    ) -> int | None:
+        if not set(changes.values()) <= STATUSES or (reply is not None and reply[2] not in STATUSES):
+            raise ValueError("unknown status")
+        stamp = now()
+        message, h, status = reply if reply is not None else (None, "", "")
+        body = _dumps({"t": stamp, "m": message}) if reply is not None else ""
+        pairs = [x for seq, st in changes.items() for x in (seq, st)]
+        args = self._args(key, status, body, h, _dumps(dict(record)) if record is not None else "", *pairs, stamp=stamp)
+        with _missing_as_key_error(key):
+            seq = await self._finish_turn(keys=self._keys(key), args=args)
+        return None if seq is None else int(seq)
+
+    @_guarded
+    async def turn_records(self, key: ConversationKey, *, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+        last = int(await self._redis.hget(self._conv(key, "meta"), "turns") or 0)
+        end = last if limit is None else min(last, after + limit)
+        if end <= after:
+            return []
+        found = await self._redis.hmget(self._conv(key, "turns"), [str(t) for t in range(after + 1, end + 1)])
+        return [_turn_record(raw) for raw in found if raw is not None]
+
+    @_guarded
+    async def messages(
+        self, key: ConversationKey, *, live_only: bool, after: int | None = None, limit: int | None = None
+    ) -> list[StoredMessage]:
+        args = self._args(key, int(live_only), max(after or 0, 0), -1 if limit is None else max(limit, 0))
+        flat = await self._messages(keys=self._keys(key), args=args)
+        return [_stored(*flat[i : i + 4]) for i in range(0, len(flat), 4)]
+
+    @_guarded
+    async def message(self, key: ConversationKey, seq: int) -> StoredMessage | None:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            for part in ("body", "hash", "status"):
+                pipe.hget(self._conv(key, part), str(seq))
+            body, h, status = await pipe.execute()
+        return None if body is None else _stored(seq, body, h, status)
+
+    @_guarded
+    async def count_llm_call(self, key: ConversationKey) -> int:
+        return int(await self._count_call(keys=self._keys(key), args=self._args(key)))
+
+    @_guarded
+    async def mark_forwarded(self, key: ConversationKey, marks: Mapping[int, int]) -> None:
+        if marks:
+            pairs = [x for seq, calls in marks.items() for x in (seq, calls)]
+            await self._set_fields(keys=self._keys(key), args=self._args(key, "fwd", *pairs))
+
+    @_guarded
+    async def set_rewrites(self, key: ConversationKey, rewrites: Mapping[int, str]) -> None:
+        if rewrites:
+            pairs = [x for seq, content in rewrites.items() for x in (seq, content)]
+            await self._set_fields(keys=self._keys(key), args=self._args(key, "rw", *pairs))
+
+    @_guarded
+    async def rewrites(self, key: ConversationKey, seqs: list[int]) -> dict[int, str]:
+        if not seqs:
+            return {}
+        found = await self._redis.hmget(self._conv(key, "rw"), [str(s) for s in seqs])
+        return {seq: content for seq, content in zip(seqs, found) if content is not None}
+
+    # -- summaries -----------------------------------------------------------------------------
+
+    @_guarded
+    async def add_summary(self, key: ConversationKey, summary: Summary) -> Summary:
+        data = asdict(summary)
+        del data["id"]  # the store assigns it; it is the field name in the hash
+        sid = await self._add_summary(keys=self._keys(key), args=self._args(key, _dumps(data), summary.last_seq))
+        return replace(summary, id=int(sid))
+
+    @_guarded
+    async def summaries(self, key: ConversationKey) -> list[Summary]:
+        raw = await self._redis.hgetall(self._conv(key, "sum"))
+        return [Summary(**json.loads(raw[sid]), id=int(sid)) for sid in sorted(raw, key=int)]
+
+    @_guarded
+    async def summary(self, key: ConversationKey, summary_id: int) -> Summary | None:
+        raw = await self._redis.hget(self._conv(key, "sum"), str(summary_id))
+        return None if raw is None else Summary(**json.loads(raw), id=summary_id)
+
+    # -- leases, secret ------------------------------------------------------------------------
+
+    @_guarded
+    async def acquire_lease(self, name: str, ttl_s: float) -> str | None:
+        token = secrets.token_hex(8)
+        ttl_ms = round(ttl_s * 1000)
+        lease = self._global(f"lease:{name}")
+        if ttl_ms <= 0:
+            # Redis expiry has 1 ms resolution: a lease shorter than that is granted already expired.
+            return None if await self._redis.exists(lease) else token
+        return token if await self._redis.set(lease, token, nx=True, px=ttl_ms) else None
+
+    @_guarded
+    async def release_lease(self, name: str, token: str) -> None:
+        await self._release(keys=[self._global(f"lease:{name}")], args=[token])
+
+    @_guarded
+    async def secret(self) -> bytes:
+        # SET NX then GET in one transaction: the first replica's value wins and every one reads it.
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.set(self._global("secret"), secrets.token_hex(32), nx=True)
+            pipe.get(self._global("secret"))
+            _, value = await pipe.execute()
+        return bytes.fromhex(value)
+
+    async def close(self) -> None:
+        # Renewals stop with the store: a lock still held then expires after its TTL.
+        for task in list(self._renewals):
+            task.cancel()
+        await self._redis.aclose()
+
+
+def _conversation(
+    key: ConversationKey, meta: dict[str, str], live: list[str], fwd: dict[str, str], rewritten: list[str]
+) -> Conversation | None:
+    if not meta:
+        return None
+    pairs = [m.split(":", 1) for m in live]
+    return Conversation(
+        key, float(meta["created_at"]), float(meta["updated_at"]), int(meta["next_seq"]),
+        [(int(seq), h) for seq, h in pairs], int(meta["llm_calls"]),
+        {int(seq): int(calls) for seq, calls in fwd.items()}, frozenset(int(seq) for seq in rewritten),
+        int(meta["boundary"]), int(meta["summary_id"]) if "summary_id" in meta else None,
+    )
+
+
+@contextmanager
+def _missing_as_key_error(key: ConversationKey) -> Iterator[None]:
+    """A status change naming an unknown conversation or seq fails as KeyError, as DiskStore's does."""
+    try:
+        yield
+    except ResponseError as exc:
+        if NO_CONVERSATION in str(exc) or NO_MESSAGE in str(exc):
+            raise KeyError(f"{key}: {exc}") from exc
+        raise
+
+
+def _turn_record(raw: str) -> dict[str, Any]:
+    stored = json.loads(raw)
+    return {**stored["record"], "turn": stored["turn"], "reply_seq": stored["reply_seq"]}
+
+
+def _stored(seq: int | str, body: str, h: str, status: str) -> StoredMessage:
+    record = json.loads(body)
+    return StoredMessage(int(seq), record["m"], h, status, record["t"])
