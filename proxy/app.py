@@ -19,7 +19,8 @@ from .logs import monotonic_ms
 from .pipeline import build_pipeline
 from .refs import RefSigner
 from .compaction.runner import CompactionRunner
-from .state import COMPACTION, CONVERSATION, COUNTER, PIPELINE, REFS, SETTINGS, STORE, SUMMARIZER, UPSTREAM
+from .metrics import Metrics, metrics_handler
+from .state import COMPACTION, CONVERSATION, COUNTER, LOG_FIELDS, METRICS, PIPELINE, REFS, SETTINGS, STORE, SUMMARIZER, UPSTREAM
 from .summarizer import Summarizer
 from .tokens import TokenCounter
 from .store import open_store
@@ -34,8 +35,11 @@ access_log = logging.getLogger("proxy.access")
 async def request_log(request: web.Request, handler: web.Handler) -> web.StreamResponse:
     """One line per request. Headers are never logged: they carry API keys."""
     start = time.perf_counter()
+    request[LOG_FIELDS] = {}
     response = await handler(request)
     key: ConversationKey | None = request.get(CONVERSATION)
+    route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
+    request.app[METRICS].requests.labels(route, str(response.status)).inc()
     access_log.info(
         "request",
         extra={
@@ -45,6 +49,7 @@ async def request_log(request: web.Request, handler: web.Handler) -> web.StreamR
             "ms": monotonic_ms(start),
             "conversation": key.id if key else None,
             "tenant": key.tenant[:12] if key else None,
+            **request[LOG_FIELDS],
         },
     )
     return response
@@ -65,7 +70,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     # Load the token-count tables now, in a thread: the first request must not stall the loop on it.
     await asyncio.to_thread(app[COUNTER].warm, WARM_MODELS)
     app[SUMMARIZER] = Summarizer(settings.summarizer, route=lambda model: upstream)
-    app[COMPACTION] = CompactionRunner(settings, app[STORE], app[SUMMARIZER], app[COUNTER])
+    app[COMPACTION] = CompactionRunner(settings, app[STORE], app[SUMMARIZER], app[COUNTER], app[METRICS])
     log.info(
         "started",
         extra={
@@ -97,9 +102,11 @@ def build_app(settings: Settings) -> web.Application:
     app[SETTINGS] = settings
     app[PIPELINE] = build_pipeline(settings)
     app[COUNTER] = TokenCounter()
+    app[METRICS] = Metrics()
     app.cleanup_ctx.append(_resources)
 
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics_handler)
     admin.add_routes(app)
     for prefix in ("", "/c/{conversation_id}"):
         app.router.add_post(prefix + "/v1/chat/completions", chat_completions)

@@ -7,6 +7,7 @@ from aiohttp import web
 from .compaction.runner import CompactionRunner
 from .config import Settings
 from .identity import ConversationKey
+from .metrics import Metrics
 from .pipeline import Pipeline
 from .refs import RefSigner
 from .summarizer import Summarizer
@@ -23,5 +24,8 @@ COUNTER = web.AppKey("counter", TokenCounter)
 SUMMARIZER = web.AppKey("summarizer", Summarizer)
 COMPACTION = web.AppKey("compaction", CompactionRunner)
 
-# Per request: the conversation it was routed to, for the request log.
+METRICS = web.AppKey("metrics", Metrics)
+
+# Per request: the conversation it was routed to, and what the request log line adds.
 CONVERSATION = web.RequestKey("conversation", ConversationKey)
+LOG_FIELDS = web.RequestKey("log_fields", dict)

@@ -19,7 +19,9 @@ from ..config import Profile
 from ..errors import ProxyError, UpstreamStreamBroken
 from ..messages import Message, reply_message
 from ..pipeline import Pipeline, Turn
+from ..quota import QuotaExceeded
 from ..readback import CallFilter, ReadBack, client_has_read_tool, split_calls, with_read_tool
+from ..state import LOG_FIELDS, METRICS
 from ..store import INCOMPLETE, LIVE
 from ..turns import TurnWriter
 from ..upstream import HttpUpstream, UpstreamReply, forwardable
@@ -45,10 +47,20 @@ class Exchange:
         self.internal: list[Message] = []  # read-back rounds answered so far, sent after `messages`
         self.offer_read = False
         self.rounds = 0
+        self.started = time.perf_counter()
+        self.upstream_s = 0.0  # time spent waiting on the upstream, all rounds together
+        self._call_started = 0.0
+        self.usage: dict[str, Any] | None = None
 
     # -- the turn --------------------------------------------------------------------------------
 
     async def run(self) -> web.StreamResponse:
+        try:
+            return await self._run()
+        finally:
+            self._observe()
+
+    async def _run(self) -> web.StreamResponse:
         await self.writer.begin()
         try:
             await self._rewrite()
@@ -61,6 +73,37 @@ class Exchange:
         if reply.is_event_stream:
             return await self._relay_stream(reply)
         return await self._relay_body(reply)
+
+    def _upstream_done(self) -> None:
+        self.upstream_s += time.perf_counter() - self._call_started
+
+    def _observe(self) -> None:
+        """Metrics and the request log line: what this turn cost and what the pipeline did."""
+        metrics, notes = self.request.app[METRICS], self.turn.notes
+        added = time.perf_counter() - self.started - self.upstream_s
+        metrics.added_latency.observe(added)
+        metrics.upstream_latency.observe(self.upstream_s)
+        metrics.saw(self.turn.key)
+        tokens_sent = notes.get("tokens_sent") or 0
+        metrics.tokens_sent.inc(tokens_sent)
+        for stage in ("truncation", "compaction"):
+            saved = notes.get(f"chars_saved_{stage}", 0)
+            if saved > 0:
+                metrics.tokens_saved.labels(stage).inc(saved / 4)
+        metrics.read_rounds.inc(self.rounds)
+        metrics.repairs.inc(notes.get("repairs", 0))
+        for kind in ("prompt_tokens", "completion_tokens"):
+            if self.usage and isinstance(self.usage.get(kind), int):
+                metrics.usage_tokens.labels(kind).inc(self.usage[kind])
+        self.request[LOG_FIELDS].update(
+            tokens_sent=tokens_sent,
+            left_out=notes.get("messages_left_out", 0),
+            truncated=len(notes.get("truncated", {})),
+            read_rounds=self.rounds,
+            llm_calls=self.turn.ledger.call_number - 1,
+            upstream_ms=round(self.upstream_s * 1000, 3),
+            added_ms=round(added * 1000, 3),
+        )
 
     async def _rewrite(self) -> None:
         items = await self.pipeline(self.turn, self.writer.plan.items(self.writer.pending))
@@ -87,7 +130,11 @@ class Exchange:
     async def _call(self) -> UpstreamReply:
         """One upstream call: counted against the quota, refused past it when the quota says reject."""
         ledger = self.turn.ledger
-        ledger.check()
+        try:
+            ledger.check()
+        except QuotaExceeded:
+            self.request.app[METRICS].quota_rejections.inc()
+            raise
         if ledger.exhausted:
             self.turn.notes["quota_warning"] = f"LLM call quota exhausted ({ledger.settings.max_llm_calls} calls)"
         ledger.call_number = await self.turn.store.count_llm_call(self.turn.key) + 1
@@ -96,6 +143,7 @@ class Exchange:
         body = {**self.body, "messages": self.messages + self.internal}
         if self._reading:
             body = with_read_tool(body)
+        self._call_started = time.perf_counter()
         return await self.upstream.chat(body, self.turn.headers)
 
     async def _read_round(self, message: Message, ours: list[dict[str, Any]]) -> UpstreamReply:
@@ -131,6 +179,7 @@ class Exchange:
             data = await reply.read()
         finally:
             reply.close()
+            self._upstream_done()
             await self.writer.fail()
         return web.Response(body=data, status=reply.status, headers=self._headers(reply))
 
@@ -141,7 +190,10 @@ class Exchange:
                     data = await reply.read()
                 finally:
                     reply.close()
+                    self._upstream_done()
                 parsed, message = _first_choice(data)
+                if parsed is not None and isinstance(parsed.get("usage"), dict):
+                    self.usage = parsed["usage"]
                 ours, theirs = split_calls(message) if (message and self._reading) else ([], [])
                 if ours and not theirs:
                     reply = await self._read_round(message, ours)
@@ -227,6 +279,8 @@ class Exchange:
                     await response.write(b"".join(out))
         finally:
             reply.close()
+            self._upstream_done()
+            self.usage = this_round.usage or self.usage
         return this_round
 
 

@@ -10,6 +10,7 @@ import asyncio
 import logging
 
 from ..config import Settings
+from ..metrics import Metrics
 from ..store import Store, Summary
 from ..summarizer import Summarizer, SummarizerFailed
 from ..tokens import TokenCounter
@@ -22,8 +23,11 @@ LEASE_MARGIN_S = 30
 
 
 class CompactionRunner:
-    def __init__(self, settings: Settings, store: Store, summarizer: Summarizer, counter: TokenCounter) -> None:
+    def __init__(
+        self, settings: Settings, store: Store, summarizer: Summarizer, counter: TokenCounter, metrics: Metrics
+    ) -> None:
         self.store = store
+        self.metrics = metrics
         self.lease_ttl = settings.summarizer.timeout_s * 4 + LEASE_MARGIN_S  # chunked windows take several calls
         self._compactors: dict[str, Compactor] = {}
         for name in [None, *settings.profiles]:
@@ -58,13 +62,16 @@ class CompactionRunner:
             summary = await compactor.compact_if_needed(job)
             if summary is not None:
                 self.runs += 1
+                self.metrics.compactions.labels("done").inc()
             return summary
         except SummarizerFailed as exc:
             self.failures += 1
+            self.metrics.compactions.labels("failed").inc()
             log.warning("compaction failed; the window trims meanwhile", extra={"conversation": str(job.key), "reason": str(exc)})
             return None
         except Exception:
             self.failures += 1
+            self.metrics.compactions.labels("failed").inc()
             log.exception("compaction crashed", extra={"conversation": str(job.key)})
             return None
         finally:

@@ -37,6 +37,8 @@ class Compaction:
         summary = Item({"role": "system", "content": SUMMARY_HEADER + turn.summary.text}, None)
         turn.notes["messages_left_out"] = turn.notes.get("messages_left_out", 0) + len(rest) - len(kept) - pinned
         turn.notes["pinned"] = 1 if pinned else 0
+        dropped = sum(len(text_of(it.message.get("content")) or "") for it in rest if it.seq is not None and it.seq <= boundary)
+        turn.notes["chars_saved_compaction"] = dropped - len(turn.summary.text)
         return [*items[:n_system], summary, *([task] if pinned else []), *kept]
 
     def _mask(self, turn: Turn, items: list[Item]) -> list[Item]:

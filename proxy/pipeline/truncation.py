@@ -54,6 +54,7 @@ class Truncation:
             content = body + self._marker(turn, item.seq, ref, len(text), summary is not None)
             out[position] = Item({**item.message, "content": content}, item.seq)
             refs[item.seq] = ref
+            turn.notes["chars_saved_truncation"] = turn.notes.get("chars_saved_truncation", 0) + len(text) - len(content)
         return out
 
     def _marker(self, turn: Turn, seq: int, ref: str, total: int, summarized: bool) -> str:

@@ -1,0 +1,70 @@
+"""Prometheus metrics, one registry per app (tests run several apps in one process).
+
+Figures a proxy user wants to see: how requests end, what the upstream and the proxy each cost
+in time, tokens going upstream and what the pipeline saved, compactions, read-back rounds,
+quota rejections and how many conversations are active.
+"""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from .identity import ConversationKey
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+ACTIVE_WINDOW_S = 15 * 60  # a conversation is active if it had a request in the last 15 minutes
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("context_proxy_requests", "HTTP requests by route and status", ["route", "status"], registry=r)
+        self.upstream_latency = Histogram(
+            "context_proxy_upstream_seconds", "Upstream time until the reply was complete (chat completions)",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.added_latency = Histogram(
+            "context_proxy_added_seconds", "Time the proxy itself added to a chat completion (before and after the upstream)",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.tokens_sent = Counter("context_proxy_tokens_sent", "Prompt tokens sent upstream (our count)", registry=r)
+        self.usage_tokens = Counter(
+            "context_proxy_usage_tokens", "Tokens the upstream reported in usage", ["kind"], registry=r
+        )
+        self.tokens_saved = Counter(
+            "context_proxy_tokens_saved",
+            "Prompt tokens the pipeline kept out of the upstream prompt (estimated at 4 characters a token)",
+            ["stage"], registry=r,
+        )
+        self.compactions = Counter("context_proxy_compactions", "Compactions by outcome", ["outcome"], registry=r)
+        self.read_rounds = Counter("context_proxy_read_rounds", "read_tool_output rounds the proxy answered", registry=r)
+        self.quota_rejections = Counter("context_proxy_quota_rejections", "Requests refused by the LLM-call quota", registry=r)
+        self.repairs = Counter("context_proxy_pairing_repairs", "Tool-call pairing problems repaired", registry=r)
+        self.active = Gauge("context_proxy_active_conversations", f"Conversations with a request in the last {ACTIVE_WINDOW_S}s", registry=r)
+        self._last_seen: dict[ConversationKey, float] = {}
+
+    def saw(self, key: ConversationKey) -> None:
+        self._last_seen[key] = time.monotonic()
+
+    def _refresh_active(self) -> None:
+        cutoff = time.monotonic() - ACTIVE_WINDOW_S
+        for key in [k for k, t in self._last_seen.items() if t < cutoff]:
+            del self._last_seen[key]
+        self.active.set(len(self._last_seen))
+
+    def render(self) -> bytes:
+        self._refresh_active()
+        return generate_latest(self.registry)
+
+
+async def metrics_handler(request: web.Request) -> web.Response:
+    from .state import METRICS
+
+    response = web.Response(body=request.app[METRICS].render())
+    response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
+    return response

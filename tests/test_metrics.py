@@ -1,0 +1,75 @@
+"""/metrics after scripted traffic, parsed as Prometheus text; and the request log line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import ALICE, openai_client
+from tests.fake_upstream import Reply
+
+BIG = "z" * 30_000
+
+
+def scrape(proxy) -> dict[tuple[str, tuple], float]:
+    text = httpx.get(f"{proxy.url}/metrics").text
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def value(samples, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def test_metrics_count_what_the_traffic_did(make_proxy, upstream):
+    proxy = make_proxy(quota={"max_llm_calls": 3})
+    client = openai_client(proxy, headers={"X-Conversation-ID": "metered"})
+    call = {"id": "call_1", "type": "function", "function": {"name": "cat", "arguments": "{}"}}
+    history = [{"role": "user", "content": "go"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "call_1", "content": BIG}]
+    client.chat.completions.create(model="gpt-4o-mini", messages=history)
+    ref = re.search(r"out_\d+_[0-9a-f]{24}", upstream.chat_requests()[-1]["messages"][2]["content"]).group(0)
+    upstream.enqueue(Reply.tool_calls([("read_tool_output", json.dumps({"ref": ref, "offset": 0, "length": 10}))]), Reply.text("read it"))
+    history += [{"role": "assistant", "content": "reply to: go"}, {"role": "user", "content": "read"}]
+    client.chat.completions.create(model="gpt-4o-mini", messages=history)
+    history += [{"role": "assistant", "content": "read it"}, {"role": "user", "content": "again"}]
+    with pytest.raises(openai.RateLimitError):
+        client.chat.completions.create(model="gpt-4o-mini", messages=history)  # quota: 3 calls used
+    httpx.post(f"{proxy.url}/v1/chat/completions", content=b"{", headers={"Authorization": f"Bearer {ALICE}"})
+
+    samples = scrape(proxy)
+    assert value(samples, "context_proxy_requests_total", route="/v1/chat/completions", status="200") == 2
+    assert value(samples, "context_proxy_requests_total", route="/v1/chat/completions", status="429") == 1
+    assert value(samples, "context_proxy_requests_total", route="/v1/chat/completions", status="400") == 1
+    assert value(samples, "context_proxy_quota_rejections_total") == 1
+    assert value(samples, "context_proxy_read_rounds_total") == 1
+    assert value(samples, "context_proxy_tokens_saved_total", stage="truncation") > 5000
+    assert value(samples, "context_proxy_tokens_sent_total") > 100
+    assert value(samples, "context_proxy_usage_tokens_total", kind="prompt_tokens") > 0
+    assert value(samples, "context_proxy_upstream_seconds_count") == 3
+    assert value(samples, "context_proxy_added_seconds_count") == 3
+    assert value(samples, "context_proxy_active_conversations") == 1
+
+
+def test_one_json_log_line_per_request_without_secrets(proxy, upstream, caplog):
+    caplog.set_level(logging.INFO, logger="proxy.access")
+    openai_client(proxy, "sk-secret-log-check", headers={"X-Conversation-ID": "logged"}).chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "hello"}]
+    )
+    [record] = [r for r in caplog.records if r.name == "proxy.access" and r.path == "/v1/chat/completions"]
+    assert (record.status, record.conversation) == (200, "logged")
+    assert record.tokens_sent > 0 and record.upstream_ms > 0 and record.added_ms > 0 and record.llm_calls == 1
+    from proxy.logs import JsonFormatter
+
+    line = JsonFormatter().format(record)
+    assert json.loads(line)["conversation"] == "logged"
+    assert "sk-secret-log-check" not in line
