@@ -139,3 +139,9 @@ def test_unknown_history_mode_is_a_400(proxy, upstream, http):
     )
     assert_openai_error(response, 400)
     assert_nothing_stored(http)
+
+
+def test_deeply_nested_json_is_a_clean_400(proxy, upstream, http):
+    response = http.post("/v1/chat/completions", content=b"[" * 100_000 + b"]" * 100_000, headers=AUTH)
+    assert_openai_error(response, 400)
+    assert_nothing_stored(http)

@@ -44,6 +44,8 @@ async def read_json_object(request: web.Request) -> dict[str, Any]:
         body = json.loads(raw)
     except ValueError as exc:
         raise InvalidRequest(f"Request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise InvalidRequest("Request body is nested too deeply", code="invalid_json") from None
     if not isinstance(body, dict):
         raise InvalidRequest("Request body must be a JSON object", code="invalid_json")
     return body
