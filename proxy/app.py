@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from .api import admin
+from .api import admin, models
 from .api.chat import chat_completions
 from .api.passthrough import passthrough
 from .config import Settings
@@ -20,11 +20,12 @@ from .pipeline import build_pipeline
 from .refs import RefSigner
 from .compaction.runner import CompactionRunner
 from .metrics import Metrics, metrics_handler
-from .state import COMPACTION, CONVERSATION, COUNTER, LOG_FIELDS, METRICS, PIPELINE, REFS, SETTINGS, STORE, SUMMARIZER, UPSTREAM
+from .state import COMPACTION, CONVERSATION, COUNTER, LOG_FIELDS, METRICS, ROUTER, PIPELINE, REFS, SETTINGS, STORE, SUMMARIZER, UPSTREAM
 from .summarizer import Summarizer
 from .tokens import TokenCounter
 from .store import open_store
 from .upstream import HttpUpstream
+from .upstream.router import UpstreamRouter, counting_aliases, window_overrides
 
 log = logging.getLogger("proxy")
 WARM_MODELS = ("gpt-4o",)  # o200k_base: the encoding of today's OpenAI models
@@ -66,10 +67,11 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     app[STORE] = open_store(settings.storage)
     upstream = app[UPSTREAM] = HttpUpstream(settings.upstream)
     await upstream.start()
+    router = app[ROUTER] = UpstreamRouter.from_settings(settings, upstream)
     app[REFS] = RefSigner(await app[STORE].secret())
     # Load the token-count tables now, in a thread: the first request must not stall the loop on it.
     await asyncio.to_thread(app[COUNTER].warm, WARM_MODELS)
-    app[SUMMARIZER] = Summarizer(settings.summarizer, route=lambda model: upstream)
+    app[SUMMARIZER] = Summarizer(settings.summarizer, route=router.for_model)
     app[COMPACTION] = CompactionRunner(settings, app[STORE], app[SUMMARIZER], app[COUNTER], app[METRICS])
     log.info(
         "started",
@@ -83,6 +85,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         await app[COMPACTION].close()
+        await router.close()
         await upstream.close()
         await app[STORE].close()
 
@@ -101,7 +104,7 @@ def build_app(settings: Settings) -> web.Application:
     )
     app[SETTINGS] = settings
     app[PIPELINE] = build_pipeline(settings)
-    app[COUNTER] = TokenCounter()
+    app[COUNTER] = TokenCounter(windows=window_overrides(settings.models), aliases=counting_aliases(settings.models))
     app[METRICS] = Metrics()
     app.cleanup_ctx.append(_resources)
 
@@ -111,6 +114,8 @@ def build_app(settings: Settings) -> web.Application:
     for prefix in ("", "/c/{conversation_id}"):
         app.router.add_post(prefix + "/v1/chat/completions", chat_completions)
         app.router.add_post(prefix + "/chat/completions", chat_completions)
+    if settings.models:  # else /v1/models stays plain passthrough
+        models.add_routes(app)
     # Routes match in the order added: everything not ours, last, goes upstream untouched.
     app.router.add_route("*", "/c/{conversation_id}/{tail:.*}", passthrough)
     app.router.add_route("*", "/{tail:.*}", passthrough)

@@ -153,7 +153,9 @@ class ModelSettings(Section):
         description="litellm model string, e.g. 'anthropic/claude-3-5-sonnet-20241022', 'gemini/gemini-2.0-flash', "
         "'ollama_chat/llama3.1', 'hosted_vllm/Qwen/Qwen2.5-7B-Instruct'; null = served by the passthrough upstream.",
     )
-    api_base: str | None = Field(None, min_length=1, description="Provider base URL (litellm's api_base); null = the provider's default.")
+    api_base: str | None = Field(
+        None, min_length=1, description="Provider base URL (litellm's api_base); null = the provider's default."
+    )
     api_key_env: str | None = Field(
         None,
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
@@ -174,7 +176,7 @@ class ModelSettings(Section):
         None, gt=0, le=86400, description="Seconds of provider silence before a 504; null = upstream.timeout_s."
     )
     context_window: int | None = Field(
-        None, ge=256, description="The model's context window in tokens, when litellm's model table lacks or misstates it."
+        None, ge=256, description="Context window in tokens, when litellm's model table lacks or misstates it."
     )
 
     # Fields that only mean something for a litellm-routed model.
@@ -183,7 +185,8 @@ class ModelSettings(Section):
     )
     # litellm.acompletion arguments the proxy sets itself: `params` may not override them.
     RESERVED_PARAMS: ClassVar[frozenset[str]] = frozenset(
-        {"model", "messages", "stream", "api_key", "api_base", "base_url", "extra_headers", "headers", "timeout", "client"}
+        {"model", "messages", "stream", "api_key", "api_base", "base_url", "extra_headers", "headers", "timeout",
+         "client"}
     )
 
     @field_validator("api_key_env")
@@ -204,7 +207,8 @@ class ModelSettings(Section):
         reserved = sorted(self.RESERVED_PARAMS.intersection(self.params))
         if reserved:
             raise ValueError(
-                f"params may not set {', '.join(reserved)} (use litellm_model, api_base, api_key_env, extra_headers, timeout_s)"
+                f"params may not set {', '.join(reserved)} "
+                "(use litellm_model, api_base, api_key_env, extra_headers, timeout_s)"
             )
         return self
 

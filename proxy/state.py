@@ -14,6 +14,7 @@ from .summarizer import Summarizer
 from .tokens import TokenCounter
 from .store import Store
 from .upstream import HttpUpstream
+from .upstream.router import UpstreamRouter
 
 SETTINGS = web.AppKey("settings", Settings)
 STORE = web.AppKey("store", Store)
@@ -25,6 +26,7 @@ SUMMARIZER = web.AppKey("summarizer", Summarizer)
 COMPACTION = web.AppKey("compaction", CompactionRunner)
 
 METRICS = web.AppKey("metrics", Metrics)
+ROUTER = web.AppKey("router", UpstreamRouter)
 
 # Per request: the conversation it was routed to, and what the request log line adds.
 CONVERSATION = web.RequestKey("conversation", ConversationKey)

@@ -20,7 +20,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
@@ -53,9 +53,17 @@ class TokenCounter:
     Thread-safe: one instance serves the whole process (the event loop and background work).
     """
 
-    def __init__(self, max_entries: int = DEFAULT_CACHE_ENTRIES, use_litellm: bool = False) -> None:
+    def __init__(
+        self,
+        max_entries: int = DEFAULT_CACHE_ENTRIES,
+        use_litellm: bool = False,
+        windows: Mapping[str, int] | None = None,
+        aliases: Mapping[str, str] | None = None,
+    ) -> None:
         self.max_entries = max_entries
         self.use_litellm = use_litellm
+        self.windows = dict(windows or {})  # model -> context window, from `models:` (wins over litellm's table)
+        self.aliases = dict(aliases or {})  # public model name -> the litellm model it really is
         self.encodes = 0  # distinct messages actually tokenized (cache misses): for tests and metrics
         # hash of (tokenizer, counted texts, flat extras) -> tokens. Insertion order is the LRU
         # order: a hit is popped and put back at the end, the first key is the oldest.
@@ -113,6 +121,7 @@ class TokenCounter:
 
     def tokenizer_name(self, model: str) -> str:
         """The tokenizer `count` uses for `model`: a tiktoken encoding name, or 'litellm:<model>'."""
+        model = self.aliases.get(model, model)
         name = encoding_name(model)
         if self.use_litellm and name is None:
             return f"litellm:{model}"
@@ -120,6 +129,9 @@ class TokenCounter:
 
     def context_window(self, model: str) -> int | None:
         """The model's max input tokens where litellm's bundled table knows the model, else None."""
+        if model in self.windows:
+            return self.windows[model]
+        model = self.aliases.get(model, model)
         windows = context_windows()
         for name in lookup_names(model):
             if name in windows:
@@ -136,7 +148,7 @@ class TokenCounter:
 
     def _encoder(self, tokenizer: str, model: str) -> Encode:
         if tokenizer.startswith("litellm:"):
-            return litellm_encoder(model)
+            return litellm_encoder(self.aliases.get(model, model))
         return tiktoken_encoder(tokenizer)
 
 

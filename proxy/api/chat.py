@@ -23,7 +23,7 @@ from ..identity import ConversationKey, derived_conversation_id, explicit_conver
 from ..messages import Message, validate_messages
 from ..pipeline import Turn
 from ..quota import QuotaLedger
-from ..state import COMPACTION, CONVERSATION, COUNTER, PIPELINE, REFS, SETTINGS, STORE, SUMMARIZER, UPSTREAM
+from ..state import COMPACTION, CONVERSATION, COUNTER, PIPELINE, REFS, ROUTER, SETTINGS, STORE, SUMMARIZER
 from ..store import Conversation, Store
 from ..turns import TurnWriter
 from ..upstream import forwardable
@@ -111,7 +111,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             await runner.run_now(job)  # before forwarding: this request already uses the new summary
         turn.summary = await runner.current_summary(job)
         try:
-            response = await Exchange(request, body, writer, turn, app[PIPELINE], app[UPSTREAM]).run()
+            upstream = app[ROUTER].for_model(turn.model)
+            response = await Exchange(request, body, writer, turn, app[PIPELINE], upstream).run()
         finally:
             await writer.settled()  # the next turn of this conversation must see every write of this one
     if control is None and profile.compaction.background and 200 <= response.status < 300:

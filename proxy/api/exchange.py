@@ -24,7 +24,7 @@ from ..readback import CallFilter, ReadBack, client_has_read_tool, split_calls, 
 from ..state import LOG_FIELDS, METRICS
 from ..store import INCOMPLETE, LIVE
 from ..turns import TurnWriter
-from ..upstream import HttpUpstream, UpstreamReply, forwardable
+from ..upstream import Upstream, UpstreamReply, forwardable
 from ..upstream.sse import ReplyAssembler, SSEParser
 
 log = logging.getLogger("proxy.exchange")
@@ -38,7 +38,7 @@ class Exchange:
         writer: TurnWriter,
         turn: Turn,
         pipeline: Pipeline,
-        upstream: HttpUpstream,
+        upstream: Upstream,
     ) -> None:
         self.request, self.body, self.writer, self.turn = request, body, writer, turn
         self.pipeline, self.upstream = pipeline, upstream
