@@ -98,7 +98,8 @@ class LLMCompactor:
 
     def _chunks(self, rendered: list[str], model: str, max_tokens: int) -> list[list[str]]:
         """Split the window so each summarizer request fits its model (the prompt and summary aside)."""
-        budget = max_tokens * 3 // 4
+        window = self.counter.context_window(model)
+        budget = min(max_tokens, window if window is not None else max_tokens) * 3 // 4
         chunks: list[list[str]] = [[]]
         used = 0
         for text, tokens in zip(rendered, self.counter.count_many([{"role": "user", "content": t} for t in rendered], model), strict=True):
