@@ -15,6 +15,7 @@ serve: $(STAMP)
 
 test: $(STAMP)
 	scripts/ensure-redis.sh
+	scripts/ensure-chromium.sh
 	$(VENV)/bin/python -m pytest
 
 clean:

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from .api import admin, models
+from .api import admin, models, ui
 from .api.chat import chat_completions
 from .api.passthrough import passthrough
 from .config import Settings
@@ -20,7 +20,8 @@ from .pipeline import build_pipeline
 from .refs import RefSigner
 from .compaction.runner import CompactionRunner
 from .metrics import Metrics, metrics_handler
-from .state import COMPACTION, CONVERSATION, COUNTER, LOG_FIELDS, METRICS, ROUTER, PIPELINE, REFS, SETTINGS, STORE, SUMMARIZER, UPSTREAM
+from .prefix import PrefixCache
+from .state import COMPACTION, CONVERSATION, COUNTER, LOG_FIELDS, METRICS, PREFIXES, ROUTER, PIPELINE, REFS, SETTINGS, STORE, SUMMARIZER, UPSTREAM
 from .summarizer import Summarizer
 from .tokens import TokenCounter
 from .store import open_store
@@ -106,11 +107,13 @@ def build_app(settings: Settings) -> web.Application:
     app[PIPELINE] = build_pipeline(settings)
     app[COUNTER] = TokenCounter(windows=window_overrides(settings.models), aliases=counting_aliases(settings.models))
     app[METRICS] = Metrics()
+    app[PREFIXES] = PrefixCache()
     app.cleanup_ctx.append(_resources)
 
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_handler)
     admin.add_routes(app)
+    ui.add_routes(app)
     for prefix in ("", "/c/{conversation_id}"):
         app.router.add_post(prefix + "/v1/chat/completions", chat_completions)
         app.router.add_post(prefix + "/chat/completions", chat_completions)

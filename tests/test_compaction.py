@@ -116,7 +116,8 @@ def test_budget_window_is_expanded_so_a_call_never_splits_from_its_result(make_p
     assert by_seq[summary["last_seq"] + 1]["role"] != "tool"  # ... nor before one of its results
     prompt = call["messages"][1]["content"]
     assert "Recent context after these messages" in prompt and "LLM call quota:" in prompt
-    assert [m["status"] for m in record["data"][1 : summary["last_seq"]]] == ["compacted"] * (summary["last_seq"] - 1)
+    statuses = [m["status"] for m in record["data"][: summary["last_seq"]]]
+    assert statuses == ["live", "live"] + ["compacted"] * (summary["last_seq"] - 2)  # system and task: still sent
 
 
 def test_mask_replaces_old_tool_outputs_with_readable_placeholders(make_proxy, upstream):
@@ -257,7 +258,8 @@ def test_trajectory_is_the_whole_replayable_record(make_proxy, upstream):
     [summary] = record["summaries"]
     assert summary["tokens_in"] > 0 and summary["model"] == "gpt-4o-mini" and summary["strategy"] == "turns"
     statuses = {m["seq"]: m["status"] for m in record["data"]}
-    assert [statuses[s] for s in range(2, summary["last_seq"] + 1)] == ["compacted"] * (summary["last_seq"] - 1)
+    assert statuses[1] == statuses[2] == "live"  # the system prompt and the pinned task are still sent
+    assert [statuses[s] for s in range(3, summary["last_seq"] + 1)] == ["compacted"] * (summary["last_seq"] - 2)
     tool = next(m for m in record["data"] if m["role"] == "tool")
     assert tool["content"] == "y" * 12_000 and tool["ref"].startswith("out_")
     full = agent.http.get(f"/v1/conversations/record/tool_outputs/{tool['ref']}").json()

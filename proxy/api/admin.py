@@ -14,7 +14,7 @@ from aiohttp import web
 
 from ..errors import InvalidRequest, NotFound, Unauthorized
 from ..identity import ConversationKey, bearer_token, check_conversation_id, request_tenant
-from ..messages import text_of
+from ..messages import SYSTEM_ROLES, text_of
 from ..state import REFS, SETTINGS, STORE
 from ..store import LIVE, Conversation, StoredMessage
 
@@ -112,13 +112,26 @@ async def trajectory(request: web.Request) -> web.Response:
     conversation = await _conversation(request)
     page = await _message_page(request, conversation, live_only=False)
     refs = request.app[REFS]
+    task_seq = await _task_seq(request, conversation)
     for message in page["data"]:
-        if message["status"] == LIVE and message["seq"] <= conversation.boundary:
+        # Behind the boundary, but still sent every turn: the system prompt and the pinned task.
+        pinned = message.get("role") in SYSTEM_ROLES or message["seq"] == task_seq
+        if message["status"] == LIVE and message["seq"] <= conversation.boundary and not pinned:
             message["status"] = "compacted"
         if message.get("role") == "tool":
             message["ref"] = refs.make(conversation.key, message["seq"])
     page["summaries"] = [s.to_api() for s in await request.app[STORE].summaries(conversation.key)]
     return web.json_response(page)
+
+
+async def _task_seq(request: web.Request, conversation: Conversation) -> int | None:
+    """The seq of the first live user message (the task compaction pins), if any."""
+    if not conversation.boundary:
+        return None
+    for stored in await request.app[STORE].messages(conversation.key, live_only=True, limit=conversation.boundary):
+        if stored.message.get("role") == "user":
+            return stored.seq
+    return None
 
 
 async def turns(request: web.Request) -> web.Response:

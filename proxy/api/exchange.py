@@ -139,7 +139,11 @@ class Exchange:
             self.turn.notes["quota_warning"] = f"LLM call quota exhausted ({ledger.settings.max_llm_calls} calls)"
         ledger.call_number = await self.turn.store.count_llm_call(self.turn.key) + 1
         if self.writer.record is not None:
-            self.writer.record |= {"llm_calls": ledger.call_number - 1, "read_rounds": self.rounds}
+            self.writer.record |= {
+                "llm_calls": ledger.call_number - 1,
+                "llm_call_limit": ledger.settings.max_llm_calls,
+                "read_rounds": self.rounds,
+            }
         body = {**self.body, "messages": self.messages + self.internal}
         if self._reading:
             body = with_read_tool(body)

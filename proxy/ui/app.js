@@ -1,0 +1,1020 @@
+"use strict";
+/*
+ * context-proxy /ui: the conversations, and one conversation replayed, read from the admin JSON API.
+ *
+ * Auth, a deliberate choice: this page (index.html, app.js, style.css) holds no data and is served
+ * to anyone. Every datum comes from the admin API (/v1/conversations...) under that API's own auth:
+ *   - with no admin token set, a loopback browser reads it without a Bearer (as curl would there);
+ *   - otherwise the API answers 401 and the page asks for a token: the admin token (every tenant)
+ *     or the user's own API key (only that key's conversations: any Bearer that is not the admin
+ *     token is a client key). The token is kept in sessionStorage (this tab only, gone when it
+ *     closes, never in a cookie, so no other site can make the browser send it: no CSRF) and sent
+ *     as `Authorization: Bearer` to this origin only.
+ *
+ * Safety: everything shown (prompts, tool outputs, ids, model names) is untrusted text. It reaches
+ * the DOM only as text nodes, textContent or setAttribute on non-URL attributes; nothing here uses
+ * innerHTML or builds markup from strings, and the page's CSP (proxy/api/ui.py) forbids inline
+ * script and other origins besides.
+ *
+ * Speed: lists and transcripts are read page by page with the API's `after` cursor and rendered as
+ * each page arrives; long texts show a preview (a long tool output's full text is fetched from
+ * tool_outputs/{ref} only when asked for), and off-screen messages skip layout
+ * (content-visibility in style.css), so a 2,000-message conversation stays quick.
+ */
+(() => {
+  const TOKEN_KEY = "context-proxy.ui.token";
+  const API = new URL("../v1/conversations", location.href).href; // relative: works behind a path prefix
+  const LIST_PAGE = 50; // conversations per request (the API allows 100)
+  const MESSAGE_PAGE = 250; // trajectory messages per request (the API allows 1000)
+  const TURN_PAGE = 1000;
+  const AUTO_LOAD = 5000; // messages loaded without asking; then a "Load more" button
+  const PREVIEW = 1500; // characters of a long text shown before "show all"
+  const PREVIEW_LINES = 16; // ... or lines
+
+  const main = document.getElementById("main");
+  const authState = document.getElementById("auth-state");
+  const forgetButton = document.getElementById("forget-token");
+
+  // -- DOM, without markup strings ---------------------------------------------------------------
+
+  function h(tag, attrs, ...children) {
+    const el = document.createElement(tag);
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (value === undefined || value === null || value === false) continue;
+      if (key === "class") el.className = value;
+      else if (key.startsWith("on")) el.addEventListener(key.slice(2), value);
+      else el.setAttribute(key, value === true ? "" : String(value));
+    }
+    add(el, children);
+    return el;
+  }
+
+  function add(el, ...children) {
+    for (const child of children.flat(Infinity)) {
+      if (child === null || child === undefined || child === false || child === "") continue;
+      el.append(child instanceof Node ? child : String(child)); // a string becomes a text node
+    }
+    return el;
+  }
+
+  const SVG = "http://www.w3.org/2000/svg";
+  function s(tag, attrs, ...children) {
+    const el = document.createElementNS(SVG, tag);
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (value !== undefined && value !== null) el.setAttribute(key, String(value));
+    }
+    return add(el, children);
+  }
+
+  /** A class-name-safe word from untrusted data (a role, a status). */
+  function word(value) {
+    return String(value || "unknown").toLowerCase().replace(/[^a-z0-9_-]/g, "") || "unknown";
+  }
+
+  // -- formatting ---------------------------------------------------------------------------------
+
+  const numbers = new Intl.NumberFormat("en-US");
+  const num = (n) => (n === null || n === undefined || Number.isNaN(n) ? "—" : numbers.format(n));
+  const pad = (n) => String(n).padStart(2, "0");
+
+  function short(n) {
+    if (n >= 1e6) return (n / 1e6).toFixed(n >= 1e7 ? 0 : 1).replace(/\.0$/, "") + "M";
+    if (n >= 1e3) return (n / 1e3).toFixed(n >= 1e4 ? 0 : 1).replace(/\.0$/, "") + "k";
+    return String(Math.round(n));
+  }
+
+  function when(ts) {
+    if (!ts) return "—";
+    const d = new Date(ts * 1000);
+    return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+  }
+
+  function ago(ts) {
+    if (!ts) return "";
+    const sec = Math.max(0, Date.now() / 1000 - ts);
+    if (sec < 60) return `${Math.round(sec)} s ago`;
+    if (sec < 3600) return `${Math.round(sec / 60)} min ago`;
+    if (sec < 86400) return `${Math.round(sec / 3600)} h ago`;
+    return `${Math.round(sec / 86400)} d ago`;
+  }
+
+  function timeNode(ts) {
+    return h("time", { title: ago(ts) }, when(ts));
+  }
+
+  /** The text of an OpenAI message content (a string, or an array of parts), or null. */
+  function textOf(content) {
+    if (content === null || content === undefined) return null;
+    if (typeof content === "string") return content;
+    if (Array.isArray(content)) {
+      return content
+        .map((part) => {
+          if (!part || typeof part !== "object") return String(part);
+          if (part.type === "text") return part.text || "";
+          if (part.type === "refusal") return part.refusal || "";
+          return `[${part.type || "part"}]`;
+        })
+        .join("");
+    }
+    return JSON.stringify(content);
+  }
+
+  /** Characters of a message as the transcript holds it: content plus tool calls. */
+  function charsOf(message) {
+    let n = (textOf(message.content) || "").length;
+    for (const call of message.tool_calls || []) {
+      const fn = call.function || {};
+      n += (fn.name || "").length + (fn.arguments || "").length;
+    }
+    return n;
+  }
+
+  // -- auth and the API ---------------------------------------------------------------------------
+
+  const auth = {
+    get() {
+      try {
+        return sessionStorage.getItem(TOKEN_KEY);
+      } catch {
+        return null;
+      }
+    },
+    set(token) {
+      sessionStorage.setItem(TOKEN_KEY, token);
+    },
+    clear() {
+      sessionStorage.removeItem(TOKEN_KEY);
+    },
+  };
+
+  function showAuthState() {
+    const token = auth.get();
+    authState.textContent = token ? "Signed in with a token" : "";
+    forgetButton.hidden = !token;
+  }
+
+  forgetButton.addEventListener("click", () => {
+    auth.clear();
+    route();
+  });
+
+  class ApiError extends Error {
+    constructor(status, message) {
+      super(message);
+      this.status = status;
+    }
+  }
+
+  /** GET an admin API path (under /v1/conversations) as JSON, with the Bearer if one is kept. */
+  async function api(path, params, signal) {
+    const url = new URL(API + path);
+    for (const [key, value] of Object.entries(params || {})) {
+      if (value !== undefined && value !== null && value !== "") url.searchParams.set(key, value);
+    }
+    const headers = { Accept: "application/json" };
+    const token = auth.get();
+    if (token) headers.Authorization = `Bearer ${token}`;
+    let response;
+    try {
+      response = await fetch(url, { headers, signal, cache: "no-store", credentials: "omit" });
+    } catch (err) {
+      if (err.name === "AbortError") throw err;
+      throw new ApiError(0, `The proxy did not answer (${err.message})`);
+    }
+    let body = null;
+    try {
+      body = await response.json();
+    } catch {
+      /* not JSON: keep the status */
+    }
+    if (!response.ok) {
+      const message = body && body.error && body.error.message;
+      throw new ApiError(response.status, message || response.statusText || `HTTP ${response.status}`);
+    }
+    return body;
+  }
+
+  function conversationPath(id) {
+    return "/" + encodeURIComponent(id);
+  }
+
+  function conversationHref(id, tenant) {
+    return "#/c/" + encodeURIComponent(id) + (tenant ? "?tenant=" + encodeURIComponent(tenant) : "");
+  }
+
+  // -- routing ------------------------------------------------------------------------------------
+
+  let current = null; // the AbortController of the view on screen
+
+  function route() {
+    if (current) current.abort();
+    current = new AbortController();
+    const signal = current.signal;
+    showAuthState();
+    const hash = location.hash.replace(/^#/, "");
+    const [path, query] = [hash.split("?")[0], hash.split("?").slice(1).join("?")];
+    const parts = path.split("/").filter(Boolean);
+    let view;
+    if (parts[0] === "c" && parts[1]) {
+      const tenant = new URLSearchParams(query).get("tenant") || "";
+      view = showConversation(decodeURIComponent(parts[1]), tenant, signal);
+    } else {
+      view = showList(signal);
+    }
+    view.catch((err) => showFailure(err, signal));
+  }
+
+  function showFailure(err, signal) {
+    if (signal.aborted || (err && err.name === "AbortError")) return;
+    if (err instanceof ApiError && err.status === 401) {
+      showTokenPrompt(err);
+      return;
+    }
+    main.replaceChildren(
+      h(
+        "div",
+        { class: "card error", role: "alert" },
+        h("h1", null, "Could not load"),
+        h("p", null, err instanceof ApiError && err.status ? `HTTP ${err.status}: ` : "", String(err.message || err)),
+        h("p", null, h("a", { href: "#/" }, "Back to the conversations"))
+      )
+    );
+  }
+
+  function showTokenPrompt(err) {
+    document.title = "Token needed · context-proxy";
+    const hadToken = Boolean(auth.get());
+    if (hadToken) auth.clear(); // refused: forget it
+    showAuthState();
+    const input = h("input", {
+      id: "token-input",
+      type: "password",
+      name: "token",
+      autocomplete: "off",
+      spellcheck: "false",
+      placeholder: "admin token, or your API key",
+      required: true,
+    });
+    const form = h(
+      "form",
+      {
+        id: "token-form",
+        class: "card token-form",
+        onsubmit: (event) => {
+          event.preventDefault();
+          const token = input.value.trim();
+          if (!token) return;
+          auth.set(token);
+          route();
+        },
+      },
+      h("h1", null, "This proxy needs a token"),
+      h("p", { class: "api-answer" }, "The admin API answered ", h("code", null, String(err.status)), ": ", err.message),
+      h(
+        "p",
+        null,
+        "Enter the proxy's admin token to see every conversation, or your own API key to see only yours. ",
+        "It is kept in this tab's session storage and sent only to this proxy, as ",
+        h("code", null, "Authorization: Bearer"),
+        "."
+      ),
+      h("label", { for: "token-input" }, "Token"),
+      h("div", { class: "row" }, input, h("button", { type: "submit", id: "token-submit" }, "Continue"))
+    );
+    main.replaceChildren(form);
+    input.focus();
+  }
+
+  // -- the conversations list ---------------------------------------------------------------------
+
+  async function showList(signal) {
+    document.title = "Conversations · context-proxy";
+    const rows = []; // {tr, key}
+    let after = null;
+    let hasMore = false;
+
+    const search = h("input", {
+      id: "search",
+      type: "search",
+      placeholder: "Filter the loaded conversations by id or tenant…",
+      autocomplete: "off",
+      "aria-label": "Filter conversations",
+    });
+    const count = h("span", { id: "list-count", class: "muted" });
+    const more = h("button", { id: "load-more", type: "button", hidden: true }, "Load more");
+    const problem = h("p", { class: "error", role: "alert", hidden: true });
+    const empty = h("p", { id: "list-empty", class: "muted", hidden: true });
+    const tbody = h("tbody");
+    const headings = [
+      ["Conversation", ""],
+      ["Tenant", "The first characters of the hash of the API key"],
+      ["Messages", "Live messages (the transcript as it stands)"],
+      ["LLM calls", "Upstream calls made for it: what the quota counts"],
+      ["Compaction", "Where the compaction boundary is, and the summary in use"],
+      ["Tokens sent / stored", "", "tokens-col"],
+      ["Created", ""],
+      ["Last activity", ""],
+    ];
+    const table = h(
+      "table",
+      { id: "conversations", class: "grid" },
+      h("thead", null, h("tr", null, headings.map(([text, title, cls]) => h("th", { scope: "col", title: title || null, class: cls }, text)))),
+      tbody
+    );
+    const note = auth.get()
+      ? h(
+          "p",
+          { class: "muted small" },
+          "With a token: the admin token shows every tenant; any other token counts as an API key and shows only that key's conversations."
+        )
+      : null;
+    main.replaceChildren(
+      h(
+        "section",
+        { class: "list" },
+        h(
+          "div",
+          { class: "toolbar" },
+          h("h1", null, "Conversations"),
+          search,
+          count,
+          h("button", { type: "button", onclick: () => route() }, "Refresh")
+        ),
+        note,
+        h("div", { class: "table-wrap" }, table),
+        empty,
+        problem,
+        h("div", { class: "pager" }, more)
+      )
+    );
+
+    function applyFilter() {
+      const q = search.value.trim().toLowerCase();
+      let shown = 0;
+      for (const row of rows) {
+        row.tr.hidden = Boolean(q) && !row.key.includes(q);
+        if (!row.tr.hidden) shown += 1;
+      }
+      count.textContent = q
+        ? `${num(shown)} of ${num(rows.length)} loaded match${hasMore ? " (more on the server)" : ""}`
+        : `${num(rows.length)} loaded${hasMore ? ", more on the server" : ""}`;
+      empty.hidden = shown > 0;
+      if (!rows.length) empty.textContent = "No conversations yet: they appear here after their first request.";
+      else if (!shown) empty.textContent = hasMore ? "No loaded conversation matches: load more to search further." : "No conversation matches.";
+    }
+
+    async function loadPage() {
+      const page = await api("", { limit: LIST_PAGE, after }, signal);
+      for (const c of page.data) {
+        const tr = conversationRow(c);
+        // Tokens sent vs. stored per conversation: shown only if the list API gives them (it may
+        // not); the replay always shows them per turn.
+        if (c.tokens_sent !== undefined || c.tokens_stored !== undefined) table.classList.add("has-tokens");
+        rows.push({ tr, key: `${c.id} ${c.tenant || ""}`.toLowerCase() });
+        tbody.append(tr);
+      }
+      hasMore = Boolean(page.has_more);
+      after = page.last_id || after;
+      more.hidden = !hasMore;
+      table.dataset.loaded = String(rows.length);
+      applyFilter();
+    }
+
+    search.addEventListener("input", applyFilter);
+    more.addEventListener("click", async () => {
+      more.disabled = true;
+      problem.hidden = true;
+      try {
+        await loadPage();
+      } catch (err) {
+        if (err instanceof ApiError && err.status === 401) return showTokenPrompt(err);
+        if (!signal.aborted) {
+          problem.textContent = `Could not load more: ${err.message}`;
+          problem.hidden = false;
+        }
+      } finally {
+        more.disabled = false;
+      }
+    });
+    await loadPage();
+    search.focus();
+  }
+
+  function conversationRow(c) {
+    const compaction = c.summary_id
+      ? `summary #${c.summary_id}, boundary at seq ${c.boundary}`
+      : c.boundary
+        ? `boundary at seq ${c.boundary}`
+        : "none";
+    const hasTokens = c.tokens_sent !== undefined || c.tokens_stored !== undefined;
+    const messages = num(c.message_count) + (c.turns !== undefined ? ` · ${num(c.turns)} turns` : "");
+    let calls = num(c.llm_calls);
+    if (c.quota && c.quota.limit) calls += ` of ${num(c.quota.limit)}`;
+    return h(
+      "tr",
+      { class: "conversation", "data-id": c.id, "data-tenant": c.tenant || "" },
+      h("td", { class: "id" }, h("a", { href: conversationHref(c.id, c.tenant) }, c.id)),
+      h("td", null, h("code", { class: "tenant" }, c.tenant || "—")),
+      h("td", { class: "num" }, messages),
+      h("td", { class: "num" }, calls),
+      h("td", null, compaction),
+      h("td", { class: "num tokens-col" }, hasTokens ? `${num(c.tokens_sent)} / ${num(c.tokens_stored)}` : "—"),
+      h("td", null, timeNode(c.created_at)),
+      h("td", null, timeNode(c.updated_at))
+    );
+  }
+
+  // -- one conversation, replayed -----------------------------------------------------------------
+
+  const STATUS_NOTES = {
+    compacted: "Behind the compaction boundary: it goes upstream as the summary, no longer verbatim.",
+    superseded: "The client edited or regenerated from here: no longer in the live transcript.",
+    failed: "The upstream refused or failed this turn: never part of the live transcript.",
+    incomplete: "The client left before the reply finished: a partial reply.",
+    internal: "The proxy's own read-back round (read_tool_output): never shown to the client.",
+    pending: "Written before forwarding; the reply has not completed yet.",
+  };
+
+  async function loadTurns(base, query, signal) {
+    const turns = [];
+    let after = 0;
+    for (;;) {
+      const page = await api(base + "/turns", { ...query, limit: TURN_PAGE, after }, signal);
+      turns.push(...page.data);
+      if (!page.has_more || !page.data.length) return turns;
+      after = page.last_id;
+    }
+  }
+
+  async function showConversation(id, tenant, signal) {
+    document.title = `${id} · context-proxy`;
+    const base = conversationPath(id);
+    const query = tenant ? { tenant } : {};
+    main.replaceChildren(h("p", { class: "muted" }, "Loading the conversation…"));
+    const turnsLoad = loadTurns(base, query, signal).catch((err) => {
+      if (err instanceof ApiError && err.status !== 401) return null; // shown as "no turn records"
+      throw err;
+    });
+    const [conversation, turns] = await Promise.all([api(base, query, signal), turnsLoad]);
+    const view = new Replay(conversation, turns || [], base, query, signal);
+    if (turns === null) view.noTurns();
+    main.replaceChildren(view.root);
+
+    let after = null;
+    let limit = AUTO_LOAD;
+    for (;;) {
+      const page = await api(base + "/trajectory", { ...query, limit: MESSAGE_PAGE, after }, signal);
+      if (after === null) view.setSummaries(page.summaries || []);
+      view.renderPage(page.data);
+      after = page.last_id || after;
+      if (!page.has_more || !page.data.length) break;
+      if (view.loaded >= limit) {
+        await view.askForMore();
+        limit += AUTO_LOAD;
+      }
+    }
+    view.finish();
+  }
+
+  class Replay {
+    constructor(conversation, turns, base, query, signal) {
+      this.conversation = conversation;
+      this.turns = turns.slice().sort((a, b) => a.turn - b.turn);
+      this.base = base;
+      this.query = query;
+      this.signal = signal;
+      this.loaded = 0;
+      this.lastSeq = 0;
+      this.nodes = new Map(); // seq -> li, for the window highlight
+      this.callNames = new Map(); // tool_call_id -> function name
+      this.counted = []; // [seq, chars] of live and compacted messages, in seq order: the stored estimate
+      this.markers = []; // {pos, node()} sorted: summaries after their last_seq, turns before their reply
+      this.nextMarker = 0;
+      this.branch = null; // the superseded branch being filled
+      this.summaries = [];
+      this.activeTurn = null;
+
+      for (const turn of this.turns) {
+        const sent = turn.sent_seqs || [];
+        const pos = turn.reply_seq ? turn.reply_seq - 0.3 : (sent.length ? Math.max(...sent) : 0) + 0.6;
+        this.markers.push({ pos, kind: "turn", make: () => this.turnNode(turn) });
+      }
+      this.markers.sort((a, b) => a.pos - b.pos);
+      this.build();
+    }
+
+    build() {
+      const c = this.conversation;
+      this.timeline = h("ol", { id: "timeline", class: "timeline" });
+      this.progress = h("span", { id: "progress", class: "muted" }, "Loading messages…");
+      this.moreButton = h("button", { id: "load-more-messages", type: "button", hidden: true }, "Load more messages");
+      this.cards = h("div", { class: "cards" });
+      this.tokenChart = h("div", { class: "chart", id: "token-chart" });
+      this.quotaChart = h("div", { class: "chart", id: "quota-chart" });
+      this.turnNote = h("p", { class: "muted small", hidden: true });
+      const compaction = c.summary_id ? `summary #${c.summary_id}, boundary at seq ${num(c.boundary)}` : "none yet";
+      this.root = h(
+        "section",
+        { class: "conversation-view", "data-id": c.id },
+        h("p", { class: "crumbs" }, h("a", { href: "#/" }, "← Conversations")),
+        h("h1", null, h("span", { class: "conv-id" }, c.id)),
+        h(
+          "dl",
+          { class: "meta" },
+          [
+            ["Tenant", h("code", null, c.tenant || "—")],
+            ["Created", timeNode(c.created_at)],
+            ["Last activity", timeNode(c.updated_at)],
+            ["Live messages", num(c.message_count)],
+            ["LLM calls", num(c.llm_calls)],
+            ["Compaction", compaction],
+          ].map(([term, value]) => h("div", null, h("dt", null, term), h("dd", null, value)))
+        ),
+        this.cards,
+        h(
+          "section",
+          { class: "charts" },
+          h("h2", null, "Tokens per turn"),
+          this.tokenChart,
+          h(
+            "ul",
+            { class: "legend" },
+            h(
+              "li",
+              null,
+              h("span", { class: "swatch sent" }),
+              "Tokens sent upstream: the turn's window after truncation, compaction and trimming (the proxy's turn records)."
+            ),
+            h(
+              "li",
+              null,
+              h("span", { class: "swatch stored" }),
+              "Transcript stored, estimated: characters ÷ 4 of the live transcript (compacted messages included) up to the turn's reply — an estimate, not a tokenizer count."
+            )
+          ),
+          h("h2", null, "Quota: LLM calls used"),
+          this.quotaChart,
+          this.turnNote
+        ),
+        h(
+          "div",
+          { class: "timeline-head" },
+          h("h2", null, "Replay"),
+          h(
+            "ul",
+            { class: "status-legend" },
+            Object.entries(STATUS_NOTES).map(([status, note]) => h("li", { class: `badge status-${status}`, title: note }, status))
+          )
+        ),
+        this.timeline,
+        h("div", { class: "pager" }, this.progress, this.moreButton)
+      );
+      this.updateStats();
+    }
+
+    noTurns() {
+      this.turnNote.textContent = "This proxy keeps no turn records for this conversation.";
+      this.turnNote.hidden = false;
+    }
+
+    setSummaries(summaries) {
+      this.summaries = summaries;
+      for (const summary of summaries) {
+        this.markers.push({ pos: summary.last_seq + 0.3, kind: "summary", make: () => this.summaryNode(summary) });
+      }
+      this.markers.sort((a, b) => a.pos - b.pos);
+    }
+
+    askForMore() {
+      this.moreButton.hidden = false;
+      return new Promise((resolve) => {
+        this.moreButton.addEventListener(
+          "click",
+          () => {
+            this.moreButton.hidden = true;
+            resolve();
+          },
+          { once: true }
+        );
+      });
+    }
+
+    renderPage(messages) {
+      if (this.signal.aborted) return;
+      for (const message of messages) {
+        this.flushMarkers(message.seq, message.status);
+        this.place(this.messageNode(message), message.status);
+        const status = message.status || "live";
+        if (status === "live" || status === "compacted") this.counted.push([message.seq, charsOf(message)]);
+        this.lastSeq = message.seq;
+      }
+      this.loaded += messages.length;
+      this.progress.textContent = `${num(this.loaded)} messages loaded…`;
+      this.updateStats();
+    }
+
+    finish() {
+      this.flushMarkers(Infinity, null);
+      this.complete = true;
+      this.progress.textContent = `${num(this.loaded)} messages, ${num(this.summaries.length)} summaries, ${num(this.turns.length)} turns.`;
+      this.timeline.dataset.complete = "true";
+      this.updateStats();
+    }
+
+    /** Markers placed before `seq`: into the open superseded branch when the next message continues it. */
+    flushMarkers(seq, nextStatus) {
+      while (this.nextMarker < this.markers.length && this.markers[this.nextMarker].pos < seq) {
+        const marker = this.markers[this.nextMarker++];
+        const node = marker.make();
+        if (marker.kind === "turn" && this.branch && nextStatus === "superseded") this.branch.body.append(node);
+        else {
+          this.branch = null;
+          this.timeline.append(node);
+        }
+      }
+    }
+
+    place(node, status) {
+      if (status !== "superseded") {
+        this.branch = null;
+        this.timeline.append(node);
+        return;
+      }
+      if (!this.branch) {
+        const label = h("span");
+        const body = h("ol", { class: "branch-body" });
+        const details = h(
+          "details",
+          { class: "branch" },
+          h("summary", { title: STATUS_NOTES.superseded }, label),
+          body
+        );
+        this.timeline.append(h("li", { class: "branch-item" }, details));
+        this.branch = { label, body, first: null, last: null, count: 0 };
+      }
+      const branch = this.branch;
+      const seq = Number(node.dataset.seq);
+      branch.first = branch.first ?? seq;
+      branch.last = seq;
+      branch.count += 1;
+      branch.label.textContent = `Superseded branch · ${num(branch.count)} message${branch.count === 1 ? "" : "s"} (seq ${branch.first}–${branch.last}) — the client edited or regenerated`;
+      branch.body.append(node);
+    }
+
+    messageNode(m) {
+      const role = m.role || "unknown";
+      const status = m.status || "live";
+      const li = h("li", {
+        class: `message role-${word(role)} status-${word(status)}`,
+        "data-seq": m.seq,
+        "data-role": word(role),
+        "data-status": word(status),
+      });
+      const head = h(
+        "div",
+        { class: "message-head" },
+        h("span", { class: "seq" }, `#${m.seq}`),
+        h("span", { class: "role" }, role),
+        m.name ? h("span", { class: "name" }, m.name) : null,
+        status !== "live" ? h("span", { class: `badge status-${word(status)}`, title: STATUS_NOTES[status] || null }, status) : null
+      );
+      li.append(head);
+      if (role === "tool") {
+        const name = this.callNames.get(m.tool_call_id);
+        const length = (textOf(m.content) || "").length;
+        add(
+          head,
+          h("span", { class: "tool-of" }, "result of ", h("code", null, name || "?"), " ", h("span", { class: "muted" }, m.tool_call_id || "")),
+          h("span", { class: "muted chars" }, `${num(length)} chars`)
+        );
+      }
+      head.append(h("span", { class: "spacer" }), timeNode(m.created_at));
+
+      const text = textOf(m.content);
+      if (role === "tool") {
+        li.append(this.toolOutput(m, text || ""));
+      } else if (text !== null && text !== "") {
+        li.append(clipped(text, "content"));
+      }
+      if (m.refusal) li.append(clipped(String(m.refusal), "content refusal"));
+      for (const call of m.tool_calls || []) {
+        const fn = call.function || {};
+        this.callNames.set(call.id, fn.name);
+        li.append(this.toolCallNode(call));
+      }
+      this.nodes.set(m.seq, li);
+      return li;
+    }
+
+    toolCallNode(call) {
+      const fn = call.function || {};
+      let args = fn.arguments === undefined || fn.arguments === null ? "" : String(fn.arguments);
+      try {
+        args = JSON.stringify(JSON.parse(args), null, 2);
+      } catch {
+        /* not JSON: shown as sent */
+      }
+      return h(
+        "div",
+        { class: "tool-call", "data-call-id": call.id || "" },
+        h(
+          "div",
+          { class: "tool-call-head" },
+          h("span", { class: "label" }, "tool call"),
+          h("code", { class: "fn" }, fn.name || "?"),
+          h("span", { class: "muted" }, call.id || "")
+        ),
+        clipped(args, "arguments")
+      );
+    }
+
+    /** A tool output: whole if short, else a preview and a button that fetches tool_outputs/{ref}. */
+    toolOutput(m, text) {
+      const preview = previewOf(text);
+      if (preview === null || !m.ref) return h("div", { class: "tool-output" }, clipped(text, "content"));
+      const ref = m.ref;
+      const path = `${this.base}/tool_outputs/${encodeURIComponent(ref)}`;
+      const load = async () => (await api(path, this.query, this.signal)).content;
+      return h(
+        "div",
+        { class: "tool-output long", "data-ref": ref },
+        expandable(preview, text.length, load, "content", `Show full output (${num(text.length)} chars)`)
+      );
+    }
+
+    summaryNode(summary) {
+      const current = summary.id === this.conversation.summary_id;
+      return h(
+        "li",
+        { class: `summary${current ? " current" : ""}`, "data-summary-id": summary.id, "data-last-seq": summary.last_seq },
+        h("div", { class: "boundary" }, h("span", null, `Compaction boundary after seq ${summary.last_seq}`)),
+        h(
+          "div",
+          { class: "summary-head" },
+          h("strong", null, `Summary #${summary.id}`),
+          h("span", null, `covers seq ${summary.first_seq}–${summary.last_seq}`),
+          h("span", null, summary.strategy),
+          h("span", null, summary.model),
+          h("span", null, `summarizer: ${num(summary.tokens_in)} tokens in, ${num(summary.tokens_out)} out`),
+          current ? h("span", { class: "badge current" }, "in use") : h("span", { class: "badge" }, "replaced by a later summary"),
+          h("span", { class: "spacer" }),
+          timeNode(summary.created_at)
+        ),
+        clipped(summary.text || "", "content")
+      );
+    }
+
+    turnNode(turn) {
+      const sent = turn.sent_seqs || [];
+      const button = h("button", { type: "button", class: "link-button window-toggle", "aria-pressed": "false" }, "show window");
+      const li = h(
+        "li",
+        { class: "turn", "data-turn": turn.turn },
+        h("span", { class: "turn-label" }, `Turn ${turn.turn}`),
+        h("span", null, "→ ", h("code", null, turn.model || "?")),
+        h("strong", { class: "tokens-sent" }, `${num(turn.tokens_sent)} tokens sent`),
+        h("span", null, `${num(sent.length)} messages in the window`),
+        turn.messages_left_out ? h("span", null, `${num(turn.messages_left_out)} left out`) : null,
+        turn.summary_id ? h("span", null, `with summary #${turn.summary_id}`) : null,
+        turn.truncated ? h("span", null, `${num(turn.truncated)} output${turn.truncated === 1 ? "" : "s"} shortened`) : null,
+        turn.read_rounds ? h("span", null, `${num(turn.read_rounds)} read-back round${turn.read_rounds === 1 ? "" : "s"}`) : null,
+        turn.repairs ? h("span", null, `${num(turn.repairs)} pairing repair${turn.repairs === 1 ? "" : "s"}`) : null,
+        turn.llm_calls !== undefined && turn.llm_calls !== null ? h("span", { class: "quota" }, `quota: ${num(turn.llm_calls)} LLM calls used`) : null,
+        button
+      );
+      button.addEventListener("click", () => this.toggleWindow(turn, li, button));
+      return li;
+    }
+
+    /** Highlight the messages this turn sent upstream; dim the ones it left out. */
+    toggleWindow(turn, li, button) {
+      const wasActive = this.activeTurn === turn.turn;
+      this.timeline.classList.remove("window-mode");
+      for (const node of this.timeline.querySelectorAll(".in-window")) node.classList.remove("in-window");
+      for (const node of this.timeline.querySelectorAll(".turn.active")) node.classList.remove("active");
+      for (const other of this.timeline.querySelectorAll(".window-toggle[aria-pressed='true']")) {
+        other.setAttribute("aria-pressed", "false");
+        other.textContent = "show window";
+      }
+      this.activeTurn = null;
+      if (wasActive) return;
+      this.activeTurn = turn.turn;
+      this.timeline.classList.add("window-mode");
+      li.classList.add("active");
+      button.setAttribute("aria-pressed", "true");
+      button.textContent = "hide window";
+      for (const seq of turn.sent_seqs || []) {
+        const node = this.nodes.get(seq);
+        if (node) node.classList.add("in-window");
+      }
+    }
+
+    /** Stored-token estimate (chars/4 of the counted transcript) at each turn's reply, if loaded yet. */
+    points() {
+      const anchors = this.turns.map((t) => t.reply_seq || Math.max(0, ...(t.sent_seqs || [])));
+      const order = anchors.map((_, i) => i).sort((a, b) => anchors[a] - anchors[b]);
+      const stored = new Array(this.turns.length).fill(null);
+      let chars = 0;
+      let j = 0;
+      for (const i of order) {
+        while (j < this.counted.length && this.counted[j][0] <= anchors[i]) chars += this.counted[j++][1];
+        if (anchors[i] <= this.lastSeq || this.complete) stored[i] = Math.round(chars / 4);
+      }
+      return this.turns.map((t, i) => ({ turn: t.turn, sent: t.tokens_sent, stored: stored[i], calls: t.llm_calls }));
+    }
+
+    updateStats() {
+      const points = this.points();
+      const last = points[points.length - 1];
+      const cards = [
+        ["Turns", num(this.turns.length)],
+        ["Tokens sent, last turn", last ? num(last.sent) : "—"],
+        ["Transcript stored (est.)", last && last.stored !== null ? `~${num(last.stored)}` : "—"],
+        [
+          "Sent / stored, last turn",
+          last && last.stored && last.sent !== null && last.sent !== undefined ? `${Math.round((100 * last.sent) / last.stored)}%` : "—",
+        ],
+        ["Summaries", num(this.summaries.length)],
+        ["LLM calls", num(this.conversation.llm_calls)],
+      ];
+      this.cards.replaceChildren(
+        ...cards.map(([label, value]) => h("div", { class: "stat" }, h("div", { class: "value" }, value), h("div", { class: "label" }, label)))
+      );
+      this.tokenChart.replaceChildren(tokenChart(points));
+      this.quotaChart.replaceChildren(quotaChart(points));
+    }
+  }
+
+  /** The preview of a long text (PREVIEW characters or PREVIEW_LINES lines), or null if it is short. */
+  function previewOf(text) {
+    let at = -1; // the end of line PREVIEW_LINES, if it comes before PREVIEW characters
+    for (let line = 0; line < PREVIEW_LINES; line++) {
+      at = text.indexOf("\n", at + 1);
+      if (at === -1 || at >= PREVIEW) break;
+    }
+    if (at !== -1 && at < PREVIEW && at + 1 < text.length) return text.slice(0, at);
+    return text.length > PREVIEW ? text.slice(0, PREVIEW) : null;
+  }
+
+  /** A text block: whole if short, else a preview with "show all" (the text is already here). */
+  function clipped(text, cls) {
+    const preview = previewOf(text);
+    if (preview === null) return h("div", { class: `text ${cls}` }, text);
+    const full = text;
+    return expandable(preview, text.length, async () => full, cls, `Show all ${num(text.length)} chars`);
+  }
+
+  /** A preview, a note and a button that loads (once) and shows the full text, or collapses it. */
+  function expandable(preview, length, load, cls, label) {
+    const box = h("div", { class: `text ${cls} clipped` }, preview);
+    const info = h("span", { class: "clip-info muted" }, `Showing ${num(preview.length)} of ${num(length)} characters`);
+    const button = h("button", { type: "button", class: "expand" }, label);
+    let full = null;
+    let open = false;
+    button.addEventListener("click", async () => {
+      if (open) {
+        box.textContent = preview;
+        box.classList.add("clipped");
+        info.textContent = `Showing ${num(preview.length)} of ${num(length)} characters`;
+        button.textContent = label;
+        open = false;
+        return;
+      }
+      if (full === null) {
+        button.disabled = true;
+        button.textContent = "Loading…";
+        try {
+          full = await load();
+        } catch (err) {
+          if (err.name === "AbortError") return;
+          if (err instanceof ApiError && err.status === 401) return showTokenPrompt(err);
+          info.textContent = `Could not load it: ${err.message}`;
+          button.textContent = "Retry";
+          return;
+        } finally {
+          button.disabled = false;
+        }
+      }
+      box.textContent = full;
+      box.classList.remove("clipped");
+      box.classList.add("expanded");
+      info.textContent = `All ${num(full.length)} characters`;
+      button.textContent = "Collapse";
+      open = true;
+    });
+    return h("div", { class: "expandable" }, box, h("div", { class: "clip-bar" }, button, info));
+  }
+
+  // -- charts (inline SVG, built node by node) ----------------------------------------------------
+
+  /** Round axis ticks: a step of 1, 2, 2.5 or 5 × 10^k (whole numbers only), 3 to 5 of them. */
+  function axis(value) {
+    const rough = Math.max(value, 1) / 4;
+    const mag = 10 ** Math.floor(Math.log10(rough));
+    let step = mag * ([1, 2, 2.5, 5, 10].find((m) => m * mag >= rough) || 10);
+    if (step < 1) step = 1;
+    if (!Number.isInteger(step)) step = Math.ceil(step);
+    return { step, max: step * Math.max(1, Math.ceil(value / step)) };
+  }
+
+  function frame(width, height, margin, scale, n, label) {
+    const yMax = scale.max;
+    const svg = s("svg", {
+      viewBox: `0 0 ${width} ${height}`,
+      class: "chart-svg",
+      role: "img",
+      "aria-label": label,
+      preserveAspectRatio: "xMinYMin meet",
+    });
+    const plotH = height - margin.top - margin.bottom;
+    const plotW = width - margin.left - margin.right;
+    for (let v = 0; v <= yMax; v += scale.step) {
+      const y = margin.top + plotH - (plotH * v) / yMax;
+      svg.append(
+        s("line", { x1: margin.left, x2: width - margin.right, y1: y, y2: y, class: v ? "grid" : "axis" }),
+        s("text", { x: margin.left - 6, y: y + 4, "text-anchor": "end", class: "tick" }, short(v))
+      );
+    }
+    const ticks = Math.min(n, 10);
+    for (let k = 0; k < ticks; k++) {
+      const i = ticks === 1 ? 0 : Math.round((k * (n - 1)) / (ticks - 1));
+      const x = margin.left + (plotW * (i + 0.5)) / n;
+      svg.append(s("text", { x, y: height - margin.bottom + 16, "text-anchor": "middle", class: "tick" }, String(i + 1)));
+    }
+    svg.append(s("text", { x: width - margin.right, y: height - 2, "text-anchor": "end", class: "tick" }, "turn"));
+    return { svg, plotH, plotW };
+  }
+
+  function emptyChart(text) {
+    return h("p", { class: "muted small" }, text);
+  }
+
+  function tokenChart(points) {
+    if (!points.length) return emptyChart("No turns recorded yet.");
+    const width = 900;
+    const height = 220;
+    const margin = { top: 10, right: 12, bottom: 30, left: 52 };
+    const scale = axis(Math.max(1, ...points.map((p) => Math.max(p.sent || 0, p.stored || 0))));
+    const yMax = scale.max;
+    const { svg, plotH, plotW } = frame(width, height, margin, scale, points.length, "Tokens sent vs. transcript stored per turn");
+    const slot = plotW / points.length;
+    const y = (v) => margin.top + plotH - (plotH * v) / yMax;
+    points.forEach((p, i) => {
+      if (p.sent === null || p.sent === undefined) return;
+      const barWidth = Math.min(Math.max(slot * 0.7, 0.5), 48);
+      const x = margin.left + slot * (i + 0.5) - barWidth / 2;
+      svg.append(
+        s(
+          "rect",
+          { x, y: y(p.sent), width: barWidth, height: Math.max(plotH - (y(p.sent) - margin.top), 0), class: "bar sent" },
+          s("title", null, `Turn ${p.turn}: ${num(p.sent)} tokens sent${p.stored !== null ? `, ~${num(p.stored)} stored (est.)` : ""}`)
+        )
+      );
+    });
+    const line = points
+      .map((p, i) => (p.stored === null ? null : `${(margin.left + slot * (i + 0.5)).toFixed(1)},${y(p.stored).toFixed(1)}`))
+      .filter(Boolean);
+    if (line.length) {
+      svg.append(s("polyline", { points: line.join(" "), class: "line stored" }));
+      if (points.length <= 60) {
+        points.forEach((p, i) => {
+          if (p.stored === null) return;
+          svg.append(
+            s(
+              "circle",
+              { cx: margin.left + slot * (i + 0.5), cy: y(p.stored), r: 3, class: "dot stored" },
+              s("title", null, `Turn ${p.turn}: ~${num(p.stored)} tokens stored (est.)`)
+            )
+          );
+        });
+      }
+    }
+    return svg;
+  }
+
+  function quotaChart(points) {
+    const used = points.filter((p) => p.calls !== null && p.calls !== undefined);
+    if (!used.length) return emptyChart("No LLM calls recorded yet.");
+    const width = 900;
+    const height = 120;
+    const margin = { top: 10, right: 12, bottom: 30, left: 52 };
+    const scale = axis(Math.max(1, ...used.map((p) => p.calls)));
+    const yMax = scale.max;
+    const { svg, plotH, plotW } = frame(width, height, margin, scale, points.length, "LLM calls used per turn");
+    const slot = plotW / points.length;
+    const y = (v) => margin.top + plotH - (plotH * v) / yMax;
+    let path = "";
+    points.forEach((p, i) => {
+      if (p.calls === null || p.calls === undefined) return;
+      const x0 = margin.left + slot * i;
+      const x1 = x0 + slot;
+      const yy = y(p.calls).toFixed(1);
+      path += `${path ? "L" : "M"}${x0.toFixed(1)},${yy} L${x1.toFixed(1)},${yy} `;
+    });
+    svg.append(s("path", { d: path, class: "line quota" }, s("title", null, "LLM calls used (the quota's count) after each turn")));
+    return svg;
+  }
+
+  window.addEventListener("hashchange", route);
+  route();
+})();

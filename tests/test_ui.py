@@ -1,0 +1,270 @@
+"""The /ui page, driven in a real headless browser: Debian's chromium and chromedriver (installed by
+scripts/ensure-chromium.sh) through Selenium. Conversations are made by real requests through the
+proxy to the strict fake upstream; the page reads them from the admin API like a person's browser.
+Screenshots of each view land in test-artifacts/."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support import expected_conditions as EC
+from selenium.webdriver.support.ui import WebDriverWait
+
+from tests.conftest import BOB, openai_client
+from tests.fake_upstream import Reply, default_responder
+from tests.harness import ROOT
+
+ARTIFACTS = ROOT / "test-artifacts"
+INSTALL_HINT = "chromium and chromedriver are needed for tests/test_ui.py: run scripts/ensure-chromium.sh (as root)"
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--force-device-scale-factor=1",
+    "--window-size=1280,900",
+)
+SUMMARIZER_MARK = "You maintain the working memory of an AI agent"
+BUILD_LOG = "".join(f"line {i:05d}: compiling module_{i % 97}.c ... ok\n" for i in range(400)) + "END OF BUILD LOG: 3 warnings"
+TOOLS = [{"type": "function", "function": {"name": "run_build", "parameters": {"type": "object", "properties": {}}}}]
+ADMIN_TOKEN = "ui-admin-token-0123456789"
+XSS = '<img src=x onerror="window.__xss=1"><script>window.__xss=2</script>'
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
+    chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
+    if not chromium or not driver_path:
+        pytest.fail(INSTALL_HINT, pytrace=False)
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}")
+    # An explicit driver path: Selenium Manager (which would download one) is never consulted.
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait(driver: WebDriver, timeout: float = 15) -> WebDriverWait:
+    return WebDriverWait(driver, timeout, ignored_exceptions=(WebDriverException,))
+
+
+def open_ui(driver: WebDriver, proxy, fragment: str = "") -> None:
+    driver.get("about:blank")  # a fresh page: nothing left over from the previous test
+    driver.get(f"{proxy.url}/ui{fragment}")
+
+
+def text(element: WebElement) -> str:
+    """The DOM text (not layout-dependent, so it holds for off-screen messages too)."""
+    return element.get_property("textContent") or ""
+
+
+def screenshot(driver: WebDriver, name: str) -> Path:
+    """The whole page, not just the viewport: the window is made as tall as the document."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    driver.execute_script("window.scrollTo(0, 0)")
+    height = driver.execute_script("return Math.min(document.documentElement.scrollHeight, 7000)")
+    driver.set_window_size(1280, max(900, int(height)))
+    path = ARTIFACTS / name
+    driver.save_screenshot(str(path))
+    driver.set_window_size(1280, 900)
+    return path
+
+
+def responder(body: dict) -> Reply:
+    """Summaries for the summarizer; a build tool call when asked to build; else the default."""
+    messages = body["messages"]
+    if messages[0]["role"] == "system" and SUMMARIZER_MARK in messages[0]["content"]:
+        return Reply.text("SUMMARY: the agent is fixing the build of src/app.py; the build ran with 3 warnings.")
+    if messages[-1]["role"] == "user" and messages[-1]["content"] == "run the build":
+        return Reply.tool_calls([("run_build", json.dumps({"target": "all", "jobs": 4}))])
+    return default_responder(body)
+
+
+def build_conversation(proxy, upstream, cid: str = "ui-demo") -> None:
+    """A tool call whose output is truncated, a compaction summary, a failed turn, an edited turn."""
+    client = openai_client(proxy, headers={"X-Conversation-ID": cid})
+    messages: list[dict] = [{"role": "system", "content": "You are a coding agent."}]
+
+    def say(content: str) -> dict:
+        messages.append({"role": "user", "content": content})
+        reply = client.chat.completions.create(model="gpt-4o-mini", messages=messages, tools=TOOLS)
+        message = reply.choices[0].message.model_dump(exclude_none=True)
+        messages.append(message)
+        return message
+
+    say("task: fix the failing build in src/app.py")
+    call = say("run the build")["tool_calls"][0]
+    messages.append({"role": "tool", "tool_call_id": call["id"], "content": BUILD_LOG})
+    reply = client.chat.completions.create(model="gpt-4o-mini", messages=messages, tools=TOOLS)
+    messages.append(reply.choices[0].message.model_dump(exclude_none=True))
+    say("now fix the warnings")
+    say("and commit")  # the 4th user message: compacted first (turns, every 3, foreground)
+    messages.append({"role": "user", "content": "this request fails upstream"})
+    upstream.enqueue(Reply.error(500, {"error": {"message": "upstream broke", "type": "server_error"}}))
+    with pytest.raises(openai.InternalServerError):  # the upstream's 500, passed through
+        client.chat.completions.create(model="gpt-4o-mini", messages=messages, tools=TOOLS)
+    messages.pop()
+    say("push it")
+    messages[-2:] = []  # the client edits its last message: the old one and its reply are superseded
+    say("push it to the main branch")
+
+
+def test_list_and_replay_show_calls_summaries_and_expandable_outputs(make_proxy, upstream, browser):
+    upstream.responder = responder
+    proxy = make_proxy(
+        quota={"max_llm_calls": 50},
+        compaction={"strategy": "turns", "every_n_user_messages": 3, "background": False},
+    )
+    build_conversation(proxy, upstream)
+    openai_client(proxy, headers={"X-Conversation-ID": "another-agent"}).chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "hello"}]
+    )
+
+    open_ui(browser, proxy)
+    row = wait(browser).until(EC.visibility_of_element_located((By.CSS_SELECTOR, "tr.conversation[data-id='ui-demo']")))
+    cells = [text(td) for td in row.find_elements(By.TAG_NAME, "td")]
+    assert cells[0] == "ui-demo" and len(cells[1]) == 12  # id, tenant-hash prefix
+    assert "summary #2" in cells[4]  # two compactions so far
+    assert len(browser.find_elements(By.CSS_SELECTOR, "tr.conversation")) == 2
+    search = browser.find_element(By.ID, "search")  # the client-side filter over the loaded pages
+    search.send_keys("demo")
+    wait(browser).until(EC.invisibility_of_element_located((By.CSS_SELECTOR, "tr.conversation[data-id='another-agent']")))
+    assert row.is_displayed()
+    screenshot(browser, "ui-list.png")
+
+    row.find_element(By.TAG_NAME, "a").click()
+    timeline = wait(browser).until(EC.presence_of_element_located((By.CSS_SELECTOR, "#timeline[data-complete]")))
+    calls = timeline.find_elements(By.CSS_SELECTOR, ".tool-call")
+    assert len(calls) == 1 and "run_build" in text(calls[0]) and '"target": "all"' in text(calls[0])
+    summaries = timeline.find_elements(By.CSS_SELECTOR, "li.summary")
+    assert [s.get_attribute("data-summary-id") for s in summaries] == ["1", "2"]
+    assert all("SUMMARY: the agent is fixing the build" in text(s) for s in summaries)
+    # The summary in use sits right after the last message it covers, the compacted ones before it.
+    [current] = timeline.find_elements(By.CSS_SELECTOR, "li.summary.current")
+    last_seq = int(current.get_attribute("data-last-seq"))
+    compacted = [int(m.get_attribute("data-seq")) for m in timeline.find_elements(By.CSS_SELECTOR, ".message.status-compacted")]
+    assert compacted and max(compacted) == last_seq
+    assert timeline.find_elements(By.CSS_SELECTOR, ".message.status-failed")
+    assert timeline.find_elements(By.CSS_SELECTOR, "details.branch .message.status-superseded")
+    turns = timeline.find_elements(By.CSS_SELECTOR, "li.turn")
+    assert turns and "tokens sent" in text(turns[-1]) and "LLM calls used" in text(turns[-1])
+    # "show window" highlights what the turn sent upstream, as its turn record says.
+    [last_turn] = httpx.get(f"{proxy.url}/v1/conversations/ui-demo/turns").json()["data"][-1:]
+    turns[-1].find_element(By.CSS_SELECTOR, "button.window-toggle").click()
+    highlighted = [int(m.get_attribute("data-seq")) for m in timeline.find_elements(By.CSS_SELECTOR, ".message.in-window")]
+    assert highlighted == last_turn["sent_seqs"]
+    turns[-1].find_element(By.CSS_SELECTOR, "button.window-toggle").click()
+    assert not timeline.find_elements(By.CSS_SELECTOR, ".message.in-window")
+    assert browser.find_elements(By.CSS_SELECTOR, "#token-chart svg rect.bar.sent")
+    assert browser.find_elements(By.CSS_SELECTOR, "#token-chart svg polyline.line.stored")
+
+    output = timeline.find_element(By.CSS_SELECTOR, ".message.role-tool .tool-output.long")
+    box = output.find_element(By.CSS_SELECTOR, ".text")
+    assert BUILD_LOG.startswith(text(box)) and "END OF BUILD LOG" not in text(box)  # a preview
+    screenshot(browser, "ui-replay.png")
+    button = output.find_element(By.CSS_SELECTOR, "button.expand")
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", button)
+    button.click()  # fetches tool_outputs/{ref}
+    wait(browser).until(lambda _: text(box) == BUILD_LOG)
+    assert text(button) == "Collapse"
+    browser.execute_script("arguments[0].scrollIntoView({block: 'start'})", output)
+    browser.save_screenshot(str(ARTIFACTS / "ui-replay-expanded.png"))
+
+
+def test_the_list_loads_more_with_the_after_cursor_and_filters_what_is_loaded(proxy, browser):
+    for n in range(51):  # one more than the page's 50 per request
+        openai_client(proxy, headers={"X-Conversation-ID": f"agent-{n:03d}"}).chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": f"job {n}"}]
+        )
+    open_ui(browser, proxy)
+    more = wait(browser).until(EC.visibility_of_element_located((By.ID, "load-more")))
+    assert len(browser.find_elements(By.CSS_SELECTOR, "tr.conversation")) == 50  # newest first
+    browser.find_element(By.ID, "search").send_keys("agent-000")  # the oldest: not loaded yet
+    empty = wait(browser).until(EC.visibility_of_element_located((By.ID, "list-empty")))
+    assert "load more" in text(empty)
+    more.click()
+    wait(browser).until(EC.visibility_of_element_located((By.CSS_SELECTOR, "tr.conversation[data-id='agent-000']")))
+    assert not more.is_displayed() and not empty.is_displayed()
+    assert len(browser.find_elements(By.CSS_SELECTOR, "tr.conversation")) == 51
+    assert [r.get_attribute("data-id") for r in browser.find_elements(By.CSS_SELECTOR, "tr.conversation") if r.is_displayed()] == ["agent-000"]
+
+
+def test_with_an_admin_token_the_page_asks_for_one_and_keeps_it_for_the_tab(make_proxy, browser):
+    proxy = make_proxy(admin={"token": ADMIN_TOKEN})
+    openai_client(proxy, headers={"X-Conversation-ID": "guarded"}).chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert httpx.get(f"{proxy.url}/v1/conversations").status_code == 401  # what the page's call gets
+    page = httpx.get(f"{proxy.url}/ui/")
+    assert page.status_code == 200 and "guarded" not in page.text  # the shell holds no data
+    assert "script-src 'self'" in page.headers["Content-Security-Policy"]
+    assert httpx.get(f"{proxy.url}/ui").headers["Location"] == "ui/"  # relative: fine behind a path prefix
+    assert httpx.get(f"{proxy.url}/ui/a/secrets.txt").status_code == 404  # only its own files, never upstream
+
+    open_ui(browser, proxy)
+    form = wait(browser).until(EC.visibility_of_element_located((By.ID, "token-form")))
+    assert "401" in text(form.find_element(By.CSS_SELECTOR, ".api-answer"))
+    assert not browser.find_elements(By.CSS_SELECTOR, "tr.conversation")
+    screenshot(browser, "ui-token-prompt.png")
+    browser.find_element(By.ID, "token-input").send_keys(ADMIN_TOKEN)
+    browser.find_element(By.ID, "token-submit").click()
+    wait(browser).until(EC.visibility_of_element_located((By.CSS_SELECTOR, "tr.conversation[data-id='guarded']")))
+    assert browser.execute_script("return sessionStorage.getItem('context-proxy.ui.token')") == ADMIN_TOKEN
+
+    # Another key is a client key: it sees only its own conversations (none here).
+    browser.find_element(By.ID, "forget-token").click()
+    wait(browser).until(EC.visibility_of_element_located((By.ID, "token-input"))).send_keys(BOB)
+    browser.find_element(By.ID, "token-submit").click()
+    empty = wait(browser).until(EC.visibility_of_element_located((By.ID, "list-empty")))
+    assert "No conversations yet" in text(empty)
+    assert not browser.find_elements(By.CSS_SELECTOR, "tr.conversation")
+
+
+def test_a_2000_message_conversation_loads_page_by_page_and_content_stays_text(make_proxy, browser):
+    proxy = make_proxy()
+    messages: list[dict] = [{"role": "system", "content": "You are a chatty agent."}]
+    for i in range(1, 2000):
+        role = "user" if i % 2 else "assistant"
+        messages.append({"role": role, "content": XSS if i == 7 else f"{role} message {i}: " + "words " * (i % 40)})
+    client = openai_client(proxy, headers={"X-Conversation-ID": "long-one"})
+    client.chat.completions.create(model="gpt-4o-mini", messages=messages)  # stored: 2,000 + the reply
+
+    start = time.monotonic()
+    open_ui(browser, proxy, "/#/c/long-one")
+    timeline = wait(browser, 30).until(EC.presence_of_element_located((By.CSS_SELECTOR, "#timeline[data-complete]")))
+    elapsed = time.monotonic() - start
+    seqs = browser.execute_script("return [...document.querySelectorAll('#timeline .message')].map(m => +m.dataset.seq)")
+    assert seqs == list(range(1, 2002))
+    pages = browser.execute_script(
+        "return performance.getEntriesByType('resource').filter(e => e.name.includes('/trajectory')).length"
+    )
+    assert pages >= 8  # read with the API's `after` cursor, 250 at a time
+    payload = timeline.find_element(By.CSS_SELECTOR, ".message[data-seq='8'] .text")  # messages[7]
+    assert text(payload) == XSS  # shown as text ...
+    assert browser.execute_script("return window.__xss === undefined && !document.querySelector('#timeline img, #timeline script')")
+    print(f"2,001 messages rendered in {elapsed:.2f} s ({pages} trajectory pages)")
+    ARTIFACTS.mkdir(exist_ok=True)
+    browser.save_screenshot(str(ARTIFACTS / "ui-long.png"))  # the viewport: the page is ~2,000 messages tall
