@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from .messages import SYSTEM_ROLES, Message, message_hash
+from .messages import SYSTEM_ROLES, Message
 from .pipeline.base import Item
 from .store import Conversation, StoredMessage
 
@@ -29,14 +29,15 @@ class TurnPlan:
     known_seqs: list[int | None] = field(default_factory=list)
     supersede: list[int] = field(default_factory=list)  # live seqs the client diverged from
 
+    upstream_hashes: list[str] = field(default_factory=list)
+
     def items(self, new_seqs: list[int]) -> list[Item]:
-        """`upstream` with each message's seq, once the new messages have theirs."""
+        """`upstream` with each message's seq and hash, once the new messages have their seqs."""
         seqs = self.known_seqs + list(new_seqs)
-        return [Item(m, s) for m, s in zip(self.upstream, seqs, strict=True)]
+        return [Item(m, s, h) for m, s, h in zip(self.upstream, seqs, self.upstream_hashes, strict=True)]
 
 
-def plan_full_history(messages: list[Message], conversation: Conversation | None) -> TurnPlan:
-    hashes = [message_hash(m) for m in messages]
+def plan_full_history(messages: list[Message], hashes: list[str], conversation: Conversation | None) -> TurnPlan:
     live = conversation.live if conversation else []
     same = 0
     for (_, stored), sent in zip(live, hashes, strict=False):
@@ -49,6 +50,7 @@ def plan_full_history(messages: list[Message], conversation: Conversation | None
         upstream=messages,
         known_seqs=[seq for seq, _ in live[:same]],
         supersede=[seq for seq, _ in live[same:]],
+        upstream_hashes=hashes,
     )
 
 
@@ -61,15 +63,16 @@ def split_leading_system(messages: list[T]) -> tuple[list[T], list[T]]:
     return messages, []
 
 
-def plan_proxy_history(messages: list[Message], live: list[StoredMessage]) -> TurnPlan:
+def plan_proxy_history(messages: list[Message], hashes: list[str], live: list[StoredMessage]) -> TurnPlan:
     system, new = split_leading_system(messages)
     _, history = split_leading_system(live)
     # On the first turn the system prompt joins the record; later, the client's current system
     # prompt leads the upstream prompt and the stored one stays in the record as it was.
-    persist = new if live else messages
+    persist_from = len(system) if live else 0
     return TurnPlan(
-        new=persist,
-        new_hashes=[message_hash(m) for m in persist],
+        new=messages[persist_from:],
+        new_hashes=hashes[persist_from:],
         upstream=system + [m.message for m in history] + new,
         known_seqs=[None] * len(system) + [m.seq for m in history] if live else [],
+        upstream_hashes=hashes[: len(system)] + [m.hash for m in history] + hashes[len(system) :],
     )

@@ -72,11 +72,13 @@ def explicit_conversation_id(request: web.Request, settings: ConversationSetting
 
 def derived_conversation_id(tenant: str, messages: list[Message]) -> str:
     """Stable per agent run: hash of (tenant, system prompt, first user message)."""
+    # Runs before the messages are validated (their validation reuses this id's cache): skip non-dicts.
+    dicts = [m for m in messages if isinstance(m, dict)]
     system = []
-    for m in messages:  # the leading system prompt only: later system notes don't rename a run
+    for m in dicts:  # the leading system prompt only: later system notes don't rename a run
         if m.get("role") not in SYSTEM_ROLES:
             break
         system.append(m.get("content"))
-    first_user = next((m.get("content") for m in messages if m.get("role") == "user"), None)
+    first_user = next((m.get("content") for m in dicts if m.get("role") == "user"), None)
     blob = json.dumps([tenant, system, first_user], sort_keys=True, ensure_ascii=False)
     return "auto-" + hashlib.sha256(blob.encode()).hexdigest()[:32]

@@ -21,12 +21,13 @@ SYSTEM_ROLES = frozenset({"system", "developer"})
 HASHED_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id")
 
 
-def validate_messages(messages: Any) -> list[Message]:
-    """Check the shape of `messages` enough to store it safely; raise InvalidRequest otherwise."""
+def validate_messages(messages: Any, start: int = 0) -> list[Message]:
+    """Check the shape of `messages[start:]` enough to store it safely; raise InvalidRequest otherwise.
+    (Messages before `start` are known good: identical to ones already checked.)"""
     if not isinstance(messages, list):
         raise InvalidRequest("'messages' must be an array of message objects", param="messages")
-    for i, msg in enumerate(messages):
-        _validate_message(msg, f"messages[{i}]")
+    for i in range(start, len(messages)):
+        _validate_message(messages[i], f"messages[{i}]")
     return messages
 
 

@@ -8,6 +8,7 @@ from .compaction.runner import CompactionRunner
 from .config import Settings
 from .identity import ConversationKey
 from .metrics import Metrics
+from .prefix import PrefixCache
 from .pipeline import Pipeline
 from .refs import RefSigner
 from .summarizer import Summarizer
@@ -27,6 +28,7 @@ COMPACTION = web.AppKey("compaction", CompactionRunner)
 
 METRICS = web.AppKey("metrics", Metrics)
 ROUTER = web.AppKey("router", UpstreamRouter)
+PREFIXES = web.AppKey("prefixes", PrefixCache)
 
 # Per request: the conversation it was routed to, and what the request log line adds.
 CONVERSATION = web.RequestKey("conversation", ConversationKey)

@@ -80,10 +80,13 @@ class TokenCounter:
         made = self._encode_misses(tokenizer, model, misses) if misses else {}
         return [made[key] if tokens is None else tokens for key, tokens in zip(keys, counts, strict=True)]
 
-    async def count_many_async(self, messages: Sequence[Message], model: str) -> list[int]:
+    async def count_many_async(
+        self, messages: Sequence[Message], model: str, hashes: Sequence[str | None] | None = None
+    ) -> list[int]:
         """`count_many` for the event loop: cache hits inline, a large amount of new text in a thread
-        (tokenizing 200 KB takes ~15 ms, too long to hold the loop)."""
-        tokenizer, keys, counts, misses = self._lookup(messages, model)
+        (tokenizing 200 KB takes ~15 ms, too long to hold the loop). `hashes`, where given, are the
+        messages' canonical hashes: cache keys that spare walking a message again."""
+        tokenizer, keys, counts, misses = self._lookup(messages, model, hashes)
         made: dict[int, int] = {}
         if misses:
             if sum(len(t) for texts, _ in misses.values() for t in texts) > OFFLOAD_CHARS:
@@ -93,20 +96,33 @@ class TokenCounter:
         return [made[key] if tokens is None else tokens for key, tokens in zip(keys, counts, strict=True)]
 
     def _lookup(
-        self, messages: Sequence[Message], model: str
+        self, messages: Sequence[Message], model: str, hashes: Sequence[str | None] | None = None
     ) -> tuple[str, list[int], list[int | None], dict[int, tuple[tuple[str, ...], int]]]:
         tokenizer = self.tokenizer_name(model)
-        parts = [counted_parts(m) for m in messages]
-        # Python's str hash is cached on the string and ~20x cheaper than messages.message_hash
-        # (no JSON dump, no sha256): 64 bits are plenty for a cache of 100k entries.
-        keys = [hash((tokenizer, texts, extra)) for texts, extra in parts]
+        # A message's key: its canonical hash where the caller has it, else a hash of exactly what
+        # is counted (Python's str hash is cached on the string: no JSON dump, no sha256).
+        parts: dict[int, tuple[tuple[str, ...], int]] = {}
+        keys = []
+        for i, message in enumerate(messages):
+            known = hashes[i] if hashes is not None else None
+            if known is not None:
+                keys.append(hash((tokenizer, known)))
+            else:
+                parts[i] = counted_parts(message)
+                keys.append(hash((tokenizer, *parts[i])))
         cache = self._cache
+        counts: list[int | None] = []
         with self._lock:
-            counts = [cache.pop(key, None) for key in keys]
-            for key, tokens in zip(keys, counts, strict=True):
+            for key in keys:  # one at a time: a message repeated in the prompt must hit the second time too
+                tokens = cache.pop(key, None)
                 if tokens is not None:
                     cache[key] = tokens  # back at the end: most recently used
-        misses = {keys[i]: parts[i] for i, tokens in enumerate(counts) if tokens is None}
+                counts.append(tokens)
+        misses = {
+            keys[i]: parts[i] if i in parts else counted_parts(messages[i])
+            for i, tokens in enumerate(counts)
+            if tokens is None
+        }
         return tokenizer, keys, counts, misses
 
     def _encode_misses(self, tokenizer: str, model: str, misses: dict[int, tuple[tuple[str, ...], int]]) -> dict[int, int]:

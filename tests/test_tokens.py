@@ -234,3 +234,11 @@ def test_litellm_counter_when_asked(tmp_path: Path) -> None:
     litellm_count, cl100k_count, imported = out.stdout.split()
     assert imported == "True"
     assert abs(int(litellm_count) - int(cl100k_count)) <= 2
+
+
+def test_a_message_repeated_in_one_prompt_is_counted_once() -> None:
+    counter = TokenCounter()
+    same = [{"role": "assistant", "content": "ok, continuing"} for _ in range(5)]
+    counter.count_many(same, "gpt-4o-mini")
+    counter.count_many(same, "gpt-4o-mini")
+    assert counter.encodes == 1

@@ -20,10 +20,10 @@ from ..config import ContextSettings, Profile, Settings
 from ..errors import InvalidRequest
 from ..history import TurnPlan, plan_full_history, plan_proxy_history
 from ..identity import ConversationKey, derived_conversation_id, explicit_conversation_id, request_tenant
-from ..messages import Message, validate_messages
+from ..messages import Message, message_hash, validate_messages
 from ..pipeline import Turn
 from ..quota import QuotaLedger
-from ..state import COMPACTION, CONVERSATION, COUNTER, PIPELINE, REFS, ROUTER, SETTINGS, STORE, SUMMARIZER
+from ..state import COMPACTION, CONVERSATION, COUNTER, PIPELINE, PREFIXES, REFS, ROUTER, SETTINGS, STORE, SUMMARIZER
 from ..store import Conversation, Store
 from ..turns import TurnWriter
 from ..upstream import forwardable
@@ -76,7 +76,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await read_json_object(request)
     if "messages" not in body:
         raise InvalidRequest("'messages' is a required property", param="messages")
-    messages = validate_messages(body["messages"])
+    messages = body["messages"]
+    if not isinstance(messages, list):
+        raise InvalidRequest("'messages' must be an array of message objects", param="messages")
     mode = history_mode(request, settings.conversation.history)
     profile = request_profile(request, settings, body)
     control = compaction_control(request)
@@ -91,12 +93,18 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             )
         conversation_id = derived_conversation_id(tenant, messages)
     key = ConversationKey(tenant, conversation_id)
+    # Messages identical to the last request's need no checking or hashing again (see prefix.py).
+    prefix = app[PREFIXES]
+    known = prefix.known_prefix(key, messages)
+    validate_messages(messages, start=len(known))
+    hashes = known + [message_hash(m) for m in messages[len(known) :]]
+    prefix.remember(key, messages, hashes)
     request[CONVERSATION] = key
     headers = dict(forwardable(request.headers, drop=OWN_HEADERS | {settings.conversation.id_header.lower()}))
 
     async with store.lock(key):
         conversation = await store.get(key)
-        writer = TurnWriter(store, key, await _plan(store, key, mode, messages, conversation))
+        writer = TurnWriter(store, key, await _plan(store, key, mode, messages, hashes, conversation))
         ledger = QuotaLedger(
             profile.quota,
             call_number=(conversation.llm_calls if conversation else 0) + 1,
@@ -133,9 +141,14 @@ def request_profile(request: web.Request, settings: Settings, body: dict[str, An
 
 
 async def _plan(
-    store: Store, key: ConversationKey, mode: str, messages: list[Message], conversation: Conversation | None
+    store: Store,
+    key: ConversationKey,
+    mode: str,
+    messages: list[Message],
+    hashes: list[str],
+    conversation: Conversation | None,
 ) -> TurnPlan:
     if mode == "full":
-        return plan_full_history(messages, conversation)
+        return plan_full_history(messages, hashes, conversation)
     live = await store.messages(key, live_only=True) if conversation else []
-    return plan_proxy_history(messages, live)
+    return plan_proxy_history(messages, hashes, live)

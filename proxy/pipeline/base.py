@@ -26,6 +26,7 @@ class Item:
 
     message: Message
     seq: int | None
+    hash: str | None = None  # canonical hash of `message` when known (unchanged by the stages so far)
 
 
 @dataclass(slots=True)

@@ -29,7 +29,7 @@ class TokenWindow:
     async def __call__(self, turn: Turn, items: list[Item]) -> list[Item]:
         model = turn.model
         messages = [item.message for item in items]
-        counts = await turn.counter.count_many_async(messages, model)
+        counts = await turn.counter.count_many_async(messages, model, [item.hash for item in items])
         system_tokens = sum(counts[: leading_system_count(messages)])
         limit = effective_limit(
             turn.profile.context.history_token_limit,

@@ -1,0 +1,60 @@
+"""The last request of each recent conversation, kept so that the next one costs only its new messages.
+
+A full-history client resends its whole transcript every turn: a prefix identical to what it sent
+last time. Comparing each message with the one at the same position last time (`==` on the
+parsed dicts, done in C) tells which ones are unchanged; those need no validation, no canonical
+hash and no token counting again: their results are reused. Only the new tail is worked on, so a
+turn's cost grows with its new messages, not with the conversation.
+
+Safe by construction: equal messages have equal hashes, so a stale or missing entry only costs
+time, never correctness. Bounded by the number of messages held (the LRU conversation goes first).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from .identity import ConversationKey
+from .messages import Message
+
+# ~1 KB a message on average in agent transcripts: a few tens of MB at most.
+MAX_MESSAGES = 20_000
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    messages: list[Message]
+    hashes: list[str]
+
+
+class PrefixCache:
+    def __init__(self, max_messages: int = MAX_MESSAGES) -> None:
+        self.max_messages = max_messages
+        self._entries: OrderedDict[ConversationKey, Snapshot] = OrderedDict()
+        self._held = 0
+
+    def known_prefix(self, key: ConversationKey, messages: list[Message]) -> list[str]:
+        """Hashes of the longest prefix of `messages` equal to the last request's (may be empty)."""
+        snapshot = self._entries.get(key)
+        if snapshot is None:
+            return []
+        self._entries.move_to_end(key)
+        same = 0
+        for sent, before in zip(messages, snapshot.messages, strict=False):
+            if sent != before:
+                break
+            same += 1
+        return snapshot.hashes[:same]
+
+    def remember(self, key: ConversationKey, messages: list[Message], hashes: list[str]) -> None:
+        if len(messages) > self.max_messages:
+            return
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._held -= len(old.messages)
+        self._entries[key] = Snapshot(messages, hashes)
+        self._held += len(messages)
+        while self._held > self.max_messages:
+            _, evicted = self._entries.popitem(last=False)
+            self._held -= len(evicted.messages)
