@@ -144,3 +144,117 @@ class ProxyProcess:
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
+
+
+# -- Helpers for multi-process tests (replicas, faults, security) --------------------------------
+
+
+def write_config(path: Path, **sections: Any) -> Path:
+    """A YAML config file holding `sections` (e.g. storage={...}, upstream={...})."""
+    import yaml
+
+    path.write_text(yaml.safe_dump(sections))
+    return path
+
+
+def start_processes(*procs: ProxyProcess, timeout: float = 30) -> list[ProxyProcess]:
+    """Start several proxy processes at once (each start waits for its 'listening' line)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(procs)) as pool:
+        return list(pool.map(lambda p: p.start(timeout), procs))
+
+
+def kill_process(proc: ProxyProcess) -> int:
+    """SIGKILL: no shutdown code runs, as in a crash or an OOM kill."""
+    assert proc.proc is not None
+    proc.proc.kill()
+    code = proc.proc.wait(15)
+    proc._reader.join(15)
+    return code
+
+
+def wait_until(predicate: Any, timeout: float = 10, interval: float = 0.02, what: str = "condition") -> Any:
+    """Poll `predicate` until it returns something truthy (returned), or fail after `timeout` s."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class ChatResult:
+    """One chat completion as a client saw it: status, the assistant message, or the error."""
+
+    def __init__(self, status: int, headers: Any, message: dict[str, Any] | None, error: dict[str, Any] | None, done: bool) -> None:
+        self.status, self.headers, self.message, self.error, self.done = status, headers, message, error, done
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.message is not None and self.error is None
+
+
+def chat(http: Any, messages: list[dict[str, Any]], *, stream: bool = False, headers: dict[str, str] | None = None,
+         tools: list[dict[str, Any]] | None = None, model: str = "gpt-4o-mini") -> ChatResult:
+    """POST /v1/chat/completions with an httpx.Client; streamed replies are assembled like an SDK does."""
+    body: dict[str, Any] = {"model": model, "messages": messages}
+    if tools:
+        body["tools"] = tools
+    if stream:
+        body["stream"] = True
+    if not stream:
+        response = http.post("/v1/chat/completions", json=body, headers=headers or {})
+        data = response.json()
+        if response.status_code != 200:
+            return ChatResult(response.status_code, response.headers, None, data.get("error"), False)
+        raw = data["choices"][0]["message"]
+        message = {"role": "assistant", "content": raw.get("content")}
+        if raw.get("tool_calls"):
+            message["tool_calls"] = [
+                {"id": c["id"], "type": "function", "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}}
+                for c in raw["tool_calls"]
+            ]
+        return ChatResult(200, response.headers, message, None, False)
+    with http.stream("POST", "/v1/chat/completions", json=body, headers=headers or {}) as response:
+        if response.status_code != 200:
+            response.read()
+            return ChatResult(response.status_code, response.headers, None, response.json().get("error"), False)
+        content: list[str] = []
+        calls: dict[int, dict[str, Any]] = {}
+        error, done, finished = None, False, False
+        for line in response.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            payload = line[len("data: "):]
+            if payload == "[DONE]":
+                done = True
+                continue
+            event = json.loads(payload)
+            if "error" in event:
+                error = event["error"]
+                continue
+            for choice in event.get("choices") or []:
+                delta = choice.get("delta") or {}
+                content.append(delta.get("content") or "")
+                for d in delta.get("tool_calls") or []:
+                    slot = calls.setdefault(d["index"], {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+                    slot["id"] += d.get("id") or ""
+                    slot["function"]["name"] += (d.get("function") or {}).get("name") or ""
+                    slot["function"]["arguments"] += (d.get("function") or {}).get("arguments") or ""
+                finished = finished or choice.get("finish_reason") is not None
+        if error is not None or not finished:
+            return ChatResult(200, response.headers, None, error or {"message": "stream ended early"}, done)
+        message = {"role": "assistant", "content": "".join(content) or None}
+        if calls:
+            message["tool_calls"] = [calls[i] for i in sorted(calls)]
+        return ChatResult(200, response.headers, message, None, done)
+
+
+def stored_form(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as the admin API shows it, without our bookkeeping fields (seq, created_at, status, ref)."""
+    return {k: v for k, v in message.items() if k not in ("seq", "created_at", "status", "ref")}
