@@ -236,6 +236,8 @@ class Exchange:
                 ours, _ = split_calls(round_reply.message())
                 reply = await self._read_round(round_reply.message(), ours)
                 if not 200 <= reply.status < 300:
+                    reply.close()
+                    self._upstream_done()
                     raise UpstreamStreamBroken(f"Upstream answered {reply.status} to a read_tool_output round")
         except (ConnectionResetError, asyncio.CancelledError):
             # The client went away (aiohttp cancels the handler when it notices). The upstream did
