@@ -242,7 +242,13 @@ def tiktoken_encoder(name: str) -> Encode:
     import tiktoken
 
     try:
-        encoding = tiktoken.get_encoding(name)
+        from tiktoken_ext.openai_public import ENCODING_CONSTRUCTORS
+
+        # Built here rather than through tiktoken's registry so that the Python copy of the
+        # vocabulary can go: encoding only uses the Rust core, and the copy costs ~30 MB of RSS
+        # for o200k_base (76 MB -> 48 MB measured). Nothing else holds this Encoding.
+        encoding = tiktoken.Encoding(**ENCODING_CONSTRUCTORS[name]())
+        encoding._mergeable_ranks = {}
     except Exception as exc:  # noqa: BLE001  # no file, no network, bad hash...: estimate, don't fail requests
         log.warning("cannot load tiktoken encoding %s (%s); estimating 4 characters per token", name, exc)
         return _estimate
