@@ -2,7 +2,7 @@
 VENV ?= .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve test bench clean
+.PHONY: install serve test bench bench-profile clean
 
 $(STAMP): pyproject.toml scripts/install.sh
 	scripts/install.sh $(VENV) test
@@ -17,6 +17,13 @@ test: $(STAMP)
 	scripts/ensure-redis.sh
 	scripts/ensure-chromium.sh
 	$(VENV)/bin/python -m pytest
+
+bench: $(STAMP)
+	$(VENV)/bin/python -m bench.run
+
+bench-profile: $(STAMP)
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check py-spy
+	$(VENV)/bin/python -m bench.run --profile
 
 clean:
 	rm -rf $(VENV) build *.egg-info

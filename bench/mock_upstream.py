@@ -1,0 +1,168 @@
+"""A fast OpenAI-compatible upstream: `python -m bench.mock_upstream --port P [--gap-ms G]`.
+
+It must never be the bottleneck, so it does the least an upstream can: it reads the body but does
+not parse it. Two byte searches tell it what to answer:
+- `"stream":true` (or `"stream": true`, how a proxy's json.dumps writes it) anywhere in the body.
+  Inside a JSON string those quotes would be escaped (\\"), so only a real top-level key matches.
+- the model name `bench-s<N>` (see workload.stream_model): stream N chunks (default 32).
+Replies are prebuilt bytes; only the tool-call id (unique per reply, like a real model's) and the
+usage figure are formatted per request.
+
+The reply is an assistant message with a short thought and one tool call, so the client's next
+turn is "reply + tool result", like an agent loop. Streamed replies are content deltas, one
+tool-call chunk, a finish chunk with usage, then [DONE]; `--gap-ms` spaces the chunks the way a
+model's tokens are spaced, so a proxy forwards them one by one instead of one coalesced read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import time
+from functools import lru_cache
+
+from aiohttp import web
+
+CREATED = int(time.time())
+THOUGHT = "The failing assertion points at the pagination cursor; I will rerun the focused test first."
+CALL_NAME = "run_shell"
+CALL_ARGS = json.dumps({"command": "python -m pytest -q tests/test_export.py -x", "timeout": 120})
+DEFAULT_CHUNKS = 32
+
+_ids = itertools.count(1)
+
+
+def _j(obj: object) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _reply_template() -> bytes:
+    """A non-streamed chat.completion as a bytes %-template: (call id, prompt tokens, total tokens)."""
+    body = _j(
+        {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion",
+            "created": CREATED,
+            "model": "bench",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {
+                        "role": "assistant",
+                        "content": THOUGHT,
+                        "tool_calls": [
+                            {"id": "@@ID@@", "type": "function", "function": {"name": CALL_NAME, "arguments": CALL_ARGS}}
+                        ],
+                        "refusal": None,
+                    },
+                    "finish_reason": "tool_calls",
+                }
+            ],
+            "usage": {"prompt_tokens": 111111111, "completion_tokens": 42, "total_tokens": 222222222},
+        }
+    )
+    assert b"%" not in body
+    return body.replace(b"@@ID@@", b"%s").replace(b"111111111", b"%d").replace(b"222222222", b"%d")
+
+
+REPLY = _reply_template()
+
+
+def _chunk(delta: dict[str, object], finish: str | None = None, usage: dict[str, int] | None = None) -> bytes:
+    obj: dict[str, object] = {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion.chunk",
+        "created": CREATED,
+        "model": "bench",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+    if usage is not None:
+        obj["usage"] = usage
+    return b"data: " + _j(obj) + b"\n\n"
+
+
+@lru_cache(maxsize=64)
+def stream_parts(chunks: int) -> tuple[list[bytes], tuple[bytes, bytes], list[bytes]]:
+    """(content chunks, the tool-call chunk split around its id, closing chunks): `chunks` events in
+    all, [DONE] included (at least 4)."""
+    n_content = max(1, chunks - 3)
+    words = (THOUGHT + " ") * (n_content // 8 + 1)
+    step = max(1, len(words) // n_content)
+    pieces = [words[i * step : (i + 1) * step] for i in range(n_content)]
+    content = [_chunk({"role": "assistant", "content": pieces[0]})] + [_chunk({"content": p}) for p in pieces[1:]]
+    call = _chunk(
+        {"tool_calls": [{"index": 0, "id": "@@ID@@", "type": "function", "function": {"name": CALL_NAME, "arguments": CALL_ARGS}}]}
+    )
+    a, b = call.split(b"@@ID@@")
+    closing = [_chunk({}, "tool_calls", {"prompt_tokens": 1000, "completion_tokens": chunks, "total_tokens": 1000 + chunks})]
+    return content, (a, b), closing + [b"data: [DONE]\n\n"]
+
+
+def _chunk_count(body: bytes) -> int:
+    i = body.find(b"bench-s")
+    if i < 0:
+        return DEFAULT_CHUNKS
+    j = i + 7
+    while j < len(body) and 48 <= body[j] <= 57:
+        j += 1
+    return int(body[i + 7 : j]) if j > i + 7 else DEFAULT_CHUNKS
+
+
+class Mock:
+    def __init__(self, gap_s: float) -> None:
+        self.gap_s = gap_s
+        self.requests = 0
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        self.requests += 1
+        call_id = b"call_%08d" % next(_ids)
+        if b'"stream":true' in body or b'"stream": true' in body:
+            return await self._stream(request, call_id, _chunk_count(body))
+        # ~4 characters per token: a plausible usage figure without tokenizing anything.
+        tokens = len(body) // 4
+        return web.Response(body=REPLY % (call_id, tokens, tokens + 42), content_type="application/json")
+
+    async def _stream(self, request: web.Request, call_id: bytes, chunks: int) -> web.StreamResponse:
+        content, (call_a, call_b), closing = stream_parts(chunks)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        for data in [*content, call_a + call_id + call_b, *closing]:
+            await response.write(data)
+            if self.gap_s:
+                await asyncio.sleep(self.gap_s)
+        await response.write_eof()
+        return response
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "bench", "object": "model", "owned_by": "bench"}]})
+
+    async def stats(self, request: web.Request) -> web.Response:
+        return web.json_response({"requests": self.requests})
+
+
+def build_app(gap_s: float = 0.0) -> web.Application:
+    mock = Mock(gap_s)
+    app = web.Application(client_max_size=256 * 1024 * 1024)
+    for path in ("/v1/chat/completions", "/chat/completions"):
+        app.router.add_post(path, mock.chat)
+    app.router.add_get("/v1/models", mock.models)
+    app.router.add_get("/models", mock.models)
+    app.router.add_get("/healthz", mock.stats)
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--gap-ms", type=float, default=0.0, help="pause between streamed chunks")
+    args = parser.parse_args()
+    # No access log: formatting a log line per request would be the mock's biggest cost.
+    web.run_app(build_app(args.gap_ms / 1000), host=args.host, port=args.port, access_log=None, print=None)
+
+
+if __name__ == "__main__":
+    main()

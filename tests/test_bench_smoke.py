@@ -1,0 +1,79 @@
+"""The bench works end to end, in its tiny mode: it proves the machinery, it measures nothing.
+
+`python -m bench.run --smoke` starts the mock upstream, the load generator, the bare forwarder and
+both context-proxy configurations as real processes on loopback, sends a few requests through
+each phase (first turns, later turns, streaming, concurrency, scaling, memory), and prints the
+side-by-side table. LiteLLM is not installed in this mode; its row must say so.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.report import COLUMNS
+
+REPO = Path(__file__).resolve().parent.parent
+TARGETS = ["direct", "forwarder", "proxy-off", "proxy", "litellm"]
+NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
+# What the direct row has no figure for: it has no process of its own between client and mock.
+DIRECT_BLANK = {"CPU ms/req", "CPU ms/1st req", "ctx sw/req", "CPU µs/chunk", "peak RSS MB"}
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def _main_table(text: str) -> tuple[list[str], dict[str, list[str]]]:
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| target ") and "+p50 ms" in line)
+    header = _cells(lines[start])
+    assert set(lines[start + 1]) <= set("|-"), "header separator row"
+    rows: dict[str, list[str]] = {}
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        cells = _cells(line)
+        assert len(cells) == len(header), f"ragged row: {line}"
+        rows[cells[0]] = cells
+    return header, rows
+
+
+def test_bench_smoke_runs_every_target_and_prints_the_table(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--smoke", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=90, check=False,
+    )
+    assert proc.returncode == 0, f"bench failed\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
+
+    header, rows = _main_table(proc.stdout)
+    concurrency = json.loads((out / "latest.json").read_text())["settings"]["concurrency"]
+    expected = [h.replace("@C", f"@{concurrency}") for _, h in COLUMNS]
+    assert header == expected
+    assert list(rows) == TARGETS
+
+    for target in ("direct", "forwarder", "proxy-off", "proxy"):
+        for name, value in zip(header[1:], rows[target][1:]):
+            if target == "direct" and name in DIRECT_BLANK:
+                assert value == "—", (target, name, value)
+            else:
+                assert NUMBER.match(value), f"{target} / {name}: {value!r} is not a number"
+        assert rows[target][header.index("errors")] == "0", f"{target} had failed requests"
+    assert "skipped" in rows["litellm"][1]
+
+    # The machine and the exact command are printed; results are written as JSON and markdown.
+    assert "- command: `" in proc.stdout and "bench.run --smoke" in proc.stdout
+    assert re.search(r"- machine: nproc \d+, .+, CPython 3\.\d+", proc.stdout)
+    data = json.loads((out / "latest.json").read_text())
+    assert set(data["summary"]["rows"]) == set(TARGETS)
+    assert data["summary"]["rows"]["proxy"]["errors"] == 0
+    assert (out / "latest.md").read_text().strip() in proc.stdout
+    # Scaling and memory ran for the proxies, and the verdicts name both configurations.
+    assert {"direct", "forwarder", "proxy-off", "proxy"} <= set(data["summary"]["scaling"])
+    assert all("points" in data["summary"]["scaling"][t] for t in ("proxy-off", "proxy"))
+    assert all("growth" in data["summary"]["memory"][t] for t in ("proxy-off", "proxy"))
+    assert all({"proxy-off", "proxy"} <= set(v) for v in data["summary"]["verdicts"])
