@@ -52,6 +52,9 @@ class StorageSettings(Section):
     backend: Literal["diskcache", "redis"] = Field("diskcache", description="Which store backend to use.")
     path: Path = Field(Path("./data"), description="Directory of the diskcache store.")
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL for the redis backend.")
+    redis_lock_ttl_s: float = Field(
+        10, gt=0, le=600, description="How long a crashed replica can hold a conversation's lock (renewed while alive)."
+    )
 
 
 class ConversationSettings(Section):

@@ -21,6 +21,10 @@ SYSTEM_ROLES = frozenset({"system", "developer"})
 HASHED_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id")
 
 
+# Deeper JSON parses, but breaks pickling and re-serializing (recursion): refuse it up front.
+MAX_DEPTH = 100
+
+
 def validate_messages(messages: Any, start: int = 0) -> list[Message]:
     """Check the shape of `messages[start:]` enough to store it safely; raise InvalidRequest otherwise.
     (Messages before `start` are known good: identical to ones already checked.)"""
@@ -28,7 +32,21 @@ def validate_messages(messages: Any, start: int = 0) -> list[Message]:
         raise InvalidRequest("'messages' must be an array of message objects", param="messages")
     for i in range(start, len(messages)):
         _validate_message(messages[i], f"messages[{i}]")
+        if too_deep(messages[i], MAX_DEPTH - 2):
+            raise InvalidRequest(f"messages[{i}] is nested too deeply", param=f"messages[{i}]", code="invalid_json")
     return messages
+
+
+def too_deep(value: Any, limit: int) -> bool:
+    """Whether JSON `value` nests dicts/lists more than `limit` levels (iteratively: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
 
 
 def _validate_message(msg: Any, where: str) -> None:

@@ -7,7 +7,8 @@ hash and no token counting again: their results are reused. Only the new tail is
 turn's cost grows with its new messages, not with the conversation.
 
 Safe by construction: equal messages have equal hashes, so a stale or missing entry only costs
-time, never correctness. Bounded by the number of messages held (the LRU conversation goes first).
+time, never correctness. Bounded by the size of the request bodies held (the least recently used
+conversation goes first).
 """
 
 from __future__ import annotations
@@ -18,19 +19,20 @@ from dataclasses import dataclass
 from .identity import ConversationKey
 from .messages import Message
 
-# ~1 KB a message on average in agent transcripts: a few tens of MB at most.
-MAX_MESSAGES = 20_000
+# Parsed messages take about as much memory as their JSON text, a little more.
+MAX_BYTES = 24 * 2**20
 
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     messages: list[Message]
     hashes: list[str]
+    size: int  # bytes of the request body they came from
 
 
 class PrefixCache:
-    def __init__(self, max_messages: int = MAX_MESSAGES) -> None:
-        self.max_messages = max_messages
+    def __init__(self, max_bytes: int = MAX_BYTES) -> None:
+        self.max_bytes = max_bytes
         self._entries: OrderedDict[ConversationKey, Snapshot] = OrderedDict()
         self._held = 0
 
@@ -47,14 +49,14 @@ class PrefixCache:
             same += 1
         return snapshot.hashes[:same]
 
-    def remember(self, key: ConversationKey, messages: list[Message], hashes: list[str]) -> None:
-        if len(messages) > self.max_messages:
-            return
+    def remember(self, key: ConversationKey, messages: list[Message], hashes: list[str], size: int) -> None:
         old = self._entries.pop(key, None)
         if old is not None:
-            self._held -= len(old.messages)
-        self._entries[key] = Snapshot(messages, hashes)
-        self._held += len(messages)
-        while self._held > self.max_messages:
+            self._held -= old.size
+        if size > self.max_bytes // 4:  # one huge transcript must not push out everyone else
+            return
+        self._entries[key] = Snapshot(messages, hashes, size)
+        self._held += size
+        while self._held > self.max_bytes:
             _, evicted = self._entries.popitem(last=False)
-            self._held -= len(evicted.messages)
+            self._held -= evicted.size

@@ -191,7 +191,9 @@ def wait_until(predicate: Any, timeout: float = 10, interval: float = 0.02, what
 class ChatResult:
     """One chat completion as a client saw it: status, the assistant message, or the error."""
 
-    def __init__(self, status: int, headers: Any, message: dict[str, Any] | None, error: dict[str, Any] | None, done: bool) -> None:
+    def __init__(
+        self, status: int, headers: Any, message: dict[str, Any] | None, error: dict[str, Any] | None, done: bool
+    ) -> None:
         self.status, self.headers, self.message, self.error, self.done = status, headers, message, error, done
 
     @property
@@ -216,7 +218,7 @@ def chat(http: Any, messages: list[dict[str, Any]], *, stream: bool = False, hea
         message = {"role": "assistant", "content": raw.get("content")}
         if raw.get("tool_calls"):
             message["tool_calls"] = [
-                {"id": c["id"], "type": "function", "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}}
+                {"id": c["id"], "type": "function", "function": {k: c["function"][k] for k in ("name", "arguments")}}
                 for c in raw["tool_calls"]
             ]
         return ChatResult(200, response.headers, message, None, False)
@@ -242,7 +244,8 @@ def chat(http: Any, messages: list[dict[str, Any]], *, stream: bool = False, hea
                 delta = choice.get("delta") or {}
                 content.append(delta.get("content") or "")
                 for d in delta.get("tool_calls") or []:
-                    slot = calls.setdefault(d["index"], {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+                    blank = {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+                    slot = calls.setdefault(d["index"], blank)
                     slot["id"] += d.get("id") or ""
                     slot["function"]["name"] += (d.get("function") or {}).get("name") or ""
                     slot["function"]["arguments"] += (d.get("function") or {}).get("arguments") or ""

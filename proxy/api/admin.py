@@ -37,7 +37,9 @@ def caller_scope(request: web.Request) -> str | None:
         if admin_token is not None and hmac.compare_digest(token.encode(), admin_token.get_secret_value().encode()):
             return ALL_TENANTS
         return request_tenant(request, settings.conversation)
-    if admin_token is None and _is_loopback(request.remote):
+    # A request relayed by a reverse proxy on this host comes from loopback but not from this host.
+    relayed = any(h in request.headers for h in ("Forwarded", "X-Forwarded-For", "X-Real-IP"))
+    if admin_token is None and _is_loopback(request.remote) and not relayed:
         return ALL_TENANTS
     raise Unauthorized("The admin API needs 'Authorization: Bearer <admin token or your API key>'")
 

@@ -20,7 +20,7 @@ from ..config import ContextSettings, Profile, Settings
 from ..errors import InvalidRequest
 from ..history import TurnPlan, plan_full_history, plan_proxy_history
 from ..identity import ConversationKey, derived_conversation_id, explicit_conversation_id, request_tenant
-from ..messages import Message, message_hash, validate_messages
+from ..messages import MAX_DEPTH, Message, message_hash, too_deep, validate_messages
 from ..pipeline import Turn
 from ..quota import QuotaLedger
 from ..state import COMPACTION, CONVERSATION, COUNTER, PIPELINE, PREFIXES, REFS, ROUTER, SETTINGS, STORE, SUMMARIZER
@@ -48,6 +48,9 @@ async def read_json_object(request: web.Request) -> dict[str, Any]:
         raise InvalidRequest("Request body is nested too deeply", code="invalid_json") from None
     if not isinstance(body, dict):
         raise InvalidRequest("Request body must be a JSON object", code="invalid_json")
+    # The messages are checked as they are validated (only the new ones); here, the rest.
+    if too_deep({k: v for k, v in body.items() if k != "messages"}, MAX_DEPTH):
+        raise InvalidRequest("Request body is nested too deeply", code="invalid_json")
     return body
 
 
@@ -98,7 +101,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     known = prefix.known_prefix(key, messages)
     validate_messages(messages, start=len(known))
     hashes = known + [message_hash(m) for m in messages[len(known) :]]
-    prefix.remember(key, messages, hashes)
+    prefix.remember(key, messages, hashes, size=len(await request.read()))  # aiohttp keeps the bytes read
     request[CONVERSATION] = key
     headers = dict(forwardable(request.headers, drop=OWN_HEADERS | {settings.conversation.id_header.lower()}))
 

@@ -51,6 +51,9 @@ class Exchange:
         self.upstream_s = 0.0  # time spent waiting on the upstream, all rounds together
         self._call_started = 0.0
         self.usage: dict[str, Any] | None = None
+        # The stream's final `data: [DONE]`, held until the reply is stored: a client must not take
+        # a reply for done that the store never got.
+        self._done_held: bytes | None = None
 
     # -- the turn --------------------------------------------------------------------------------
 
@@ -231,7 +234,7 @@ class Exchange:
                     if filter_ is not None and filter_.finish_held is not None:  # our call past the round limit
                         await response.write(b"data: " + filter_.finish_held + b"\n\n")
                     if round_reply.done and filter_ is not None:
-                        await response.write(b"data: [DONE]\n\n")
+                        self._done_held = b"data: [DONE]\n\n"
                     break
                 ours, _ = split_calls(round_reply.message())
                 reply = await self._read_round(round_reply.message(), ours)
@@ -251,11 +254,18 @@ class Exchange:
             broken = exc
         if broken is None and not (seen.complete or seen.done):
             broken = UpstreamStreamBroken("Upstream stream ended before the reply was complete")
+        try:
+            if broken is not None:
+                await self.writer.keep_partial(None if seen.empty else seen.message())
+            else:
+                await self.writer.accept(seen.message())
+        except ProxyError as exc:  # the store failed us (e.g. Redis down): say so in the stream
+            log.warning("streamed reply not stored: %s", exc.message, extra={"conversation": str(self.turn.key)})
+            broken = broken or exc
         if broken is not None:
-            await self.writer.keep_partial(None if seen.empty else seen.message())
             await _write_quietly(response, b"data: " + json.dumps(broken.body()).encode() + b"\n\n")
-        else:
-            await self.writer.accept(seen.message())
+        elif self._done_held is not None:
+            await _write_quietly(response, self._done_held)
         await _write_quietly(response, None)
         return response
 
@@ -267,10 +277,13 @@ class Exchange:
         this_round = seen if filter_ is None else ReplyAssembler()
         try:
             async for chunk in reply.chunks():
-                if filter_ is None:  # the fast path: bytes out as they came in
+                if filter_ is None:  # the fast path: bytes out as they came in (but [DONE], held)
                     for payload in parser.feed(chunk):
                         seen.feed(payload)
-                    await response.write(chunk)
+                    if seen.done and self._done_held is None and (cut := chunk.find(b"data: [DONE]")) >= 0:
+                        chunk, self._done_held = chunk[:cut], chunk[cut:]
+                    if chunk:
+                        await response.write(chunk)
                     continue
                 out = []
                 for payload in parser.feed(chunk):

@@ -17,5 +17,5 @@ def open_store(settings: StorageSettings) -> Store:
     if settings.backend == "redis":
         from .redis import RedisStore
 
-        return RedisStore(settings.redis_url)
+        return RedisStore(settings.redis_url, lock_ttl_s=settings.redis_lock_ttl_s)
     raise ConfigError(f"storage.backend: {settings.backend!r} is not available in this build yet")

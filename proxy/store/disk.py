@@ -1,8 +1,12 @@
 """The embedded store: diskcache (SQLite plus files) in one directory, for one proxy process.
 
-diskcache is synchronous, so every operation runs on one dedicated thread: the event loop never
+diskcache is synchronous, so every write runs on one dedicated thread: the event loop never
 waits on SQLite, and the single writer thread means no SQLite lock contention between our own
-operations. Each store call is one executor hop and one diskcache transaction.
+operations. Each store call is one executor hop and one diskcache transaction. Since this
+process is the store's only writer, it keeps the latest snapshot of recent conversation records
+in memory: `get()`, called on every turn, usually needs no hop at all.
+
+diskcache is a cache by default; here it is a database: no eviction, no culling, ever.
 """
 
 from __future__ import annotations
@@ -29,6 +33,22 @@ SEP = "\0"
 TENANTS = "tenants"
 SECRET = "ref-secret"
 CREATED = "created-counter"
+ALL_TENANTS = "\x01all"  # the index of every conversation (tenant names are hex: never this)
+INDEX_PAGE = 1000  # conversations per index page: registering one rewrites one page, not an index
+MAX_SNAPSHOTS = 4096  # conversation records kept in memory
+
+
+def _open_cache(path: str) -> diskcache.Cache:
+    return diskcache.Cache(
+        path,
+        eviction_policy="none",  # never drop a stored message, whatever the size
+        cull_limit=0,
+        size_limit=2**62,
+        statistics=False,
+        disk_min_file_size=2**22,  # records up to 4 MB stay in SQLite: no file churn per turn
+        sqlite_mmap_size=0,  # reads through SQLite's own cache: no 64 MB map in our resident set
+        sqlite_cache_size=2**11,  # pages (8 MB)
+    )
 
 
 def _conv_key(key: ConversationKey) -> str:
@@ -51,14 +71,15 @@ def _summary_key(key: ConversationKey, summary_id: int) -> str:
     return f"summary{SEP}{key.tenant}{SEP}{key.id}{SEP}{summary_id:08d}"
 
 
-def _index_key(tenant: str) -> str:
-    return f"index{SEP}{tenant}"
+def _index_page(scope: str, page: int) -> str:
+    return f"index{SEP}{scope}{SEP}{page:012d}"
 
 
 class DiskStore:
     def __init__(self, path: str | Path) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)
-        self._cache = diskcache.Cache(str(path))
+        self._cache = _open_cache(str(path))
+        self._snapshots: dict[ConversationKey, Conversation] = {}  # written by the store thread only
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diskstore")
         self._locks: weakref.WeakValueDictionary[ConversationKey, asyncio.Lock] = weakref.WeakValueDictionary()
         self._leases: dict[str, tuple[str, float]] = {}  # name -> (token, monotonic expiry)
@@ -77,11 +98,25 @@ class DiskStore:
     # -- conversations -------------------------------------------------------------------------
 
     async def get(self, key: ConversationKey) -> Conversation | None:
-        return await self._run(self._get, key)
+        snapshot = self._snapshots.get(key)
+        return snapshot if snapshot is not None else await self._run(self._get, key)
 
     def _get(self, key: ConversationKey) -> Conversation | None:
-        raw = self._cache.get(_conv_key(key))
-        return None if raw is None else _conversation(key, raw)
+        raw = self._load(key)
+        return None if raw is None else self._snapshot(key, raw)
+
+    def _load(self, key: ConversationKey) -> dict[str, Any] | None:
+        return self._cache.get(_conv_key(key))
+
+    def _save(self, key: ConversationKey, raw: dict[str, Any]) -> None:
+        self._cache.set(_conv_key(key), raw)
+        self._snapshot(key, raw)
+
+    def _snapshot(self, key: ConversationKey, raw: dict[str, Any]) -> Conversation:
+        conversation = self._snapshots[key] = _conversation(key, raw)
+        if len(self._snapshots) > MAX_SNAPSHOTS:
+            del self._snapshots[next(iter(self._snapshots))]  # the oldest inserted
+        return conversation
 
     async def list_conversations(
         self, tenant: str | None, *, after: str | None = None, limit: int = 20
@@ -89,16 +124,24 @@ class DiskStore:
         return await self._run(self._list, tenant, after, limit)
 
     def _list(self, tenant: str | None, after: str | None, limit: int) -> tuple[list[Conversation], bool]:
-        tenants = [tenant] if tenant is not None else sorted(self._cache.get(TENANTS, set()))
-        entries = [  # (creation order, id, tenant), newest first
-            (order, cid, t) for t in tenants for cid, order in self._cache.get(_index_key(t), {}).items()
-        ]
-        entries.sort(reverse=True)
+        """Newest first, from the creation-order index pages, starting below the `after` conversation."""
+        scope = tenant if tenant is not None else ALL_TENANTS
+        start = self._cache.get(CREATED, 0) + 1
         if after is not None:
-            ids = [cid for _, cid, _ in entries]
-            entries = entries[ids.index(after) + 1 :] if after in ids else []
-        page = [c for _, cid, t in entries[:limit] if (c := self._get(ConversationKey(t, cid))) is not None]
-        return page, len(entries) > limit
+            candidates = [ConversationKey(tenant, after)] if tenant is not None else [c.key for c in self._find(after)]
+            orders = [raw["order"] for k in candidates if (raw := self._load(k)) is not None]
+            if not orders:
+                return [], False
+            start = max(orders)
+        keys: list[ConversationKey] = []
+        for page_no in range((start - 1) // INDEX_PAGE, -1, -1):
+            page = self._cache.get(_index_page(scope, page_no))
+            for order in sorted((o for o in page or () if o < start), reverse=True):
+                keys.append(_index_entry(scope, page[order]))
+            if len(keys) > limit:
+                break
+        found = [c for k in keys[:limit] if (c := self._get(k)) is not None]
+        return found, len(keys) > limit
 
     async def find(self, conversation_id: str) -> list[Conversation]:
         return await self._run(self._find, conversation_id)
@@ -116,7 +159,7 @@ class DiskStore:
 
     def _delete(self, key: ConversationKey) -> bool:
         with self._cache.transact():
-            raw = self._cache.get(_conv_key(key))
+            raw = self._load(key)
             if raw is None:
                 return False
             for seq in range(1, raw["next_seq"]):
@@ -127,9 +170,12 @@ class DiskStore:
             for turn in range(1, raw["turns"] + 1):
                 self._cache.delete(_turn_key(key, turn))
             self._cache.delete(_conv_key(key))
-            index = self._cache.get(_index_key(key.tenant), {})
-            index.pop(key.id, None)
-            self._cache.set(_index_key(key.tenant), index)
+            self._snapshots.pop(key, None)
+            for scope in (key.tenant, ALL_TENANTS):
+                page_key = _index_page(scope, raw["order"] // INDEX_PAGE)
+                page = self._cache.get(page_key, {})
+                page.pop(raw["order"], None)
+                self._cache.set(page_key, page)
             return True
 
     # -- messages ------------------------------------------------------------------------------
@@ -142,10 +188,9 @@ class DiskStore:
     def _append(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
         stamp = now()
         with self._cache.transact():
-            raw = self._cache.get(_conv_key(key))
+            raw = self._load(key)
             if raw is None:
-                raw = _new_record(stamp)
-                self._register(key)
+                raw = self._register(key, _new_record(stamp))
             seqs = list(range(raw["next_seq"], raw["next_seq"] + len(messages)))
             for seq, msg, h in zip(seqs, messages, hashes, strict=True):
                 self._cache.set(_msg_key(key, seq), {"message": msg, "hash": h, "status": status, "created_at": stamp})
@@ -153,17 +198,22 @@ class DiskStore:
                     raw["live"].append((seq, h))
             raw["next_seq"] += len(messages)
             raw["updated_at"] = stamp
-            self._cache.set(_conv_key(key), raw)
+            self._save(key, raw)
         return seqs
 
-    def _register(self, key: ConversationKey) -> None:
-        # A counter, not a timestamp: two conversations created in the same microsecond still list in order.
-        index = self._cache.get(_index_key(key.tenant), {})
-        index[key.id] = self._cache.incr(CREATED, default=0)
-        self._cache.set(_index_key(key.tenant), index)
+    def _register(self, key: ConversationKey, raw: dict[str, Any]) -> dict[str, Any]:
+        """Index a new conversation: by a counter, not a timestamp, so that two made in the same
+        microsecond still list in order; one index page per 1,000 conversations is rewritten."""
+        raw["order"] = order = self._cache.incr(CREATED, default=0)
+        for scope, entry in ((key.tenant, key.id), (ALL_TENANTS, (key.tenant, key.id))):
+            page_key = _index_page(scope, order // INDEX_PAGE)
+            page = self._cache.get(page_key, {})
+            page[order] = entry
+            self._cache.set(page_key, page)
         tenants = self._cache.get(TENANTS, set())
         if key.tenant not in tenants:
             self._cache.set(TENANTS, tenants | {key.tenant})
+        return raw
 
     async def set_statuses(self, key: ConversationKey, changes: Mapping[int, str]) -> None:
         if not set(changes.values()) <= STATUSES:
@@ -173,7 +223,7 @@ class DiskStore:
 
     def _set_statuses(self, key: ConversationKey, changes: dict[int, str]) -> None:
         with self._cache.transact():
-            raw = self._cache.get(_conv_key(key))
+            raw = self._load(key)
             if raw is None:
                 raise KeyError(str(key))
             live = dict(raw["live"])
@@ -187,7 +237,7 @@ class DiskStore:
                     live.pop(seq, None)
             raw["live"] = sorted(live.items())
             raw["updated_at"] = now()
-            self._cache.set(_conv_key(key), raw)
+            self._save(key, raw)
 
     async def finish_turn(
         self,
@@ -219,7 +269,7 @@ class DiskStore:
         return await self._run(self._turn_records, key, after, limit)
 
     def _turn_records(self, key: ConversationKey, after: int, limit: int | None) -> list[dict[str, Any]]:
-        raw = self._cache.get(_conv_key(key))
+        raw = self._load(key)
         last = raw["turns"] if raw else 0
         end = last if limit is None else min(last, after + limit)
         return [r for t in range(after + 1, end + 1) if (r := self._cache.get(_turn_key(key, t))) is not None]
@@ -230,7 +280,7 @@ class DiskStore:
         return await self._run(self._messages, key, live_only, after, limit)
 
     def _messages(self, key: ConversationKey, live_only: bool, after: int | None, limit: int | None) -> list[StoredMessage]:
-        raw = self._cache.get(_conv_key(key))
+        raw = self._load(key)
         if raw is None:
             return []
         seqs = [s for s, _ in raw["live"]] if live_only else list(range(1, raw["next_seq"]))
@@ -278,12 +328,11 @@ class DiskStore:
     def _update_record(self, key: ConversationKey, change: Callable[[dict[str, Any]], Any]) -> Any:
         """Apply `change` to the conversation record (creating it if new); returns what `change` returns."""
         with self._cache.transact():
-            raw = self._cache.get(_conv_key(key))
+            raw = self._load(key)
             if raw is None:
-                raw = _new_record(now())
-                self._register(key)
+                raw = self._register(key, _new_record(now()))
             result = change(raw)
-            self._cache.set(_conv_key(key), raw)
+            self._save(key, raw)
             return result
 
     async def add_summary(self, key: ConversationKey, summary: Summary) -> Summary:
@@ -304,7 +353,7 @@ class DiskStore:
         return await self._run(self._summaries, key)
 
     def _summaries(self, key: ConversationKey) -> list[Summary]:
-        raw = self._cache.get(_conv_key(key))
+        raw = self._load(key)
         count = raw["summaries"] if raw else 0
         return [s for i in range(1, count + 1) if (s := self._summary(key, i)) is not None]
 
@@ -350,8 +399,12 @@ def _new_record(stamp: float) -> dict[str, Any]:
     return {
         "created_at": stamp, "updated_at": stamp, "next_seq": 1, "live": [],
         "llm_calls": 0, "first_forwarded": {}, "rewritten": set(),
-        "summaries": 0, "boundary": 0, "summary_id": None, "turns": 0,
+        "summaries": 0, "boundary": 0, "summary_id": None, "turns": 0, "order": 0,
     }
+
+
+def _index_entry(scope: str, entry: Any) -> ConversationKey:
+    return ConversationKey(*entry) if scope == ALL_TENANTS else ConversationKey(scope, entry)
 
 
 def _count_call(raw: dict[str, Any]) -> int:
