@@ -144,7 +144,7 @@ def _scaling(data: dict[str, Any]) -> dict[str, Any]:
         out[name] = {"points": pts}
     direct = {p["turn"]: p for p in out.get("direct", {}).get("points", [])}
     fwd = {p["turn"]: p for p in out.get("forwarder", {}).get("points", [])}
-    for name, run in out.items():
+    for run in out.values():
         for p in run.get("points", []):
             p["added_ms"] = _diff(p["ms"], direct.get(p["turn"], {}).get("ms"))
             f = fwd.get(p["turn"], {})
