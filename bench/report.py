@@ -31,8 +31,8 @@ COLUMNS: list[tuple[str, str]] = [
     ("mock_cpu_ms", "mock CPU ms/req"),
     ("errors", "errors"),
 ]
-TARGET_ORDER = ["direct", "forwarder", "proxy-off", "proxy", "litellm"]
-PROXIES = ["proxy-off", "proxy"]
+TARGET_ORDER = ["direct", "forwarder", "proxy-off", "proxy", "proxy-models", "litellm"]
+PROXIES = ["proxy-off", "proxy", "proxy-models"]
 
 
 def _get(d: Any, *path: str) -> Any:

@@ -54,7 +54,15 @@ PIPELINE_OFF_ENV = {
 # disk); the bench runs them at WARNING, stderr going to bench/results/logs/<target>.log.
 PROXY_ENV = {"CONTEXT_PROXY_LOGGING__LEVEL": "WARNING"}
 
-TARGETS = ["direct", "forwarder", "proxy-off", "proxy", "litellm"]
+# "with a models: table": the shipped config plus a litellm-routed model the bench never calls.
+# Passthrough requests must cost the same with it (litellm stays unimported).
+MODELS_TABLE_ENV = {
+    "CONTEXT_PROXY_MODELS": '{"claude": {"litellm_model": "anthropic/claude-3-5-sonnet-20241022", '
+    '"api_base": "http://127.0.0.1:9", "api_key_env": "BENCH_UNUSED_PROVIDER_KEY"}}',
+    "BENCH_UNUSED_PROVIDER_KEY": "unused",
+}
+
+TARGETS = ["direct", "forwarder", "proxy-off", "proxy", "proxy-models", "litellm"]
 
 
 @dataclass
@@ -179,7 +187,7 @@ class Bench:
         if "direct" in self.targets:
             self.targets["direct"].url = mock_url
         starting: list[Target] = []
-        for name in ("forwarder", "proxy-off", "proxy"):
+        for name in ("forwarder", "proxy-off", "proxy", "proxy-models"):
             if name in self.targets:
                 t = self.targets[name]
                 t.proc = self._make(name, mock_url)
@@ -219,6 +227,7 @@ class Bench:
             "CONTEXT_PROXY_STORAGE__PATH": str(self.tmp / f"store-{name}"),
             **PROXY_ENV,
             **(PIPELINE_OFF_ENV if name == "proxy-off" else {}),
+            **(MODELS_TABLE_ENV if name == "proxy-models" else {}),
         }
         if runner:
             env["PYTHONPATH"] = str(REPO)  # bench.* from here; `proxy` still from proxy_src (the cwd comes first)

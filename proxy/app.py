@@ -12,19 +12,33 @@ from aiohttp import web
 from .api import admin, models, ui
 from .api.chat import chat_completions
 from .api.passthrough import passthrough
+from .compaction.runner import CompactionRunner
 from .config import Settings
 from .errors import error_boundary
 from .identity import ConversationKey
 from .logs import monotonic_ms
-from .pipeline import build_pipeline
-from .refs import RefSigner
-from .compaction.runner import CompactionRunner
 from .metrics import Metrics, metrics_handler
+from .pipeline import build_pipeline
 from .prefix import PrefixCache
-from .state import COMPACTION, CONVERSATION, COUNTER, LOG_FIELDS, METRICS, PREFIXES, ROUTER, PIPELINE, REFS, SETTINGS, STORE, SUMMARIZER, UPSTREAM
+from .refs import RefSigner
+from .state import (
+    COMPACTION,
+    CONVERSATION,
+    COUNTER,
+    LOG_FIELDS,
+    METRICS,
+    PIPELINE,
+    PREFIXES,
+    REFS,
+    ROUTER,
+    SETTINGS,
+    STORE,
+    SUMMARIZER,
+    UPSTREAM,
+)
+from .store import open_store
 from .summarizer import Summarizer
 from .tokens import TokenCounter
-from .store import open_store
 from .upstream import HttpUpstream
 from .upstream.router import UpstreamRouter, counting_aliases, window_overrides
 

@@ -8,12 +8,12 @@ from .compaction.runner import CompactionRunner
 from .config import Settings
 from .identity import ConversationKey
 from .metrics import Metrics
-from .prefix import PrefixCache
 from .pipeline import Pipeline
+from .prefix import PrefixCache
 from .refs import RefSigner
+from .store import Store
 from .summarizer import Summarizer
 from .tokens import TokenCounter
-from .store import Store
 from .upstream import HttpUpstream
 from .upstream.router import UpstreamRouter
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from bench.report import COLUMNS
 
 REPO = Path(__file__).resolve().parent.parent
-TARGETS = ["direct", "forwarder", "proxy-off", "proxy", "litellm"]
+TARGETS = ["direct", "forwarder", "proxy-off", "proxy", "proxy-models", "litellm"]
 NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
 # What the direct row has no figure for: it has no process of its own between client and mock.
 DIRECT_BLANK = {"CPU ms/req", "CPU ms/1st req", "ctx sw/req", "CPU µs/chunk", "peak RSS MB"}

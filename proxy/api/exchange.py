@@ -13,6 +13,7 @@ import logging
 import time
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from ..config import Profile
@@ -305,7 +306,7 @@ class Exchange:
 
 def _first_choice(data: bytes) -> tuple[dict[str, Any] | None, Message | None]:
     try:
-        parsed = json.loads(data)
+        parsed = orjson.loads(data)
         return parsed, reply_message(parsed["choices"][0]["message"])
     except (ValueError, KeyError, IndexError, TypeError):
         log.warning("upstream 2xx reply without choices[0].message; nothing to persist")

@@ -8,9 +8,9 @@ transcript is the live messages in sequence order; the trajectory is every messa
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from collections.abc import Mapping
 from typing import Any, Protocol
 
 from ..identity import ConversationKey

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
+import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from ..config import UpstreamSettings
@@ -94,7 +94,7 @@ class HttpUpstream:
     async def chat(self, body: Mapping[str, Any], headers: Mapping[str, str]) -> HttpReply:
         out = self._auth(CIMultiDict(headers))
         out["Content-Type"] = "application/json"
-        data = json.dumps(body, ensure_ascii=False).encode()
+        data = orjson.dumps(body)
         return await self.send("POST", "/chat/completions", out, data)
 
     async def send(self, method: str, path_qs: str, headers: CIMultiDict[str], data: bytes | None) -> HttpReply:

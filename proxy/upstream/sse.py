@@ -5,9 +5,10 @@ The bytes are forwarded to the client untouched; this module only watches them g
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
+
+import orjson
 
 from ..messages import Message
 
@@ -45,7 +46,7 @@ class ReplyAssembler:
             self.done = True
             return None
         try:
-            chunk = json.loads(payload)
+            chunk = orjson.loads(payload)
         except ValueError:
             log.warning("unparseable SSE payload from upstream (%d bytes)", len(payload))
             return None
