@@ -37,9 +37,17 @@ def identifiers(text: str) -> list[str]:
 
 
 def missing_facts(window_text: str, summary: str, limit: int) -> list[str]:
-    """The window's identifiers the summary does not contain, the most recent `limit` of them."""
+    """The window's identifiers the summary does not contain: names first (paths, URLs, ids,
+    versions), then plain numbers while room is left; the most recent of each kind."""
+    if not limit:
+        return []
     missing = [fact for fact in identifiers(window_text) if fact not in summary]
-    return missing[-limit:] if limit else []
+    # A counter like "00042" in a log is noise, not a fact; a bare number is the weakest kind.
+    names = [f for f in missing if not f.isdigit()]
+    numbers = [f for f in missing if f.isdigit() and not (len(f) > 1 and f.startswith("0"))]
+    kept = names[-limit:]
+    room = limit - len(kept)
+    return kept + (numbers[-room:] if room > 0 else [])
 
 
 def with_key_facts(summary: str, missing: list[str]) -> str:
