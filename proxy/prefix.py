@@ -20,7 +20,7 @@ from .identity import ConversationKey
 from .messages import Message
 
 # Parsed messages take about as much memory as their JSON text, a little more.
-MAX_BYTES = 24 * 2**20
+MAX_BYTES = 8 * 2**20
 
 
 @dataclass(frozen=True, slots=True)

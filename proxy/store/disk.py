@@ -35,7 +35,7 @@ SECRET = "ref-secret"
 CREATED = "created-counter"
 ALL_TENANTS = "\x01all"  # the index of every conversation (tenant names are hex: never this)
 INDEX_PAGE = 1000  # conversations per index page: registering one rewrites one page, not an index
-MAX_SNAPSHOTS = 4096  # conversation records kept in memory
+MAX_SNAPSHOTS = 1024  # conversation records kept in memory (the active ones)
 
 
 def _open_cache(path: str) -> diskcache.Cache:
