@@ -20,7 +20,7 @@ from .identity import ConversationKey
 from .messages import Message
 
 # Parsed messages take about as much memory as their JSON text, a little more.
-MAX_BYTES = 8 * 2**20
+MAX_BYTES = 16 * 2**20
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +53,7 @@ class PrefixCache:
         old = self._entries.pop(key, None)
         if old is not None:
             self._held -= old.size
-        if size > self.max_bytes // 4:  # one huge transcript must not push out everyone else
+        if size > self.max_bytes // 2:  # one huge transcript must not push out everyone else
             return
         self._entries[key] = Snapshot(messages, hashes, size)
         self._held += size
