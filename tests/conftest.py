@@ -13,6 +13,7 @@ from openai import AsyncOpenAI, OpenAI
 
 from tests.fake_upstream import FakeUpstream
 from tests.harness import LoopThread, ProxyServer, proxy_settings
+from tests.redis_server import RedisServer
 
 ALICE = "sk-test-alice-0123456789"
 BOB = "sk-test-bob-9876543210"
@@ -61,6 +62,14 @@ def make_proxy(servers: LoopThread, upstream: FakeUpstream, tmp_path: Path) -> I
     yield make
     for server in started:
         server.stop()
+
+
+@pytest.fixture
+def redis() -> Iterator[RedisServer]:
+    """A redis-server of this test's own on a free loopback port: nothing of another test in it."""
+    server = RedisServer().start()
+    yield server
+    server.remove()
 
 
 @pytest.fixture

@@ -261,3 +261,11 @@ def chat(http: Any, messages: list[dict[str, Any]], *, stream: bool = False, hea
 def stored_form(message: dict[str, Any]) -> dict[str, Any]:
     """A message as the admin API shows it, without our bookkeeping fields (seq, created_at, status, ref)."""
     return {k: v for k, v in message.items() if k not in ("seq", "created_at", "status", "ref")}
+
+
+def merge_sections(base: dict[str, dict[str, Any]], extra: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Settings sections of `base` updated key by key with those of `extra`."""
+    out = {name: dict(values) for name, values in base.items()}
+    for name, values in extra.items():
+        out.setdefault(name, {}).update(values)
+    return out

@@ -1,9 +1,14 @@
 """End to end through the proxy: a litellm-routed model (the Anthropic fake) next to passthrough models."""
 
 from __future__ import annotations
+
 import json
-import httpx, openai, pytest
-from tests.conftest import ALICE, openai_client, live_messages
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import ALICE, live_messages, openai_client
 from tests.fake_providers import FakeAnthropic, ProviderReply, ToolUse
 
 KEY = "sk-ant-e2e-key-123456"

@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import ALICE
 from tests.fake_upstream import FakeUpstream, Reply, default_responder
-from tests.harness import ProxyProcess, chat, start_processes, stored_form, wait_until, write_config
+from tests.harness import ProxyProcess, chat, merge_sections, start_processes, stored_form, wait_until, write_config
 from tests.redis_server import RedisServer
 
 AUTH = {"Authorization": f"Bearer {ALICE}"}
@@ -45,21 +45,6 @@ def is_summary_request(body: dict) -> bool:
     return first["role"] == "system" and SUMMARIZER_MARK in str(first["content"])
 
 
-def merge(base: dict[str, dict[str, Any]], extra: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    out = {name: dict(values) for name, values in base.items()}
-    for name, values in extra.items():
-        out.setdefault(name, {}).update(values)
-    return out
-
-
-@pytest.fixture
-def redis() -> Iterator[RedisServer]:
-    """A Redis of this test's own: nothing from another test in it."""
-    server = RedisServer().start()
-    yield server
-    server.remove()
-
-
 MakeReplicas = Callable[..., list[ProxyProcess]]
 
 
@@ -69,7 +54,7 @@ def replicas(tmp_path: Path, upstream: FakeUpstream, redis: RedisServer) -> Iter
     started: list[ProxyProcess] = []
 
     def make(n: int = 2, **sections: dict[str, Any]) -> list[ProxyProcess]:
-        config = merge(
+        config = merge_sections(
             {
                 "upstream": {"base_url": upstream.base_url, "timeout_s": 30},
                 "storage": {"backend": "redis", "redis_url": redis.url},

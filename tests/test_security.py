@@ -17,8 +17,7 @@ import redis as redis_sync
 
 from tests.conftest import ALICE, BOB
 from tests.fake_upstream import FakeUpstream, Reply, default_responder
-from tests.harness import ProxyProcess, chat, start_processes, stored_form, write_config
-from tests.redis_server import RedisServer
+from tests.harness import ProxyProcess, chat, merge_sections, start_processes, stored_form, write_config
 
 TOKEN = "admin-token-7d1c0b9e55aa41f3"
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
@@ -43,20 +42,6 @@ def tool_transcript(task: str, output: str, call_id: str = "call_1") -> list[dic
     ]
 
 
-def merge(base: dict[str, dict[str, Any]], extra: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    out = {name: dict(values) for name, values in base.items()}
-    for name, values in extra.items():
-        out.setdefault(name, {}).update(values)
-    return out
-
-
-@pytest.fixture
-def redis() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    yield server
-    server.remove()
-
-
 MakeProcesses = Callable[..., list[ProxyProcess]]
 
 
@@ -66,7 +51,7 @@ def processes(tmp_path: Path, upstream: FakeUpstream) -> Iterator[MakeProcesses]
     started: list[ProxyProcess] = []
 
     def make(n: int = 1, **sections: dict[str, Any]) -> list[ProxyProcess]:
-        config = merge(
+        config = merge_sections(
             {"upstream": {"base_url": upstream.base_url, "timeout_s": 30}, "storage": {"path": str(tmp_path / "data")}},
             sections,
         )
