@@ -295,3 +295,23 @@ def test_stage_properties_with_real_counts(msgs: list[Msg], limit: int) -> None:
     assert sent[-1] is msgs[-1]
     assert t.notes["messages_left_out"] == len(msgs) - len(sent)
     assert t.notes["tokens_sent"] == sum(COUNTER.count(m, "gpt-4o-mini") for m in sent)
+
+
+@settings(max_examples=100, deadline=None)
+@given(transcripts(), st.integers(64, 2000))
+def test_stage_counting_only_the_tail_chooses_what_counting_everything_would(msgs: list[Msg], limit: int) -> None:
+    """The stage counts the newest messages only (as far back as the window can reach): the same
+    window as select_window over every message's count."""
+    full = COUNTER.count_many(msgs, "gpt-4o-mini")
+    expected = select_window(msgs, full, limit)
+    out = run(TokenWindow(), turn(limit=limit), msgs)
+    assert [item.seq for item in out] == expected
+
+
+def test_a_long_conversation_counts_only_its_window() -> None:
+    msgs = agent_run(400, "line of output\n" * 5)  # 1,600 messages
+    counter = TokenCounter()
+    t = turn(limit=500)
+    t.counter = counter
+    run(TokenWindow(), t, msgs)
+    assert counter.encodes < 200  # the window's reach, not the 1,600 messages

@@ -29,36 +29,63 @@ class TokenWindow:
     async def __call__(self, turn: Turn, items: list[Item]) -> list[Item]:
         model = turn.model
         messages = [item.message for item in items]
-        counts = await turn.counter.count_many_async(messages, model, [item.hash for item in items])
-        system_tokens = sum(counts[: leading_system_count(messages)])
+        hashes = [item.hash for item in items]
+        pinned = turn.notes.get("pinned", 0)  # the task, pinned by compaction right after the summary
+        n_system = leading_system_count(messages)
+        head = n_system + pinned
+        head_counts = await turn.counter.count_many_async(messages[:head], model, hashes[:head])
         limit = effective_limit(
             turn.profile.context.history_token_limit,
             turn.counter.context_window(model),
             reply_reserve(turn.body),
-            system_tokens,
+            sum(head_counts[:n_system]),
         )
-        pinned = turn.notes.get("pinned", 0)  # the task, pinned by compaction right after the summary
-        n_system = leading_system_count(messages)
-        limit -= sum(counts[n_system : n_system + pinned])
-        kept = select_window(messages, counts, max(limit, 0), pinned=pinned)
+        limit = max(limit - sum(head_counts[n_system:]), 0)
+        counts, scan_from = await self._tail_counts(turn, messages, hashes, head, limit)
+        counts[:head] = head_counts
+        kept = select_window(messages, counts, limit, pinned=pinned, scan_from=scan_from)
         turn.notes["tokens_sent"] = sum(counts[i] for i in kept)
         left_out = len(items) - len(kept)
         # Added to, not set: an earlier stage (compaction) may have left messages out too.
         turn.notes["messages_left_out"] = turn.notes.get("messages_left_out", 0) + left_out
         return [items[i] for i in kept]
 
+    @staticmethod
+    async def _tail_counts(
+        turn: Turn, messages: list[Message], hashes: list[str | None], head: int, limit: int
+    ) -> tuple[list[int], int]:
+        """Counts of the newest messages only: as many as it takes to pass `limit` (and at least the
+        newest block), doubling from 64. The window can't reach further back, so a long
+        conversation's turn costs its window, not its length. Returns counts (uncounted entries
+        hold a value over `limit`) and the block boundary from which the window may be chosen."""
+        n = len(messages)
+        newest = n - 1
+        while newest > head and messages[newest].get("role") == "tool":
+            newest -= 1  # the newest block starts at the assistant message its results answer
+        size = max(64, n - newest)
+        while True:
+            start = max(head, n - size)
+            while start > head and messages[start].get("role") == "tool":
+                start -= 1  # never start inside a call's block
+            tail = await turn.counter.count_many_async(messages[start:], turn.model, hashes[start:])
+            if start == head or sum(tail) > limit:
+                return [limit + 1] * start + tail, start
+            size *= 2
 
 def build(settings: Settings) -> TokenWindow:
     # Always in the list: the limit is per request (profile, model).
     return TokenWindow()
 
 
-def select_window(messages: Sequence[Message], counts: Sequence[int], limit: int, pinned: int = 0) -> list[int]:
+def select_window(
+    messages: Sequence[Message], counts: Sequence[int], limit: int, pinned: int = 0, scan_from: int = 0
+) -> list[int]:
     """Indices of the messages to send, in order: the leading system messages and the `pinned`
     messages after them (neither counted against `limit`), then the suffix of the rest described
-    in the module docstring. O(len(messages))."""
+    in the module docstring. Blocks are looked at from `scan_from` on (a block boundary the caller
+    knows the window cannot reach past). O(len(messages) - scan_from)."""
     n_system = leading_system_count(messages) + pinned
-    blocks = history_blocks(messages, n_system)
+    blocks = history_blocks(messages, max(n_system, scan_from))
     if not blocks:
         return list(range(n_system))
     newest = len(blocks) - 1
