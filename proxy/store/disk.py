@@ -186,19 +186,20 @@ class DiskStore:
         return await self._run(self._append, key, messages, hashes, status)
 
     def _append(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
+        return self._update_record(key, lambda raw: self._add_messages(key, raw, messages, hashes, status))
+
+    def _add_messages(
+        self, key: ConversationKey, raw: dict[str, Any], messages: list[Message], hashes: list[str], status: str
+    ) -> list[int]:
+        """Write messages after the last one; `raw` (the conversation record) is updated, not saved."""
         stamp = now()
-        with self._cache.transact():
-            raw = self._load(key)
-            if raw is None:
-                raw = self._register(key, _new_record(stamp))
-            seqs = list(range(raw["next_seq"], raw["next_seq"] + len(messages)))
-            for seq, msg, h in zip(seqs, messages, hashes, strict=True):
-                self._cache.set(_msg_key(key, seq), {"message": msg, "hash": h, "status": status, "created_at": stamp})
-                if status == LIVE:
-                    raw["live"].append((seq, h))
-            raw["next_seq"] += len(messages)
-            raw["updated_at"] = stamp
-            self._save(key, raw)
+        seqs = list(range(raw["next_seq"], raw["next_seq"] + len(messages)))
+        for seq, msg, h in zip(seqs, messages, hashes, strict=True):
+            self._cache.set(_msg_key(key, seq), {"message": msg, "hash": h, "status": status, "created_at": stamp})
+            if status == LIVE:
+                raw["live"].append((seq, h))
+        raw["next_seq"] += len(messages)
+        raw["updated_at"] = stamp
         return seqs
 
     def _register(self, key: ConversationKey, raw: dict[str, Any]) -> dict[str, Any]:
@@ -226,18 +227,22 @@ class DiskStore:
             raw = self._load(key)
             if raw is None:
                 raise KeyError(str(key))
-            live = dict(raw["live"])
-            for seq, status in changes.items():
-                record = self._cache.get(_msg_key(key, seq))
-                record["status"] = status
-                self._cache.set(_msg_key(key, seq), record)
-                if status == LIVE:
-                    live[seq] = record["hash"]
-                else:
-                    live.pop(seq, None)
-            raw["live"] = sorted(live.items())
-            raw["updated_at"] = now()
+            self._change_statuses(key, raw, changes)
             self._save(key, raw)
+
+    def _change_statuses(self, key: ConversationKey, raw: dict[str, Any], changes: dict[int, str]) -> None:
+        """Set message statuses and keep the record's live index in step; `raw` is not saved."""
+        live = dict(raw["live"])
+        for seq, status in changes.items():
+            record = self._cache.get(_msg_key(key, seq))
+            record["status"] = status
+            self._cache.set(_msg_key(key, seq), record)
+            if status == LIVE:
+                live[seq] = record["hash"]
+            else:
+                live.pop(seq, None)
+        raw["live"] = sorted(live.items())
+        raw["updated_at"] = now()
 
     async def finish_turn(
         self,
@@ -253,17 +258,15 @@ class DiskStore:
     def _finish_turn(
         self, key: ConversationKey, changes: dict[int, str], reply: tuple[Message, str, str] | None, record: dict[str, Any] | None
     ) -> int | None:
-        with self._cache.transact():
-            if changes:
-                self._set_statuses(key, changes)
-            seq = self._append(key, [reply[0]], [reply[1]], reply[2])[0] if reply is not None else None
+        def end(raw: dict[str, Any]) -> int | None:  # one load and one save of the record per turn
+            self._change_statuses(key, raw, changes)
+            seq = self._add_messages(key, raw, [reply[0]], [reply[1]], reply[2])[0] if reply is not None else None
             if record is not None:
-                def keep(raw: dict[str, Any]) -> None:
-                    raw["turns"] += 1
-                    self._cache.set(_turn_key(key, raw["turns"]), {**record, "turn": raw["turns"], "reply_seq": seq})
-
-                self._update_record(key, keep)
+                raw["turns"] += 1
+                self._cache.set(_turn_key(key, raw["turns"]), {**record, "turn": raw["turns"], "reply_seq": seq})
             return seq
+
+        return self._update_record(key, end)
 
     async def turn_records(self, key: ConversationKey, *, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
         return await self._run(self._turn_records, key, after, limit)
