@@ -12,7 +12,15 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from tests.fake_upstream import FakeUpstream
-from tests.harness import LoopThread, ProxyServer, proxy_settings
+from tests.harness import (
+    LoopThread,
+    ProxyProcess,
+    ProxyServer,
+    merge_sections,
+    proxy_settings,
+    start_processes,
+    write_config,
+)
 from tests.redis_server import RedisServer
 
 ALICE = "sk-test-alice-0123456789"
@@ -62,6 +70,31 @@ def make_proxy(servers: LoopThread, upstream: FakeUpstream, tmp_path: Path) -> I
     yield make
     for server in started:
         server.stop()
+
+
+MakeProcesses = Callable[..., list[ProxyProcess]]
+
+
+@pytest.fixture
+def processes(tmp_path: Path, upstream: FakeUpstream) -> Iterator[MakeProcesses]:
+    """`processes(n, **sections)`: n `python -m proxy serve` processes sharing one config: the fake
+    upstream, a diskcache store in the test's tmp dir, overridden by `sections`."""
+    started: list[ProxyProcess] = []
+
+    def make(n: int = 1, **sections: dict[str, Any]) -> list[ProxyProcess]:
+        config = merge_sections(
+            {"upstream": {"base_url": upstream.base_url, "timeout_s": 30}, "storage": {"path": str(tmp_path / "data")}},
+            sections,
+        )
+        path = write_config(tmp_path / f"config-{len(started)}.yaml", **config)
+        procs = [ProxyProcess(path, tmp_path / f"proxy-{len(started) + i}.log") for i in range(n)]
+        started.extend(procs)
+        return start_processes(*procs)
+
+    yield make
+    for proc in started:
+        if proc.proc is not None and proc.proc.poll() is None:
+            proc.stop()
 
 
 @pytest.fixture

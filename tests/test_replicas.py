@@ -10,17 +10,16 @@ from __future__ import annotations
 import itertools
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import ALICE
-from tests.fake_upstream import FakeUpstream, Reply, default_responder
-from tests.harness import ProxyProcess, chat, merge_sections, start_processes, stored_form, wait_until, write_config
+from tests.conftest import ALICE, MakeProcesses
+from tests.fake_upstream import Reply, default_responder
+from tests.harness import ProxyProcess, chat, merge_sections, stored_form, wait_until
 from tests.redis_server import RedisServer
 
 AUTH = {"Authorization": f"Bearer {ALICE}"}
@@ -49,27 +48,13 @@ MakeReplicas = Callable[..., list[ProxyProcess]]
 
 
 @pytest.fixture
-def replicas(tmp_path: Path, upstream: FakeUpstream, redis: RedisServer) -> Iterator[MakeReplicas]:
+def replicas(processes: MakeProcesses, redis: RedisServer) -> MakeReplicas:
     """`replicas(n=2, **sections)`: n proxy processes on one Redis, in front of the fake upstream."""
-    started: list[ProxyProcess] = []
 
     def make(n: int = 2, **sections: dict[str, Any]) -> list[ProxyProcess]:
-        config = merge_sections(
-            {
-                "upstream": {"base_url": upstream.base_url, "timeout_s": 30},
-                "storage": {"backend": "redis", "redis_url": redis.url},
-            },
-            sections,
-        )
-        path = write_config(tmp_path / f"config-{len(started)}.yaml", **config)
-        procs = [ProxyProcess(path, tmp_path / f"replica-{len(started) + i}.log") for i in range(n)]
-        started.extend(procs)
-        return start_processes(*procs)
+        return processes(n, **merge_sections({"storage": {"backend": "redis", "redis_url": redis.url}}, sections))
 
-    yield make
-    for proc in started:
-        if proc.proc is not None and proc.proc.poll() is None:
-            proc.stop()
+    return make
 
 
 def clients(procs: list[ProxyProcess]) -> list[httpx.Client]:

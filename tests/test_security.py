@@ -7,7 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ import redis as redis_sync
 
 from tests.conftest import ALICE, BOB
 from tests.fake_upstream import FakeUpstream, Reply, default_responder
-from tests.harness import ProxyProcess, chat, merge_sections, start_processes, stored_form, write_config
+from tests.harness import ProxyProcess, chat, stored_form
 
 TOKEN = "admin-token-7d1c0b9e55aa41f3"
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
@@ -42,28 +42,6 @@ def tool_transcript(task: str, output: str, call_id: str = "call_1") -> list[dic
     ]
 
 
-MakeProcesses = Callable[..., list[ProxyProcess]]
-
-
-@pytest.fixture
-def processes(tmp_path: Path, upstream: FakeUpstream) -> Iterator[MakeProcesses]:
-    """`processes(n, **sections)`: n proxy processes with one config (storage etc. from `sections`)."""
-    started: list[ProxyProcess] = []
-
-    def make(n: int = 1, **sections: dict[str, Any]) -> list[ProxyProcess]:
-        config = merge_sections(
-            {"upstream": {"base_url": upstream.base_url, "timeout_s": 30}, "storage": {"path": str(tmp_path / "data")}},
-            sections,
-        )
-        path = write_config(tmp_path / f"config-{len(started)}.yaml", **config)
-        procs = [ProxyProcess(path, tmp_path / f"proxy-{len(started) + i}.log") for i in range(n)]
-        started.extend(procs)
-        return start_processes(*procs)
-
-    yield make
-    for proc in started:
-        if proc.proc is not None and proc.proc.poll() is None:
-            proc.stop()
 
 
 def client(proc: ProxyProcess) -> httpx.Client:
