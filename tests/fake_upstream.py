@@ -678,6 +678,9 @@ class Reply:
     kind: Literal["message", "error", "hang"]
     content: str | None = None
     calls: list[ToolCall] = field(default_factory=list)
+    # The model's reasoning before its answer: ignored by Chat Completions, a `reasoning` item
+    # (with encrypted_content) in Responses, a `thinking` block (with a signature) in Messages.
+    reasoning: str | None = None
     status: int = 200
     body: dict | None = None  # the JSON body of an error reply
     chunk_size: int = 4  # characters per streamed content / arguments fragment
@@ -693,10 +696,15 @@ class Reply:
 
     @classmethod
     def text(
-        cls, content: str, *, chunk_size: int = 4, pause_after_chunks: int | None = None
+        cls,
+        content: str,
+        *,
+        chunk_size: int = 4,
+        pause_after_chunks: int | None = None,
+        reasoning: str | None = None,
     ) -> Reply:
         return cls("message", content=content, chunk_size=chunk_size,
-                   pause_after_chunks=pause_after_chunks)
+                   pause_after_chunks=pause_after_chunks, reasoning=reasoning)
 
     @classmethod
     def tool_calls(
@@ -706,6 +714,7 @@ class Reply:
         *,
         chunk_size: int = 4,
         pause_after_chunks: int | None = None,
+        reasoning: str | None = None,
     ) -> Reply:
         """An assistant message calling ``(name, arguments_json)`` functions, in order."""
         return cls(
@@ -714,6 +723,7 @@ class Reply:
             calls=[ToolCall(_new_call_id(), name, arguments) for name, arguments in calls],
             chunk_size=chunk_size,
             pause_after_chunks=pause_after_chunks,
+            reasoning=reasoning,
         )
 
     @classmethod
