@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from .api import admin, models, ui
-from .api.chat import chat_completions
+from .api import admin, models, turns, ui
 from .api.passthrough import passthrough
 from .compaction.runner import CompactionRunner
 from .config import Settings
+from .engine import Engine
 from .errors import error_boundary
 from .identity import ConversationKey
 from .logs import monotonic_ms
@@ -25,6 +25,7 @@ from .state import (
     COMPACTION,
     CONVERSATION,
     COUNTER,
+    ENGINE,
     LOG_FIELDS,
     METRICS,
     PIPELINE,
@@ -88,6 +89,10 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     await asyncio.to_thread(app[COUNTER].warm, WARM_MODELS)
     app[SUMMARIZER] = Summarizer(settings.summarizer, route=router.for_model)
     app[COMPACTION] = CompactionRunner(settings, app[STORE], app[SUMMARIZER], app[COUNTER], app[METRICS])
+    app[ENGINE] = Engine(
+        settings, app[STORE], app[PIPELINE], app[COUNTER], app[REFS], app[SUMMARIZER], app[COMPACTION], router,
+        app[PREFIXES], app[METRICS],
+    )
     log.info(
         "started",
         extra={
@@ -128,9 +133,7 @@ def build_app(settings: Settings) -> web.Application:
     app.router.add_get("/metrics", metrics_handler)
     admin.add_routes(app)
     ui.add_routes(app)
-    for prefix in ("", "/c/{conversation_id}"):
-        app.router.add_post(prefix + "/v1/chat/completions", chat_completions)
-        app.router.add_post(prefix + "/chat/completions", chat_completions)
+    turns.add_routes(app)
     if settings.models:  # else /v1/models stays plain passthrough
         models.add_routes(app)
     # Routes match in the order added: everything not ours, last, goes upstream untouched.

@@ -1,5 +1,5 @@
-"""`read_tool_output`: the function tool the proxy adds while a forwarded prompt holds a shortened
-tool output, and answers itself, so the client only ever sees calls of its own tools.
+"""`read_tool_output`: the tool the proxy adds while a forwarded prompt holds a shortened tool
+output, and answers itself, so the client only ever sees calls of its own tools.
 
 A reply whose tool calls are all ours is answered and the upstream asked again (an internal
 round, stored in the trajectory, never shown to the client). A reply that mixes ours with the
@@ -10,68 +10,65 @@ the model can read again on its next turn.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable
 
 from .config import TruncationSettings
+from .dialects.base import ToolSpec
 from .identity import ConversationKey
-from .messages import Message, text_of
 from .refs import RefSigner
 from .store import Store
+from .transcript import Call, Codec
 
 READ_TOOL = "read_tool_output"
-TOOL_DEFINITION: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": READ_TOOL,
-        "description": (
-            "Read part of a tool output that was shortened to save context. Pass the ref named in the "
-            "output's marker, the character offset to start at, and how many characters to read."
-        ),
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "ref": {"type": "string", "description": "The ref named in the shortened output's marker."},
-                "offset": {"type": "integer", "minimum": 0, "description": "First character to read."},
-                "length": {"type": "integer", "minimum": 1, "description": "How many characters to read."},
-            },
-            "required": ["ref"],
+READ_TOOL_SPEC = ToolSpec(
+    name=READ_TOOL,
+    description=(
+        "Read part of a tool output that was shortened to save context. Pass the ref named in the "
+        "output's marker, the character offset to start at, and how many characters to read."
+    ),
+    parameters={
+        "type": "object",
+        "properties": {
+            "ref": {"type": "string", "description": "The ref named in the shortened output's marker."},
+            "offset": {"type": "integer", "minimum": 0, "description": "First character to read."},
+            "length": {"type": "integer", "minimum": 1, "description": "How many characters to read."},
         },
+        "required": ["ref"],
     },
-}
+)
 
 
-def client_has_read_tool(body: dict[str, Any]) -> bool:
-    """A client tool of the same name wins: we neither add ours nor intercept its calls."""
-    return any((t.get("function") or {}).get("name") == READ_TOOL for t in body.get("tools") or () if isinstance(t, dict))
-
-
-def with_read_tool(body: dict[str, Any]) -> dict[str, Any]:
-    return {**body, "tools": [*(body.get("tools") or ()), TOOL_DEFINITION]}
-
-
-def is_ours(call: dict[str, Any]) -> bool:
-    return (call.get("function") or {}).get("name") == READ_TOOL
-
-
-def split_calls(message: Message) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(our calls, the client's calls) of an assistant message."""
-    calls = message.get("tool_calls") or []
-    return [c for c in calls if is_ours(c)], [c for c in calls if not is_ours(c)]
+def split_calls(calls: list[Call], ours: frozenset[str]) -> tuple[list[Call], list[Call]]:
+    """(our calls, the client's calls), each in order."""
+    return [c for c in calls if c.name in ours], [c for c in calls if c.name not in ours]
 
 
 class ReadBack:
-    """Answers `read_tool_output` calls from the conversation's log."""
+    """Answers `read_tool_output` calls from the conversation's log, for one turn.
 
-    def __init__(self, store: Store, refs: RefSigner, key: ConversationKey, settings: TruncationSettings) -> None:
-        self.store, self.refs, self.key, self.settings = store, refs, key, settings
+    Within a turn a range already shown is not shown again ("already shown above"): a model
+    that repeats a read must not grow the prompt with the same text. How much may be shown is
+    the caller's to say (`room`, in characters): an answer that would overflow the prompt's
+    budget is cut to fit, or refused when nothing fits, with a short note saying so.
+    """
 
-    async def answer(self, call: dict[str, Any]) -> Message:
-        return {"role": "tool", "tool_call_id": call.get("id"), "content": await self._read(call)}
+    def __init__(
+        self,
+        store: Store,
+        refs: RefSigner,
+        key: ConversationKey,
+        settings: TruncationSettings,
+        codec: Codec,
+        measure: Callable[[str], int],
+    ) -> None:
+        self.store, self.refs, self.key, self.settings, self.codec = store, refs, key, settings, codec
+        self.measure = measure  # text -> tokens
+        self._shown: dict[str, list[tuple[int, int]]] = {}  # ref -> [start, end) ranges answered this turn
 
-    async def _read(self, call: dict[str, Any]) -> str:
+    async def answer(self, call: Call, room: int | None = None) -> str:
+        """The text answering `call`; `room` = the most tokens the answer may take (None: no bound)."""
         try:
-            args = json.loads((call.get("function") or {}).get("arguments") or "{}")
+            args = json.loads(call.arguments or "{}")
             ref = str(args["ref"])
             offset = max(int(args.get("offset", 0)), 0)
             length = min(max(int(args.get("length", self.settings.read_length)), 1), self.settings.read_length)
@@ -79,69 +76,40 @@ class ReadBack:
             return f"Error: {READ_TOOL} needs JSON arguments {{\"ref\": str, \"offset\": int, \"length\": int}}."
         seq = self.refs.seq_of(self.key, ref)
         stored = await self.store.message(self.key, seq) if seq is not None else None
-        text = text_of(stored.message.get("content")) if stored is not None else None
+        text = None
+        if stored is not None:
+            text = self.codec.text(self.codec.items([stored.message], [stored.seq], [stored.hash])[0])
         if text is None:
-            return f"Error: no stored output has ref {ref!r} in this conversation."
+            return f"Error: no stored output has ref {ref!r} in this conversation. Use a ref named in a shortened output's marker."
         end = min(offset + length, len(text))
+        if offset >= len(text):
+            return f"[{ref}: the output has {len(text)} characters; offset {offset} is past its end]"
+        shown = next((stop for start, stop in self._shown.get(ref, ()) if start <= offset < stop), None)
+        if shown is not None:  # a repeat: the model has it already, and must not loop on it
+            more = "" if shown >= end else f"; to read on, continue with offset={shown}"
+            return f"[{ref}: characters {offset}-{min(end, shown)} were already shown above in this turn{more}]"
+        cut = ""
+        if room is not None and self.measure(text[offset:end]) > room - HEADER_TOKENS:
+            end = self._fit(text, offset, end, room - HEADER_TOKENS)
+            if end - offset < MIN_SHOWN:
+                return (
+                    f"[{ref}: reading characters {offset}-{min(offset + length, len(text))} would overflow the "
+                    "context window; answer with what you have, or read a much shorter range]"
+                )
+            cut = " (cut to fit the context window)"
+        self._shown.setdefault(ref, []).append((offset, end))
         where = "end of output" if end >= len(text) else f"continue with offset={end}"
-        return f"[{ref}: characters {offset}-{end} of {len(text)}; {where}]\n{text[offset:end]}"
+        return f"[{ref}: characters {offset}-{end} of {len(text)}{cut}; {where}]\n{text[offset:end]}"
+
+    def _fit(self, text: str, offset: int, end: int, room: int) -> int:
+        """The largest end (a few tries, each scaled by the measured overshoot) within `room` tokens."""
+        for _ in range(4):
+            tokens = self.measure(text[offset:end])
+            if tokens <= room:
+                return end
+            end = offset + int((end - offset) * room / tokens * 0.95)
+        return offset
 
 
-class CallFilter:
-    """Watches a streamed reply's chunks and takes our calls out of what the client sees.
-
-    `feed` returns the payload to forward (the original bytes when nothing of ours is in it), or
-    None to forward nothing. Client calls keep their order, renumbered from 0 without ours.
-    """
-
-    def __init__(self) -> None:
-        self._ours: set[int] = set()
-        self._client_index: dict[int, int] = {}
-        self.finish_held: bytes | None = None  # the finish chunk, held while only our calls were seen
-
-    @property
-    def saw_ours(self) -> bool:
-        return bool(self._ours)
-
-    @property
-    def saw_client_calls(self) -> bool:
-        return bool(self._client_index)
-
-    def feed(self, payload: bytes, chunk: dict[str, Any] | None) -> bytes | None:
-        if chunk is None:
-            return payload
-        choices = chunk.get("choices") or []
-        deltas = [c for c in choices if (c.get("delta") or {}).get("tool_calls")]
-        finishing = any(c.get("finish_reason") for c in choices)
-        if not deltas and not finishing:
-            return payload
-        changed = False
-        for choice in deltas:
-            kept = list(self._client_deltas(choice["delta"]["tool_calls"]))
-            if kept != choice["delta"]["tool_calls"]:
-                changed = True
-                if kept:
-                    choice["delta"]["tool_calls"] = kept
-                else:
-                    del choice["delta"]["tool_calls"]
-        if finishing and self._ours and not self._client_index:
-            self.finish_held = payload
-            return None
-        if changed:
-            if not any(c.get("delta") or c.get("finish_reason") for c in choices):
-                return None
-            return json.dumps(chunk, ensure_ascii=False).encode()
-        return payload
-
-    def _client_deltas(self, deltas: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-        for delta in deltas:
-            index = delta.get("index", 0)
-            if index not in self._ours and index not in self._client_index:
-                if is_ours(delta):
-                    self._ours.add(index)
-                else:
-                    self._client_index[index] = len(self._client_index)
-            if index in self._ours:
-                continue
-            renumbered = self._client_index[index]
-            yield delta if renumbered == index else {**delta, "index": renumbered}
+MIN_SHOWN = 200  # characters: a read cut shorter than this is not worth a round
+HEADER_TOKENS = 60  # the answer's first line (ref, range, where to continue): ~45 tokens, measured

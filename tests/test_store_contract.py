@@ -208,10 +208,10 @@ async def test_concurrent_appends_to_one_conversation_never_share_a_seq(store):
 async def test_finish_turn_is_one_step_and_keeps_the_turn_record(store):
     pending = await add(store, A, ["question"], PENDING)
     reply = {"role": "assistant", "content": "answer"}
-    seq = await store.finish_turn(A, {pending[0]: LIVE}, (reply, message_hash(reply), LIVE), {"tokens_sent": 12})
+    seq = await store.finish_turn(A, {pending[0]: LIVE}, [(reply, message_hash(reply))], LIVE, {"tokens_sent": 12})
     assert seq == 2
     assert [m.message["content"] for m in await store.messages(A, live_only=True)] == ["question", "answer"]
-    await store.finish_turn(A, {}, None, {"tokens_sent": 30})
+    await store.finish_turn(A, {}, [], LIVE, {"tokens_sent": 30})
     records = await store.turn_records(A)
     assert [(r["turn"], r["tokens_sent"], r["reply_seq"]) for r in records] == [(1, 12, 2), (2, 30, None)]
     assert [r["turn"] for r in await store.turn_records(A, after=1)] == [2]

@@ -21,7 +21,7 @@ from ..errors import ProxyError
 from ..identity import check_conversation_id
 from ..state import SETTINGS, UPSTREAM
 from ..upstream import forwardable
-from .chat import OWN_HEADERS
+from .turns import OWN_HEADERS
 from .passthrough import passthrough
 
 log = logging.getLogger("proxy.models")

@@ -8,7 +8,7 @@ transcript is the live messages in sequence order; the trajectory is every messa
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -126,11 +126,13 @@ class Store(Protocol):
         self,
         key: ConversationKey,
         changes: Mapping[int, str],
-        reply: tuple[Message, str, str] | None,
+        reply: Sequence[tuple[Message, str]],
+        reply_status: str,
         record: Mapping[str, Any] | None,
     ) -> int | None:
-        """End a turn in one atomic step: status changes, then the reply (message, hash, status)
-        appended, then the turn's record (what was sent upstream) kept. Returns the reply's seq."""
+        """End a turn in one atomic step: status changes, then the reply's items (message, hash)
+        appended with `reply_status`, then the turn's record (what was sent upstream) kept.
+        Returns the seq of the reply's first item (None without a reply)."""
 
     async def turn_records(self, key: ConversationKey, *, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
         """The records of finished turns, oldest first (each has `turn`, 1, 2, ...), after turn `after`."""

@@ -15,7 +15,7 @@ import asyncio
 import secrets
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import asdict, replace
@@ -248,19 +248,27 @@ class DiskStore:
         self,
         key: ConversationKey,
         changes: Mapping[int, str],
-        reply: tuple[Message, str, str] | None,
+        reply: Sequence[tuple[Message, str]],
+        reply_status: str,
         record: Mapping[str, Any] | None,
     ) -> int | None:
-        if not set(changes.values()) <= STATUSES or (reply is not None and reply[2] not in STATUSES):
+        if not set(changes.values()) <= STATUSES or (reply and reply_status not in STATUSES):
             raise ValueError("unknown status")
-        return await self._run(self._finish_turn, key, dict(changes), reply, dict(record) if record else None)
+        return await self._run(self._finish_turn, key, dict(changes), list(reply), reply_status, dict(record) if record else None)
 
     def _finish_turn(
-        self, key: ConversationKey, changes: dict[int, str], reply: tuple[Message, str, str] | None, record: dict[str, Any] | None
+        self,
+        key: ConversationKey,
+        changes: dict[int, str],
+        reply: list[tuple[Message, str]],
+        reply_status: str,
+        record: dict[str, Any] | None,
     ) -> int | None:
         def end(raw: dict[str, Any]) -> int | None:  # one load and one save of the record per turn
             self._change_statuses(key, raw, changes)
-            seq = self._add_messages(key, raw, [reply[0]], [reply[1]], reply[2])[0] if reply is not None else None
+            seq = None
+            if reply:
+                seq = self._add_messages(key, raw, [m for m, _ in reply], [h for _, h in reply], reply_status)[0]
             if record is not None:
                 raw["turns"] += 1
                 self._cache.set(_turn_key(key, raw["turns"]), {**record, "turn": raw["turns"], "reply_seq": seq})

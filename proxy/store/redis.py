@@ -33,7 +33,7 @@ import logging
 import random
 import secrets
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import asdict, replace
 from typing import Any, ParamSpec, TypeVar
@@ -159,19 +159,22 @@ return 1
 """
 
 FINISH_TURN = PRELUDE + """
--- ARGV[4] = reply status ('' = no reply), ARGV[5], ARGV[6] = its body and hash,
--- ARGV[7] = the turn record's JSON ('' = none), ARGV[8..] = (seq, status) changes. Returns the reply's seq.
-local refused = check_statuses(8)
+-- ARGV[4] = reply status, ARGV[5] = n, the number of reply items, ARGV[6 .. 5+2n] = their (body, hash)
+-- pairs, then the turn record's JSON ('' = none), then (seq, status) changes. Returns the reply's first seq.
+local n = tonumber(ARGV[5])
+local record_at = 6 + 2 * n
+local refused = check_statuses(record_at + 1)
 if refused then return refused end
-set_statuses(8)
+set_statuses(record_at + 1)
 local seq = false
-if ARGV[4] ~= '' then seq = append(ARGV[4], 5, 6) end
-if ARGV[7] ~= '' then
+if n > 0 then seq = append(ARGV[4], 6, record_at - 1) end
+local record = ARGV[record_at]
+if record ~= '' then
   ensure()
   local turn = redis.call('HINCRBY', meta, 'turns', 1)
   local reply_seq = seq and tostring(seq) or 'null'
   -- Spliced, not re-encoded: cjson would turn the record's empty lists into objects.
-  redis.call('HSET', turns, turn, '{"turn":' .. turn .. ',"reply_seq":' .. reply_seq .. ',"record":' .. ARGV[7] .. '}')
+  redis.call('HSET', turns, turn, '{"turn":' .. turn .. ',"reply_seq":' .. reply_seq .. ',"record":' .. record .. '}')
 end
 return seq
 """
@@ -452,16 +455,17 @@ class RedisStore:
         self,
         key: ConversationKey,
         changes: Mapping[int, str],
-        reply: tuple[Message, str, str] | None,
+        reply: Sequence[tuple[Message, str]],
+        reply_status: str,
         record: Mapping[str, Any] | None,
     ) -> int | None:
-        if not set(changes.values()) <= STATUSES or (reply is not None and reply[2] not in STATUSES):
+        if not set(changes.values()) <= STATUSES or (reply and reply_status not in STATUSES):
             raise ValueError("unknown status")
         stamp = now()
-        message, h, status = reply if reply is not None else (None, "", "")
-        body = _dumps({"t": stamp, "m": message}) if reply is not None else ""
+        items = [x for message, h in reply for x in (_dumps({"t": stamp, "m": message}), h)]
         pairs = [x for seq, st in changes.items() for x in (seq, st)]
-        args = self._args(key, status, body, h, _dumps(dict(record)) if record is not None else "", *pairs, stamp=stamp)
+        record_json = _dumps(dict(record)) if record is not None else ""
+        args = self._args(key, reply_status, len(reply), *items, record_json, *pairs, stamp=stamp)
         with _missing_as_key_error(key):
             seq = await self._finish_turn(keys=self._keys(key), args=args)
         return None if seq is None else int(seq)

@@ -23,6 +23,10 @@ HOP_BY_HOP = frozenset(
 )
 
 
+# Where each managed wire format is sent, under base_url.
+ENDPOINTS = {"chat": "/chat/completions"}
+
+
 def forwardable(headers: Mapping[str, str], drop: frozenset[str] = frozenset()) -> CIMultiDict[str]:
     """Copy headers minus hop-by-hop ones and `drop` (lower-case names)."""
     out: CIMultiDict[str] = CIMultiDict()
@@ -91,11 +95,16 @@ class HttpUpstream:
             headers["Authorization"] = f"Bearer {self.settings.api_key.get_secret_value()}"
         return headers
 
-    async def chat(self, body: Mapping[str, Any], headers: Mapping[str, str]) -> HttpReply:
+    async def call(self, dialect: str, body: Mapping[str, Any], headers: Mapping[str, str]) -> HttpReply:
+        path = ENDPOINTS.get(dialect)
+        if path is None:
+            raise ValueError(f"no upstream endpoint for the {dialect!r} wire format")
         out = self._auth(CIMultiDict(headers))
         out["Content-Type"] = "application/json"
-        data = orjson.dumps(body)
-        return await self.send("POST", "/chat/completions", out, data)
+        return await self.send("POST", path, out, orjson.dumps(body))
+
+    async def chat(self, body: Mapping[str, Any], headers: Mapping[str, str]) -> HttpReply:
+        return await self.call("chat", body, headers)
 
     async def send(self, method: str, path_qs: str, headers: CIMultiDict[str], data: bytes | None) -> HttpReply:
         """One request upstream; returns once the status line and headers are in."""
