@@ -27,6 +27,7 @@ from tests.fake_upstream import FakeUpstream, Reply
 KEY = "sk-ant-test-0123456789"
 HEADERS = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
 WAIT = 5.0  # seconds: an upper bound for what should happen at once, never a sleep
+SAMPLES = Path(__file__).resolve().parent / "samples"
 CLAUDE_CODE_SAMPLE = Path("/work/shared/samples/claude-code-request.json")
 MODEL = "claude-test-1"
 WEATHER = {
@@ -387,6 +388,26 @@ def test_claude_codes_first_request_passes_unchanged(upstream: FakeUpstream, raw
     response = replay(raw, sample)
     assert response.status_code == 200, response.text
     assert upstream.messages_requests() == [sample["body"]]
+
+
+@pytest.mark.parametrize("name", ["claude-turn1.json", "claude-tool-continuation.json", "claude-resumed-turn.json"])
+def test_claude_codes_recorded_requests_pass_unchanged(upstream: FakeUpstream, raw: httpx.Client, name: str) -> None:
+    sample = json.loads((SAMPLES / name).read_text())
+    response = replay(raw, sample)
+    assert response.status_code == 200, response.text
+    assert upstream.messages_requests() == [sample["body"]]
+
+
+def test_the_recorded_requests_have_the_shapes_of_the_shared_sample() -> None:
+    later = json.loads(CLAUDE_CODE_SAMPLE.read_text())["later_requests"]
+    recorded = [json.loads((SAMPLES / n).read_text()) for n in ("claude-tool-continuation.json", "claude-resumed-turn.json")]
+    for sample, request in zip(later, recorded, strict=True):
+        # The sample writes a string content as "text", blocks as their types.
+        shapes = [
+            [m["role"], [b["type"] for b in m["content"]] if isinstance(m["content"], list) else "text"]
+            for m in request["body"]["messages"]
+        ]
+        assert shapes == sample["message_roles_and_blocks"]
 
 
 # --------------------------------------------------------------------------------------------
