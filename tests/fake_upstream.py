@@ -7,6 +7,9 @@ protocol fails its tests here rather than in production.
 Scripted: tests ``enqueue`` replies (text, tool calls, errors, hangs, paused streams) or set a
 ``responder``. The scripting API is thread-safe, so tests may drive a server whose event loop
 runs in another thread (see ``running_in_thread``).
+
+The same server answers Anthropic Messages (``/v1/messages``) from the same script: see
+``tests.fake_anthropic``.
 """
 
 from __future__ import annotations
@@ -687,6 +690,10 @@ class Reply:
     # Streaming: stop after this many SSE events (0 = right after the headers) until release().
     # Non-streaming: any value holds the whole body back until release().
     pause_after_chunks: int | None = None
+    # Streaming, Messages fake: after this many events an `error` event carrying `body` ends the
+    # stream; while paused, a `ping` every `keepalive_every_s`. The chat fake ignores both.
+    error_after_chunks: int | None = None
+    keepalive_every_s: float | None = None
     # Set when the pause point (or the hang) is reached, for tests to synchronise on.
     reached: threading.Event = field(default_factory=threading.Event, repr=False)
     # Set when the client went away while this reply was being served. Certain while parked
@@ -899,6 +906,9 @@ class FakeUpstream:
         self._requests: list[Recorded] = []
         self._chat_bodies: list[dict] = []
         self._responder: Callable[[dict], Reply] = default_responder
+        from tests.fake_anthropic import AnthropicMessages  # here: that module builds on this one
+
+        self.anthropic = AnthropicMessages(self)
         self._runner: web.AppRunner | None = None
         self._parked: set[asyncio.Task[Any]] = set()  # handlers in a pause or hang
         self._closing = False
@@ -910,6 +920,7 @@ class FakeUpstream:
         app = web.Application(client_max_size=64 * 1024 * 1024)  # large prompts are the point
         app.router.add_post("/v1/chat/completions", self._handle_chat)
         app.router.add_get("/v1/models", self._handle_models)
+        app.router.add_routes(self.anthropic.routes())
         app.router.add_route("*", "/{tail:.*}", self._handle_other)
         # handler_cancellation: a client leaving cancels its handler, which is how a parked
         # reply learns about it. A short shutdown_timeout keeps close() quick.
@@ -946,6 +957,10 @@ class FakeUpstream:
         with self._lock:
             return list(self._chat_bodies)
 
+    def messages_requests(self) -> list[dict]:
+        """Bodies of the Anthropic `/v1/messages` requests that passed validation, in order."""
+        return self.anthropic.requests()
+
     def enqueue(self, *replies: Reply) -> None:
         with self._lock:
             self._queue.extend(replies)
@@ -966,6 +981,7 @@ class FakeUpstream:
             self._requests.clear()
             self._chat_bodies.clear()
             self._responder = default_responder
+        self.anthropic.reset()
 
     # -- handlers --
 
@@ -1005,9 +1021,10 @@ class FakeUpstream:
             await self._park(reply, reply.gate.wait())
         return _json(record, completion_body(body, reply), 200)
 
-    def _take_reply(self, body: dict) -> Reply:
+    def _take_reply(self, body: dict, accepted: list[dict] | None = None) -> Reply:
+        """The next scripted Reply; `body` is logged in `accepted` (default: the chat bodies)."""
         with self._lock:
-            self._chat_bodies.append(body)
+            (self._chat_bodies if accepted is None else accepted).append(body)
             if self._queue:
                 return self._queue.popleft()
             responder = self._responder
