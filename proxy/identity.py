@@ -44,10 +44,15 @@ def tenant_of(api_key: str | None) -> str:
     return hashlib.sha256(b"context-proxy tenant\0" + api_key.encode()).hexdigest()[:24]
 
 
+def api_key(request: web.Request) -> str | None:
+    """The client's API key: its Bearer token, or Anthropic's `x-api-key` header."""
+    return bearer_token(request) or (request.headers.get("x-api-key") or "").strip() or None
+
+
 def request_tenant(request: web.Request, settings: ConversationSettings) -> str:
     if not settings.tenant_isolation:
         return SHARED
-    return tenant_of(bearer_token(request))
+    return tenant_of(api_key(request))
 
 
 def check_conversation_id(value: str) -> str:
@@ -57,6 +62,13 @@ def check_conversation_id(value: str) -> str:
             code="invalid_conversation_id",
         )
     return value
+
+
+def session_conversation_id(value: object) -> str | None:
+    """A client's session id as a conversation id, if it is one (a UUID is); else None."""
+    if isinstance(value, str) and CONVERSATION_ID.fullmatch(value) and set(value) != {"."}:
+        return value
+    return None
 
 
 def explicit_conversation_id(request: web.Request, settings: ConversationSettings) -> str | None:

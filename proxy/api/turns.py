@@ -111,7 +111,9 @@ def managed(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamRes
             body=body,
             size=len(await request.read()),  # aiohttp keeps the bytes read
             tenant=request_tenant(request, settings.conversation),
-            conversation_id=explicit_conversation_id(request, settings.conversation),
+            conversation_id=(
+                explicit_conversation_id(request, settings.conversation) or dialect.session_id(body, request.headers)
+            ),
             history=history_mode(request, settings.conversation.history),
             profile=request_profile(request, settings, dialect.model(body)),
             compaction=compaction_control(request),

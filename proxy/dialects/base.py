@@ -8,7 +8,7 @@ and knows its error shapes. The engine and the stages know only this interface.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -54,7 +54,8 @@ class StreamRelay(Protocol):
     well-formed across rounds (one start, contiguous indexes and sequence numbers, one end).
     """
 
-    def begin_round(self, filtering: bool) -> None: ...
+    def begin_round(self, ours: frozenset[str]) -> None:
+        """A new upstream stream starts; `ours` names the proxy's tools in it (empty: none)."""
 
     def feed(self, chunk: bytes) -> bytes:
         """Upstream bytes in, the bytes to forward to the client now out (possibly empty)."""
@@ -93,6 +94,10 @@ class Dialect(Protocol):
 
     def validate(self, raws: Sequence[Raw], start: int) -> None:
         """Check `raws[start:]` enough to store and forward them safely; InvalidRequest otherwise."""
+
+    def session_id(self, body: dict[str, Any], headers: Mapping[str, str]) -> str | None:
+        """The session id a known client sends (Codex's `session-id`, Claude Code's
+        `X-Claude-Code-Session-Id`, ...), when it is a valid conversation id; else None."""
 
     def identity_basis(self, body: dict[str, Any], raws: Sequence[Raw]) -> Any:
         """What names an unmodified agent's run: its system prompt and first user message (JSON)."""

@@ -8,7 +8,7 @@ SSE events ending in `data: [DONE]`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -83,6 +83,9 @@ class ChatDialect:
 
     def validate(self, raws: Sequence[Raw], start: int) -> None:
         validate_messages(raws, start=start)
+
+    def session_id(self, body: dict[str, Any], headers: Mapping[str, str]) -> str | None:
+        return None  # chat clients name no session: the header, the path or a derived id
 
     def identity_basis(self, body: dict[str, Any], raws: Sequence[Raw]) -> Any:
         # Runs before the messages are validated: skip non-dicts. The leading system prompt only:
