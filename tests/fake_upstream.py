@@ -1,7 +1,8 @@
-"""A scripted, strict, OpenAI-compatible server used as the test upstream (Chat Completions).
+"""A scripted, strict, OpenAI-compatible server used as the test upstream: Chat Completions
+here, the Responses API (``POST /v1/responses``) in ``fake_responses``.
 
 Strict: it refuses (HTTP 400, OpenAI error shape) every request the real API refuses per
-/work/shared/OPENAI-RULES.md, so a proxy that leaks its own fields or
+/work/shared/OPENAI-RULES.md (and RESPONSES-RULES.md), so a proxy that leaks its own fields or
 breaks the tool-call protocol fails its tests here rather than in production.
 
 Scripted: tests ``enqueue`` replies (text, tool calls, reasoning, errors, hangs, paused streams,
@@ -979,17 +980,23 @@ class FakeUpstream:
         self._queue: collections.deque[Reply] = collections.deque()
         self._requests: list[Recorded] = []
         self._chat_bodies: list[dict] = []
+        self._responses_bodies: list[dict] = []
         self._responder: Callable[[dict], Reply] = default_responder
         self._runner: web.AppRunner | None = None
         self._parked: set[asyncio.Task[Any]] = set()  # handlers in a pause or hang
         self._closing = False
         self.port: int = 0
+        # Imported here: the Responses fake builds on this module's replies and refusals.
+        from tests.fake_responses import ResponsesAPI
+
+        self.responses = ResponsesAPI()  # POST /v1/responses, and what it stored
 
     # -- lifecycle --
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
         app = web.Application(client_max_size=64 * 1024 * 1024)  # large prompts are the point
         app.router.add_post("/v1/chat/completions", self._handle_chat)
+        app.router.add_post("/v1/responses", self._handle_responses)
         app.router.add_get("/v1/models", self._handle_models)
         app.router.add_route("*", "/{tail:.*}", self._handle_other)
         # handler_cancellation: a client leaving cancels its handler, which is how a parked
@@ -1027,6 +1034,11 @@ class FakeUpstream:
         with self._lock:
             return list(self._chat_bodies)
 
+    def responses_requests(self) -> list[dict]:
+        """Bodies of the Responses requests that passed validation, in order."""
+        with self._lock:
+            return list(self._responses_bodies)
+
     def enqueue(self, *replies: Reply) -> None:
         with self._lock:
             self._queue.extend(replies)
@@ -1046,7 +1058,9 @@ class FakeUpstream:
             self._queue.clear()
             self._requests.clear()
             self._chat_bodies.clear()
+            self._responses_bodies.clear()
             self._responder = default_responder
+        self.responses.reset()  # the responses it stored and the reasoning it issued
 
     # -- handlers --
 
@@ -1065,6 +1079,9 @@ class FakeUpstream:
 
     async def _handle_chat(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, CHAT_COMPLETIONS, self._chat_bodies)
+
+    async def _handle_responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, self.responses, self._responses_bodies)
 
     async def _serve(
         self, request: web.Request, wire: WireFormat, accepted: list[dict]
