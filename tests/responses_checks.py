@@ -45,11 +45,16 @@ INCLUDABLE = (
 )
 STREAM_OPTIONS_KEYS = frozenset({"include_obfuscation"})
 
+
+def _key_sets(table: dict[str, str]) -> dict[str, frozenset[str]]:
+    """``{"kind": "key key ..."}`` as the sets of keys each kind may carry, ``type`` included."""
+    return {kind: frozenset(keys.split()) | {"type"} for kind, keys in table.items()}
+
+
 # The keys each input item type may carry (the openai SDK's input item params; `id` on every
 # message, as Codex sends it). Checked in more depth below for the types agents use.
-ITEM_KEYS: dict[str, frozenset[str]] = {
-    name: frozenset(keys.split()) | {"type"}
-    for name, keys in {
+ITEM_KEYS = _key_sets(
+    {
         "message": "id role content status phase",
         "function_call": "id call_id name arguments status namespace caller async",
         "function_call_output": "id call_id output status name namespace caller",
@@ -84,34 +89,34 @@ ITEM_KEYS: dict[str, frozenset[str]] = {
         "configuration_update": "id reasoning text",
         "program": "id call_id code fingerprint",
         "program_output": "id call_id result status",
-    }.items()
-}
+    }
+)
 # The prefix the real API demands of an item id it issues, when the item carries one.
 ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fc", "reasoning": "rs"}
 
-INPUT_ROLES = ("user", "system", "developer")
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
-PART_KEYS: dict[str, frozenset[str]] = {
-    name: frozenset(keys.split()) | {"type"}
-    for name, keys in {
+PART_KEYS = _key_sets(
+    {
         "input_text": "text",
         "input_image": "image_url file_id detail",
         "input_file": "file_id file_data file_url filename detail",
         "input_audio": "input_audio",
         "output_text": "text annotations logprobs",
         "refusal": "refusal",
-    }.items()
-}
+    }
+)
 INPUT_PARTS = ("input_text", "input_image", "input_file", "input_audio")
 OUTPUT_PARTS = ("output_text", "refusal")
 TOOL_OUTPUT_PARTS = ("input_text", "input_image", "input_file")
 STATUSES = ("in_progress", "completed", "incomplete")
 
-FUNCTION_TOOL_KEYS = frozenset(
-    "type name description parameters strict defer_loading output_schema allowed_callers async".split()
+TOOL_KEYS = _key_sets(
+    {
+        "function": "name description parameters strict defer_loading output_schema allowed_callers async",
+        "custom": "name description format defer_loading allowed_callers async",
+        "namespace": "name description tools",
+    }
 )
-CUSTOM_TOOL_KEYS = frozenset("type name description format defer_loading allowed_callers async".split())
-NAMESPACE_TOOL_KEYS = frozenset({"type", "name", "description", "tools"})
 BUILT_IN_TOOLS = frozenset(
     {
         "file_search", "computer", "computer_use_preview", "web_search", "web_search_2025_08_26",
@@ -227,18 +232,18 @@ def _check_tool(tool: Any, path: str, nested: bool) -> str | None:
     if kind == "function":
         if "name" not in tool:  # e.g. a Chat Completions tool: {"type", "function": {...}}
             raise _missing(f"{path}.name")
-        _check_keys(tool, FUNCTION_TOOL_KEYS, path)
+        _check_keys(tool, TOOL_KEYS["function"], path)
         _check_name(f"{path}.name", tool["name"])
         _check_function_parameters(tool, path)
         return tool["name"]
     if kind == "custom":
         if "name" not in tool:
             raise _missing(f"{path}.name")
-        _check_keys(tool, CUSTOM_TOOL_KEYS, path)
+        _check_keys(tool, TOOL_KEYS["custom"], path)
         _check_name(f"{path}.name", tool["name"])
         return tool["name"]
     if kind == "namespace" and not nested:
-        _check_keys(tool, NAMESPACE_TOOL_KEYS, path)
+        _check_keys(tool, TOOL_KEYS["namespace"], path)
         if "name" not in tool:
             raise _missing(f"{path}.name")
         _check_name(f"{path}.name", tool["name"])

@@ -7,64 +7,30 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import openai
 import pytest
-import pytest_asyncio
 from agents import Agent, OpenAIResponsesModel, RunConfig, Runner, function_tool
 from openai import AsyncOpenAI
 
 from tests.fake_responses import SEAL_PREFIX
-from tests.fake_upstream import FakeUpstream, Reply, last_user_text, running_in_thread
+from tests.fake_upstream import FakeUpstream, Reply, last_user_text
+from tests.test_fake_upstream import AUTH, WAIT, wait_for_event
+from tests.test_fake_upstream import WEATHER_TOOL as CHAT_WEATHER_TOOL
 
-AUTH = {"Authorization": "Bearer sk-test"}
-WAIT = 5.0  # seconds: an upper bound for events that should happen at once, never a sleep
 SHARED_SAMPLE = Path("/work/shared/samples/codex-request.json")
 
-WEATHER_TOOL = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Current weather of a city",
-    "strict": True,
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-        "additionalProperties": False,
-    },
-}
+# The chat tests' tool in the Responses form: flat, no "function" wrapper.
+WEATHER_TOOL = {"type": "function", **CHAT_WEATHER_TOOL["function"]}
 
 
 # --------------------------------------------------------------------------------------------
 # Fixtures and helpers
 # --------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeUpstream]:
-    with running_in_thread() as server:  # its own loop in another thread, as in the suite
-        yield server
-
-
-@pytest_asyncio.fixture
-async def sdk(fake: FakeUpstream) -> AsyncIterator[AsyncOpenAI]:
-    client = AsyncOpenAI(base_url=fake.base_url, api_key="sk-test", max_retries=0)
-    yield client
-    await client.close()
-
-
-@pytest_asyncio.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as client_session:
-        yield client_session
-
-
-async def wait_for_event(event: Any) -> bool:
-    return await asyncio.to_thread(event.wait, WAIT)
 
 
 async def post(session: aiohttp.ClientSession, fake: FakeUpstream, body: Any) -> tuple[int, Any]:

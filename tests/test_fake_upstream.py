@@ -6,16 +6,15 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 import openai
 import pytest
-import pytest_asyncio
 from openai import AsyncOpenAI
 
-from tests.fake_upstream import FakeUpstream, Reply, running_in_thread, validate_chat_request
+from tests.fake_upstream import FakeUpstream, Reply, validate_chat_request
 
 AUTH = {"Authorization": "Bearer sk-test"}
 WAIT = 5.0  # seconds: an upper bound for events that should happen at once, never a sleep
@@ -24,27 +23,6 @@ WAIT = 5.0  # seconds: an upper bound for events that should happen at once, nev
 # --------------------------------------------------------------------------------------------
 # Fixtures and helpers
 # --------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeUpstream]:
-    # The server runs on its own loop in another thread, as the scripting API promises to
-    # support: every test here drives it cross-thread.
-    with running_in_thread() as server:
-        yield server
-
-
-@pytest_asyncio.fixture
-async def sdk(fake: FakeUpstream) -> AsyncIterator[AsyncOpenAI]:
-    sdk = AsyncOpenAI(base_url=fake.base_url, api_key="sk-test", max_retries=0)
-    yield sdk
-    await sdk.close()
-
-
-@pytest_asyncio.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as client_session:
-        yield client_session
 
 
 async def wait_for_event(event: Any) -> bool:
