@@ -16,6 +16,7 @@ serve: $(STAMP)
 test: $(STAMP)
 	scripts/ensure-redis.sh
 	scripts/ensure-chromium.sh
+	scripts/ensure-codex.sh
 	$(VENV)/bin/python -m pytest
 
 bench: $(STAMP)

@@ -23,6 +23,7 @@ from tests.test_fake_upstream import AUTH, WAIT, wait_for_event
 from tests.test_fake_upstream import WEATHER_TOOL as CHAT_WEATHER_TOOL
 
 SHARED_SAMPLE = Path("/work/shared/samples/codex-request.json")
+RECORDED = Path(__file__).parent / "samples" / "codex-session.json"
 
 # The chat tests' tool in the Responses form: flat, no "function" wrapper.
 WEATHER_TOOL = {"type": "function", **CHAT_WEATHER_TOOL["function"]}
@@ -352,6 +353,29 @@ async def test_codex_sample_requests_pass_unchanged(fake: FakeUpstream, session:
     received = fake.responses_requests()
     assert received[0] == sample["first_request"]["body"]
     assert [item_kinds(r["input"]) for r in received[1:]] == [r["input_item_types"] for r in sample["later_requests"]]
+
+
+@pytest.mark.parametrize("turn", ["turn_1", "tool_continuation", "resumed_turn"])
+async def test_recorded_codex_session_replays_unchanged(
+    fake: FakeUpstream, session: aiohttp.ClientSession, turn: str
+) -> None:
+    """What Codex CLI really sent (tests/samples/codex-session.json): accepted by a fresh fake,
+    because the reasoning it echoes is sealed by the fake's fixed key."""
+    body = json.loads(RECORDED.read_text())[turn]["body"]
+    status, answer = await post(session, fake, {**body, "stream": False})
+    assert status == 200, answer
+
+
+async def test_a_recorded_reasoning_item_with_changed_content_is_refused(
+    fake: FakeUpstream, session: aiohttp.ClientSession
+) -> None:
+    body = json.loads(RECORDED.read_text())["tool_continuation"]["body"]
+    reasoning = next(item for item in body["input"] if item["type"] == "reasoning")
+    reasoning["encrypted_content"] = reasoning["encrypted_content"][:-4] + "AAAA"
+
+    status, answer = await post(session, fake, {**body, "stream": False})
+
+    assert status == 400 and answer["error"]["code"] == "invalid_encrypted_content"
 
 
 # --------------------------------------------------------------------------------------------
