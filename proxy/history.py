@@ -73,6 +73,25 @@ def plan_proxy_history(codec: Codec, raws: list[Raw], hashes: list[str], live: l
     )
 
 
+def plan_anchored(raws: list[Raw], hashes: list[str], live: list[StoredMessage], anchor_seq: int) -> TurnPlan:
+    """The request continues the reply ending at `anchor_seq` with new items only: the live
+    transcript up to it goes first; live items after it were branched away from (superseded)."""
+    history = [m for m in live if m.seq <= anchor_seq]
+    return TurnPlan(
+        new=raws,
+        new_hashes=hashes,
+        upstream=[m.message for m in history] + raws,
+        known_seqs=[m.seq for m in history],
+        supersede=[m.seq for m in live if m.seq > anchor_seq],
+        upstream_hashes=[m.hash for m in history] + hashes,
+    )
+
+
+def plan_appended(raws: list[Raw], hashes: list[str]) -> TurnPlan:
+    """Everything in the request is new and goes upstream as it is; nothing stored is touched."""
+    return TurnPlan(new=raws, new_hashes=hashes, upstream=raws, upstream_hashes=hashes)
+
+
 def is_fresh_start(codec: Codec, raws: list[Raw], hashes: list[str]) -> bool:
     """Whether a request is an agent starting over: its system prompt and its task, nothing else."""
     items = codec.items(raws, [None] * len(raws), hashes)

@@ -216,3 +216,15 @@ async def test_finish_turn_is_one_step_and_keeps_the_turn_record(store):
     assert [(r["turn"], r["tokens_sent"], r["reply_seq"]) for r in records] == [(1, 12, 2), (2, 30, None)]
     assert [r["turn"] for r in await store.turn_records(A, after=1)] == [2]
     assert await store.turn_records(B) == []
+
+
+async def test_a_reply_of_several_items_is_named_by_its_response_id_until_deleted(store):
+    pending = await add(store, A, ["question"], PENDING)
+    reply = [({"type": "reasoning", "id": "rs_1"}, "h1"), ({"type": "message", "role": "assistant"}, "h2")]
+    first = await store.finish_turn(A, {pending[0]: LIVE}, reply, LIVE, {"response_id": "resp_1"})
+    assert first == 2 and [m.seq for m in await store.messages(A, live_only=True)] == [1, 2, 3]
+    assert await store.response_owner(A.tenant, "resp_1") == (A.id, 3)  # the reply's last item
+    assert await store.response_owner(B.tenant, "resp_1") is None  # another tenant knows nothing of it
+    assert await store.response_owner(A.tenant, "resp_unknown") is None
+    await store.delete(A)
+    assert await store.response_owner(A.tenant, "resp_1") is None

@@ -16,6 +16,7 @@ from aiohttp import web
 from ..config import ContextSettings, Profile, Settings
 from ..dialects.base import Dialect
 from ..dialects.chat import CHAT
+from ..dialects.responses import RESPONSES
 from ..engine import TurnReport, TurnRequest
 from ..errors import ERROR_SHAPE, InvalidRequest
 from ..identity import explicit_conversation_id, request_tenant
@@ -111,15 +112,14 @@ def managed(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamRes
             body=body,
             size=len(await request.read()),  # aiohttp keeps the bytes read
             tenant=request_tenant(request, settings.conversation),
-            conversation_id=(
-                explicit_conversation_id(request, settings.conversation) or dialect.session_id(body, request.headers)
-            ),
+            conversation_id=explicit_conversation_id(request, settings.conversation),
+            session_id=dialect.session_id(body, request.headers),
             history=history_mode(request, settings.conversation.history),
             profile=request_profile(request, settings, dialect.model(body)),
             compaction=compaction_control(request),
             headers=dict(forwardable(request.headers, drop=OWN_HEADERS | {settings.conversation.id_header.lower()})),
         )
-        key = engine.conversation_key(turn)
+        key = await engine.conversation_key(turn)
         request[CONVERSATION] = key
         report = TurnReport(key, dialect.name, dialect.model(body))
         sink = ResponseSink(request)
@@ -137,9 +137,12 @@ def managed(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamRes
 
 
 chat_completions = managed(CHAT)
+responses = managed(RESPONSES)
 
 
 def add_routes(app: web.Application) -> None:
     for prefix in ("", "/c/{conversation_id}"):
         app.router.add_post(prefix + "/v1/chat/completions", chat_completions)
         app.router.add_post(prefix + "/chat/completions", chat_completions)
+        app.router.add_post(prefix + "/v1/responses", responses)
+        app.router.add_post(prefix + "/responses", responses)

@@ -81,6 +81,14 @@ class StreamRelay(Protocol):
         """The reply the client saw, as items to store (empty if it saw nothing yet)."""
 
     @property
+    def response_id(self) -> str | None:
+        """The reply's id as the client saw it (Responses), else None."""
+
+    @property
+    def upstream_error(self) -> str | None:
+        """The upstream's own error event, relayed to the client, if the stream ended in one."""
+
+    @property
     def usage(self) -> dict[str, Any] | None: ...
 
 
@@ -94,6 +102,13 @@ class Dialect(Protocol):
 
     def validate(self, raws: Sequence[Raw], start: int) -> None:
         """Check `raws[start:]` enough to store and forward them safely; InvalidRequest otherwise."""
+
+    def anchor(self, body: dict[str, Any]) -> str | None:
+        """The earlier reply this request continues, by the id the upstream gave it (Responses'
+        `previous_response_id`): the request then carries only its new items. None: no anchor."""
+
+    def detach_anchor(self, body: dict[str, Any]) -> dict[str, Any]:
+        """`body` without its anchor: the proxy sends the history itself."""
 
     def session_id(self, body: dict[str, Any], headers: Mapping[str, str]) -> str | None:
         """The session id a known client sends (Codex's `session-id`, Claude Code's

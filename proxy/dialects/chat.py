@@ -84,6 +84,12 @@ class ChatDialect:
     def validate(self, raws: Sequence[Raw], start: int) -> None:
         validate_messages(raws, start=start)
 
+    def anchor(self, body: dict[str, Any]) -> str | None:
+        return None  # chat requests carry their history (or X-History: proxy)
+
+    def detach_anchor(self, body: dict[str, Any]) -> dict[str, Any]:
+        return body
+
     def session_id(self, body: dict[str, Any], headers: Mapping[str, str]) -> str | None:
         return None  # chat clients name no session: the header, the path or a derived id
 

@@ -82,6 +82,8 @@ class ChatRelay:
         return self._done_held or b""
 
     def error_event(self, exc: ProxyError) -> bytes:
+        if self._seen.error is not None:
+            return b""  # the upstream's own error event went to the client already
         return b"data: " + orjson.dumps(error_body(exc.message, exc.type, exc.code, exc.param)) + b"\n\n"
 
     @property
@@ -94,6 +96,14 @@ class ChatRelay:
     @property
     def usage(self) -> dict[str, Any] | None:
         return self._round.usage or self._usage
+
+    @property
+    def response_id(self) -> str | None:
+        return None
+
+    @property
+    def upstream_error(self) -> str | None:
+        return self._seen.error
 
 
 class CallFilter:

@@ -23,7 +23,7 @@ from ..compaction import CompactionJob
 from ..compaction.runner import CompactionRunner
 from ..config import Settings
 from ..errors import InvalidRequest
-from ..history import TurnPlan, plan_full_history, plan_proxy_history
+from ..history import TurnPlan, plan_anchored, plan_appended, plan_full_history, plan_proxy_history
 from ..identity import ConversationKey, derived_conversation_id
 from ..metrics import Metrics
 from ..pipeline import Pipeline, Turn
@@ -62,19 +62,28 @@ class Engine:
             summarizer, compaction, router, prefixes, metrics,
         )
 
-    def conversation_key(self, request: TurnRequest) -> ConversationKey:
-        """The conversation a request belongs to: the one it names, else one derived from its run."""
+    async def conversation_key(self, request: TurnRequest) -> ConversationKey:
+        """The conversation a request belongs to, in this order: the one it names; the one that
+        produced the reply it continues (Responses' previous_response_id); the client's session;
+        else one derived from its run (system prompt and task)."""
+        tenant, dialect = request.tenant, request.dialect
+        anchor = dialect.anchor(request.body)
+        owner = await self.store.response_owner(tenant, anchor) if anchor is not None else None
+        if owner is not None and request.conversation_id in (None, owner[0]):
+            request.anchor_seq = owner[1]
+            return ConversationKey(tenant, owner[0])
         if request.conversation_id is not None:
-            return ConversationKey(request.tenant, request.conversation_id)
+            return ConversationKey(tenant, request.conversation_id)
+        if request.session_id is not None:
+            return ConversationKey(tenant, request.session_id)
         if request.history == "proxy":
             raise InvalidRequest(
                 f"X-History: proxy needs a conversation id ({self.settings.conversation.id_header} header "
                 "or a /c/<id>/v1 base URL)",
                 code="conversation_id_required",
             )
-        dialect = request.dialect
         basis = dialect.identity_basis(request.body, dialect.transcript(request.body))
-        return ConversationKey(request.tenant, derived_conversation_id(request.tenant, basis))
+        return ConversationKey(tenant, derived_conversation_id(tenant, basis))
 
     async def run(self, request: TurnRequest, key: ConversationKey, report: TurnReport, sink: ClientSink) -> Outcome:
         """Run one turn; `report` is filled in as it goes (also when the turn fails)."""
@@ -113,6 +122,8 @@ class Engine:
                 await self.compaction.run_now(job)  # before forwarding: this request already uses the new summary
             turn.summary = await self.compaction.current_summary(job)
             upstream = self.router.for_model(model)
+            if request.anchor_seq is not None:
+                body = dialect.detach_anchor(body)  # the history goes from our store: the upstream needs none
             exchange = Exchange(
                 turn, writer, dialect, body, dialect.streaming(body), self.pipeline, upstream, sink, self.metrics
             )
@@ -127,6 +138,13 @@ class Engine:
     async def _plan(
         self, request: TurnRequest, key: ConversationKey, raws: list, hashes: list[str], conversation: Conversation | None
     ) -> TurnPlan:
+        if request.anchor_seq is not None and conversation is not None:  # continues a stored reply
+            live = await self.store.messages(key, live_only=True)
+            return plan_anchored(raws, hashes, live, request.anchor_seq)
+        if request.dialect.anchor(request.body) is not None:
+            # An anchor the proxy never stored (a reply from before it): the upstream holds that
+            # history, so the request goes as it came and its items are simply added.
+            return plan_appended(raws, hashes)
         if request.history == "full":
             return plan_full_history(raws, hashes, conversation)
         live = await self.store.messages(key, live_only=True) if conversation else []

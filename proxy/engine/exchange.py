@@ -189,6 +189,7 @@ class Exchange:
         except BaseException:
             await self.writer.fail()
             raise
+        self.report.response_id = read.response_id if read is not None else None
         await self.writer.accept(read.items if read is not None else [])
         return Outcome(reply.status, self._headers(reply), data, self.report)
 
@@ -223,8 +224,15 @@ class Exchange:
             raise
         except ProxyError as exc:
             broken = exc
+        if broken is None and relay.upstream_error is not None:
+            broken = UpstreamStreamBroken(f"Upstream ended the stream with an error: {relay.upstream_error}")
         if broken is None and not relay.finished:
             broken = UpstreamStreamBroken("Upstream stream ended before the reply was complete")
+        self.report.response_id = relay.response_id
+        if broken is not None:  # one way for every broken stream: logged, counted, kept as incomplete
+            self.report.stream_error = broken.message
+            self.metrics.stream_errors.inc()
+            log.warning("streamed reply broke off: %s", broken.message, extra={"conversation": str(self.turn.key)})
         try:
             if broken is not None:
                 await self.writer.keep_partial(relay.seen())

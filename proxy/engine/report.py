@@ -38,6 +38,8 @@ class TurnReport:
     quota_warning: str | None = None
     upstream_s: float = 0.0  # waiting on the upstream, every call together
     usage: dict[str, Any] | None = None  # what the upstream reported for the last call
+    response_id: str | None = None  # the reply's id as the client saw it (Responses)
+    stream_error: str | None = None  # why a streamed reply broke off, if it did
 
     def saved(self, stage: str, chars: int) -> None:
         self.chars_saved[stage] = self.chars_saved.get(stage, 0) + chars
@@ -74,6 +76,7 @@ class TurnReport:
             "llm_calls": self.llm_calls,
             "llm_call_limit": self.llm_call_limit,
             "read_rounds": self.read_rounds,
+            "response_id": self.response_id,
             "status": status,
             "new_seqs": new_seqs,
         }

@@ -19,11 +19,13 @@ class TurnRequest:
     body: dict[str, Any]  # the request body as received; nothing edits it
     size: int  # bytes of the body
     tenant: str
-    conversation_id: str | None  # named by the client (header, path, session id); None = derive it
+    conversation_id: str | None  # named by the client (X-Conversation-ID, the /c/<id> path)
+    session_id: str | None  # the session a known client names (Codex, Claude Code)
     history: str  # "full": the request carries the transcript; "proxy": only its new items
     profile: Profile
     compaction: str | None  # "force" | "skip" | None (X-Compaction)
     headers: dict[str, str]  # what goes upstream with the request (credentials, betas, ...)
+    anchor_seq: int | None = None  # set by the engine: the stored reply the request continues
 
 
 @dataclass(slots=True)

@@ -131,8 +131,13 @@ class Store(Protocol):
         record: Mapping[str, Any] | None,
     ) -> int | None:
         """End a turn in one atomic step: status changes, then the reply's items (message, hash)
-        appended with `reply_status`, then the turn's record (what was sent upstream) kept.
-        Returns the seq of the reply's first item (None without a reply)."""
+        appended with `reply_status`, then the turn's record (what was sent upstream) kept; a
+        record's `response_id` names the reply from then on (`response_owner`). Returns the seq of
+        the reply's first item (None without a reply)."""
+
+    async def response_owner(self, tenant: str, response_id: str) -> tuple[str, int] | None:
+        """The conversation id and the seq of the last item of the reply a turn record named by
+        `response_id` (kept by finish_turn when the record has one); None if unknown."""
 
     async def turn_records(self, key: ConversationKey, *, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
         """The records of finished turns, oldest first (each has `turn`, 1, 2, ...), after turn `after`."""

@@ -71,6 +71,10 @@ def _summary_key(key: ConversationKey, summary_id: int) -> str:
     return f"summary{SEP}{key.tenant}{SEP}{key.id}{SEP}{summary_id:08d}"
 
 
+def _response_key(tenant: str, response_id: str) -> str:
+    return f"response{SEP}{tenant}{SEP}{response_id}"
+
+
 def _index_page(scope: str, page: int) -> str:
     return f"index{SEP}{scope}{SEP}{page:012d}"
 
@@ -168,6 +172,9 @@ class DiskStore:
             for summary_id in range(1, raw["summaries"] + 1):
                 self._cache.delete(_summary_key(key, summary_id))
             for turn in range(1, raw["turns"] + 1):
+                record = self._cache.get(_turn_key(key, turn))
+                if isinstance(record, dict) and record.get("response_id"):
+                    self._cache.delete(_response_key(key.tenant, record["response_id"]))
                 self._cache.delete(_turn_key(key, turn))
             self._cache.delete(_conv_key(key))
             self._snapshots.pop(key, None)
@@ -272,9 +279,15 @@ class DiskStore:
             if record is not None:
                 raw["turns"] += 1
                 self._cache.set(_turn_key(key, raw["turns"]), {**record, "turn": raw["turns"], "reply_seq": seq})
+                if seq is not None and record.get("response_id"):
+                    self._cache.set(_response_key(key.tenant, record["response_id"]), (key.id, seq + len(reply) - 1))
             return seq
 
         return self._update_record(key, end)
+
+    async def response_owner(self, tenant: str, response_id: str) -> tuple[str, int] | None:
+        found = await self._run(self._cache.get, _response_key(tenant, response_id))
+        return (found[0], int(found[1])) if found else None
 
     async def turn_records(self, key: ConversationKey, *, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
         return await self._run(self._turn_records, key, after, limit)

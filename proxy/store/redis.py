@@ -55,7 +55,7 @@ log = logging.getLogger("proxy.store.redis")
 P = ParamSpec("P")
 T = TypeVar("T")
 
-CONVERSATION_PARTS = ("meta", "body", "hash", "status", "live", "fwd", "rw", "sum", "turns")
+CONVERSATION_PARTS = ("meta", "body", "hash", "status", "live", "fwd", "rw", "sum", "turns", "resp")
 NO_CONVERSATION = "no such conversation"
 NO_MESSAGE = "no such message"
 
@@ -91,7 +91,7 @@ def _guarded(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
 # stamp; their own arguments start at ARGV[4].
 
 PRELUDE = """
-local meta, body, hashes, statuses, live, fwd, rw, sums, turns, index, tenants, created, all = unpack(KEYS)
+local meta, body, hashes, statuses, live, fwd, rw, sums, turns, resp, index, tenants, created, all, responses = unpack(KEYS)
 local tenant, id, stamp = ARGV[1], ARGV[2], ARGV[3]
 
 -- Create the conversation record if new, and list it (creation order from a counter, not a clock).
@@ -160,14 +160,20 @@ return 1
 
 FINISH_TURN = PRELUDE + """
 -- ARGV[4] = reply status, ARGV[5] = n, the number of reply items, ARGV[6 .. 5+2n] = their (body, hash)
--- pairs, then the turn record's JSON ('' = none), then (seq, status) changes. Returns the reply's first seq.
+-- pairs, then the reply's response id ('' = none), then the turn record's JSON ('' = none), then
+-- (seq, status) changes. Returns the reply's first seq.
 local n = tonumber(ARGV[5])
-local record_at = 6 + 2 * n
+local record_at = 7 + 2 * n
 local refused = check_statuses(record_at + 1)
 if refused then return refused end
 set_statuses(record_at + 1)
 local seq = false
-if n > 0 then seq = append(ARGV[4], 6, record_at - 1) end
+if n > 0 then seq = append(ARGV[4], 6, record_at - 2) end
+local response_id = ARGV[record_at - 1]
+if seq and response_id ~= '' then
+  redis.call('HSET', responses, response_id, id .. '\0' .. (seq + n - 1))
+  redis.call('SADD', resp, response_id)
+end
 local record = ARGV[record_at]
 if record ~= '' then
   ensure()
@@ -205,7 +211,9 @@ return sid
 
 DELETE = PRELUDE + """
 if redis.call('EXISTS', meta) == 0 then return 0 end
-redis.call('UNLINK', meta, body, hashes, statuses, live, fwd, rw, sums, turns)
+local known = redis.call('SMEMBERS', resp)
+if #known > 0 then redis.call('HDEL', responses, unpack(known)) end
+redis.call('UNLINK', meta, body, hashes, statuses, live, fwd, rw, sums, turns, resp)
 redis.call('ZREM', index, id)
 redis.call('ZREM', all, tenant .. '/' .. id)
 return 1
@@ -309,7 +317,11 @@ class RedisStore:
         """The KEYS of every conversation script, in PRELUDE's order."""
         return [self._conv(key, part) for part in CONVERSATION_PARTS] + [
             self._index(key.tenant), self._global("tenants"), self._global("created"), self._global("all"),
+            self._responses(key.tenant),
         ]
+
+    def _responses(self, tenant: str) -> str:
+        return f"{self._prefix}responses:{tenant}"
 
     def _args(self, key: ConversationKey, *rest: Any, stamp: float | None = None) -> list[Any]:
         return [key.tenant, key.id, repr(now() if stamp is None else stamp), *rest]
@@ -465,10 +477,19 @@ class RedisStore:
         items = [x for message, h in reply for x in (_dumps({"t": stamp, "m": message}), h)]
         pairs = [x for seq, st in changes.items() for x in (seq, st)]
         record_json = _dumps(dict(record)) if record is not None else ""
-        args = self._args(key, reply_status, len(reply), *items, record_json, *pairs, stamp=stamp)
+        response_id = str((record or {}).get("response_id") or "")
+        args = self._args(key, reply_status, len(reply), *items, response_id, record_json, *pairs, stamp=stamp)
         with _missing_as_key_error(key):
             seq = await self._finish_turn(keys=self._keys(key), args=args)
         return None if seq is None else int(seq)
+
+    @_guarded
+    async def response_owner(self, tenant: str, response_id: str) -> tuple[str, int] | None:
+        found = await self._redis.hget(self._responses(tenant), response_id)
+        if found is None:
+            return None
+        conversation_id, _, seq = (found.decode() if isinstance(found, bytes) else found).partition("\0")
+        return conversation_id, int(seq)
 
     @_guarded
     async def turn_records(self, key: ConversationKey, *, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:

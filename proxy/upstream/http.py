@@ -24,7 +24,7 @@ HOP_BY_HOP = frozenset(
 
 
 # Where each managed wire format is sent, under base_url.
-ENDPOINTS = {"chat": "/chat/completions"}
+ENDPOINTS = {"chat": "/chat/completions", "responses": "/responses"}
 
 
 def forwardable(headers: Mapping[str, str], drop: frozenset[str] = frozenset()) -> CIMultiDict[str]:
