@@ -8,16 +8,18 @@ import time
 from collections.abc import AsyncIterator
 
 from aiohttp import web
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from .api import admin, models, turns, ui
 from .api.passthrough import passthrough
+from .compaction import check_compactors
 from .compaction.runner import CompactionRunner
 from .config import Settings
 from .engine import Engine
 from .errors import error_boundary
 from .identity import ConversationKey
 from .logs import monotonic_ms
-from .metrics import Metrics, metrics_handler
+from .metrics import Metrics
 from .pipeline import build_pipeline
 from .prefix import PrefixCache
 from .refs import RefSigner
@@ -116,7 +118,15 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
 RUNNER_OPTIONS = {"access_log": None, "handler_cancellation": True}
 
 
+async def metrics_handler(request: web.Request) -> web.Response:
+    response = web.Response(body=request.app[METRICS].render())
+    response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
+    return response
+
+
 def build_app(settings: Settings) -> web.Application:
+    """The proxy's app; raises ConfigError for a setting only start-up can check (user code)."""
+    check_compactors(settings)
     # The request log wraps the error boundary so that it logs the status the client really got.
     app = web.Application(
         client_max_size=int(settings.server.max_body_mb * 1024 * 1024),

@@ -37,13 +37,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"context-proxy: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.logging.level)
-    asyncio.run(serve_forever(settings))
+    try:
+        app = build_app(settings)
+    except ConfigError as exc:
+        print(f"context-proxy: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(serve_forever(settings, app))
     return 0
 
 
-async def serve_forever(settings: Settings) -> None:
+async def serve_forever(settings: Settings, app: web.Application) -> None:
     """Serve until SIGINT/SIGTERM, then close every resource cleanly."""
-    runner = web.AppRunner(build_app(settings), handle_signals=False, **RUNNER_OPTIONS)
+    runner = web.AppRunner(app, handle_signals=False, **RUNNER_OPTIONS)
     await runner.setup()
     site = web.TCPSite(runner, settings.server.host, settings.server.port)
     await site.start()

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import time
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from .identity import ConversationKey
 
@@ -63,11 +61,3 @@ class Metrics:
     def render(self) -> bytes:
         self._refresh_active()
         return generate_latest(self.registry)
-
-
-async def metrics_handler(request: web.Request) -> web.Response:
-    from .state import METRICS
-
-    response = web.Response(body=request.app[METRICS].render())
-    response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
-    return response

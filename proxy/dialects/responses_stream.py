@@ -17,7 +17,8 @@ import orjson
 
 from ..errors import ProxyError, UpstreamStreamBroken, error_body
 from ..transcript import Raw
-from .base import ReplyRead, RoundEnd
+from .base import RoundEnd
+from .responses_codec import CALLS, item_type, reply_read
 
 MAX_EVENT_BYTES = 16 * 2**20  # one SSE event; a bigger one is a broken (or hostile) upstream
 HELD = -1  # an output index whose events wait for what follows (a reasoning item)
@@ -103,8 +104,6 @@ class ResponsesRelay:
         return b"".join(self._event(block) for block in self._splitter.feed(chunk))
 
     def end_round(self) -> RoundEnd:
-        from .responses import reply_read
-
         end = self._end[1] if self._end is not None else None
         response = dict(end["response"]) if end is not None and isinstance(end.get("response"), dict) else {}
         response["output"] = [self._items[i] for i in sorted(self._items)]
@@ -203,8 +202,6 @@ class ResponsesRelay:
         return self._visible(block, event, target)
 
     def _added(self, block: bytes, event: dict[str, Any], index: int) -> bytes:
-        from .responses import CALLS, item_type
-
         item = event.get("item") if isinstance(event.get("item"), dict) else {}
         kind = item_type(item)
         if kind in CALLS and item.get("name") in self._ours:
