@@ -29,11 +29,11 @@ from ..metrics import Metrics
 from ..pipeline import Pipeline, Turn
 from ..prefix import PrefixCache
 from ..quota import QuotaLedger
-from ..readback import READ_TOOL_SPEC
 from ..refs import RefSigner
 from ..store import Conversation, Store
 from ..summarizer import Summarizer
 from ..tokens import TokenCounter
+from ..tools.readback import READ_TOOL_SPEC
 from ..turns import TurnWriter
 from ..upstream.router import UpstreamRouter
 from .exchange import Exchange

@@ -14,12 +14,13 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from ..dialects.base import Dialect, ReplyRead, RoundEnd, StreamRelay, ToolSpec
+from ..dialects.base import Dialect, ReplyRead, RoundEnd, StreamRelay
 from ..errors import ProxyError, UpstreamStreamBroken
 from ..pipeline import Pipeline, Turn
 from ..quota import QuotaExceeded
-from ..readback import READ_TOOL, READ_TOOL_SPEC, ReadBack, split_calls
 from ..store import INCOMPLETE, LIVE
+from ..tools import ProxyTool, offered
+from ..tools.readback import split_calls
 from ..transcript import Call, Item
 from ..turns import TurnWriter
 from ..upstream import Upstream, UpstreamReply, forwardable
@@ -52,18 +53,14 @@ class Exchange:
         self.report = turn.report
         self.items: list[Item] = []  # what the pipeline made of the client's transcript
         self.internal: list[Item] = []  # read-back rounds answered so far, sent after `items`
-        self.tools: list[ToolSpec] = []  # the proxy's own tools offered this turn
+        self.tools: dict[str, ProxyTool] = {}  # the proxy's own tools offered this turn, by name
         self.internal_tokens = 0  # what the read-back rounds so far add to the prompt
-        self.reader = ReadBack(
-            turn.store, turn.refs, turn.key, turn.profile.truncation, dialect.codec,
-            measure=lambda text: turn.counter.count_texts([text], turn.model),
-        )
         self._call_started = 0.0
 
     @property
     def ours(self) -> frozenset[str]:
         """Names of the proxy's tools in this call: their calls are answered here, never relayed."""
-        return frozenset(tool.name for tool in self.tools)
+        return frozenset(self.tools)
 
     @property
     def _rounds_left(self) -> bool:
@@ -95,9 +92,8 @@ class Exchange:
         self.writer.report = self.report  # from now on the turn's record is kept with it
         self.report.sent_seqs = [item.seq for item in items if item.seq is not None]
         self.report.shortened = sum(1 for item in items if item.ref is not None and not item.masked)
-        # Offered only while a shortened output is in the prompt, and never over a client tool of that name.
-        if any(item.ref is not None for item in items) and not self.dialect.has_tool(self.body, READ_TOOL):
-            self.tools = [READ_TOOL_SPEC]
+        tools = offered(self.turn, items, lambda name: self.dialect.has_tool(self.body, name))
+        self.tools = {tool.spec.name: tool for tool in tools}
 
     async def _call(self) -> UpstreamReply:
         """One upstream call: counted against the quota, refused past it when the quota says reject."""
@@ -114,7 +110,8 @@ class Exchange:
         self.report.llm_calls = calls
         self.report.llm_call_limit = ledger.settings.max_llm_calls
         self.report.tokens_sent_total += (self.report.tokens_sent or 0) + self.internal_tokens
-        body = self.dialect.upstream_body(self.body, self.items + self.internal, self.tools)
+        specs = [tool.spec for tool in self.tools.values()]
+        body = self.dialect.upstream_body(self.body, self.items + self.internal, specs)
         self._call_started = time.perf_counter()
         return await self.upstream.call(self.dialect.name, body, self.turn.headers)
 
@@ -122,7 +119,7 @@ class Exchange:
         """Answer our calls, keep the round in the trajectory, and ask the upstream again.
 
         The round counts against the turn's token budget (the window's limit): an answer that
-        would take the prompt past it is cut to fit, or refused with a short note (ReadBack), and
+        would take the prompt past it is cut to fit, or refused with a short note (the tool), and
         a round that does not fit at all is not made (None): the model's reply goes to the
         client without our calls, as past the round limit."""
         codec = self.dialect.codec
@@ -131,7 +128,7 @@ class Exchange:
         answers = []
         for call in ours:
             room = None if self.report.token_budget is None else self.report.token_budget - used - ANSWER_OVERHEAD
-            answer = codec.tool_result(call, await self.reader.answer(call, room))
+            answer = codec.tool_result(call, await self.tools[call.name].answer(call, room))
             used += sum(await self._count([answer]))
             answers.append(answer)
         if self.report.token_budget is not None and used > self.report.token_budget:

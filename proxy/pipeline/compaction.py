@@ -12,7 +12,7 @@ The summaries themselves are made by proxy/compaction (after the reply, by defau
 from __future__ import annotations
 
 from ..config import Settings
-from ..readback import READ_TOOL
+from ..tools.readback import READ_TOOL
 from ..transcript import Item, Role, first_user, leading_system_count
 from .base import Turn
 

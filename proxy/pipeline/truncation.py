@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from ..config import Settings
-from ..readback import READ_TOOL
+from ..tools.readback import READ_TOOL
 from ..transcript import Item, Role, tool_names
 from .base import Turn
 

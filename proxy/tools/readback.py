@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from .config import TruncationSettings
-from .dialects.base import ToolSpec
-from .identity import ConversationKey
-from .refs import RefSigner
-from .store import Store
-from .transcript import Call, Codec
+from ..config import TruncationSettings
+from ..dialects.base import ToolSpec
+from ..identity import ConversationKey
+from ..refs import RefSigner
+from ..store import Store
+from ..transcript import Call, Codec, Item
+
+if TYPE_CHECKING:
+    from ..pipeline import Turn
 
 READ_TOOL = "read_tool_output"
 READ_TOOL_SPEC = ToolSpec(
@@ -43,6 +47,16 @@ def split_calls(calls: list[Call], ours: frozenset[str]) -> tuple[list[Call], li
     return [c for c in calls if c.name in ours], [c for c in calls if c.name not in ours]
 
 
+def offer(turn: Turn, items: list[Item]) -> ReadBack | None:
+    """Offered while the prompt holds a shortened (truncated or masked) output."""
+    if not any(item.ref is not None for item in items):
+        return None
+    return ReadBack(
+        turn.store, turn.refs, turn.key, turn.profile.truncation, turn.codec,
+        measure=lambda text: turn.counter.count_texts([text], turn.model),
+    )
+
+
 class ReadBack:
     """Answers `read_tool_output` calls from the conversation's log, for one turn.
 
@@ -64,6 +78,7 @@ class ReadBack:
         self.store, self.refs, self.key, self.settings, self.codec = store, refs, key, settings, codec
         self.measure = measure  # text -> tokens
         self._shown: dict[str, list[tuple[int, int]]] = {}  # ref -> [start, end) ranges answered this turn
+        self.spec = READ_TOOL_SPEC
 
     async def answer(self, call: Call, room: int | None = None) -> str:
         """The text answering `call`; `room` = the most tokens the answer may take (None: no bound)."""
