@@ -14,9 +14,10 @@ from aiohttp import web
 
 from ..errors import InvalidRequest, NotFound, Unauthorized
 from ..identity import ConversationKey, bearer_token, check_conversation_id, request_tenant
-from ..messages import SYSTEM_ROLES, text_of
+from ..messages import text_of
 from ..state import REFS, SETTINGS, STORE
-from ..store import LIVE, Conversation, StoredMessage
+from ..store import Conversation, StoredMessage
+from ..trajectory import build_trajectory
 
 ALL_TENANTS = None
 
@@ -92,48 +93,31 @@ async def get_conversation(request: web.Request) -> web.Response:
     return web.json_response((await _conversation(request)).to_api())
 
 
-async def _message_page(request: web.Request, conversation: Conversation, *, live_only: bool) -> dict[str, Any]:
+def _seq_cursor(request: web.Request) -> tuple[int | None, int]:
+    """A message page's `after` (a seq) and `limit`, checked."""
     after_raw = request.query.get("after")
     if after_raw is not None and not after_raw.isdigit():
         raise InvalidRequest("after must be a message seq (an integer)", param="after")
-    limit = _limit(request, 100, 1000)
-    rows: list[StoredMessage] = await request.app[STORE].messages(
-        conversation.key, live_only=live_only, after=int(after_raw) if after_raw else None, limit=limit + 1
-    )
-    data = [m.to_api(with_status=not live_only) for m in rows[:limit]]
-    return _page(data, len(rows) > limit, id_key="seq")
+    return (int(after_raw) if after_raw else None), _limit(request, 100, 1000)
 
 
 async def list_messages(request: web.Request) -> web.Response:
-    return web.json_response(await _message_page(request, await _conversation(request), live_only=True))
+    conversation = await _conversation(request)
+    after, limit = _seq_cursor(request)
+    rows: list[StoredMessage] = await request.app[STORE].messages(
+        conversation.key, live_only=True, after=after, limit=limit + 1
+    )
+    data = [m.to_api(with_status=False) for m in rows[:limit]]
+    return web.json_response(_page(data, len(rows) > limit, id_key="seq"))
 
 
 async def trajectory(request: web.Request) -> web.Response:
-    """Every message (live ones behind the compaction boundary marked compacted, tool outputs with
-    their ref) and every summary: the replayable record."""
+    """A page of every message (statuses, compacted marks, refs), with every summary, every turn
+    record and the conversation record: the replayable record (see proxy/trajectory.py)."""
     conversation = await _conversation(request)
-    page = await _message_page(request, conversation, live_only=False)
-    refs = request.app[REFS]
-    task_seq = await _task_seq(request, conversation)
-    for message in page["data"]:
-        # Behind the boundary, but still sent every turn: the system prompt and the pinned task.
-        pinned = message.get("role") in SYSTEM_ROLES or message["seq"] == task_seq
-        if message["status"] == LIVE and message["seq"] <= conversation.boundary and not pinned:
-            message["status"] = "compacted"
-        if message.get("role") == "tool":
-            message["ref"] = refs.make(conversation.key, message["seq"])
-    page["summaries"] = [s.to_api() for s in await request.app[STORE].summaries(conversation.key)]
-    return web.json_response(page)
-
-
-async def _task_seq(request: web.Request, conversation: Conversation) -> int | None:
-    """The seq of the first live user message (the task compaction pins), if any."""
-    if not conversation.boundary:
-        return None
-    for stored in await request.app[STORE].messages(conversation.key, live_only=True, limit=conversation.boundary):
-        if stored.message.get("role") == "user":
-            return stored.seq
-    return None
+    after, limit = _seq_cursor(request)
+    document = await build_trajectory(request.app[STORE], request.app[REFS], conversation, after=after, limit=limit)
+    return web.Response(body=document.to_bytes(), content_type="application/json")
 
 
 async def turns(request: web.Request) -> web.Response:
