@@ -37,11 +37,13 @@ from .state import (
     SETTINGS,
     STORE,
     SUMMARIZER,
+    TRAJECTORIES,
     UPSTREAM,
 )
 from .store import open_store
 from .summarizer import Summarizer
 from .tokens import TokenCounter
+from .trajectory_files import TrajectoryWriter
 from .upstream import HttpUpstream
 from .upstream.router import UpstreamRouter, counting_aliases, window_overrides
 
@@ -90,7 +92,13 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     # Load the token-count tables now, in a thread: the first request must not stall the loop on it.
     await asyncio.to_thread(app[COUNTER].warm, WARM_MODELS)
     app[SUMMARIZER] = Summarizer(settings.summarizer, route=router.for_model)
-    app[COMPACTION] = CompactionRunner(settings, app[STORE], app[SUMMARIZER], app[COUNTER], app[METRICS])
+    trajectories = app[TRAJECTORIES] = TrajectoryWriter(
+        settings.storage.trajectory_dir, app[STORE], app[REFS],
+        cache_bytes=int(settings.storage.trajectory_cache_mb * 2**20), failures=app[METRICS].trajectory_failures,
+    )
+    app[COMPACTION] = CompactionRunner(
+        settings, app[STORE], app[SUMMARIZER], app[COUNTER], app[METRICS], on_summary=trajectories.after_turn
+    )
     app[ENGINE] = Engine(
         settings, app[STORE], app[PIPELINE], app[COUNTER], app[REFS], app[SUMMARIZER], app[COMPACTION], router,
         app[PREFIXES], app[METRICS],
@@ -107,6 +115,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         await app[COMPACTION].close()
+        await trajectories.close()  # after compaction (a summary marks its file due), before the store
         await router.close()
         await upstream.close()
         await app[STORE].close()

@@ -55,6 +55,12 @@ class StorageSettings(Section):
     redis_lock_ttl_s: float = Field(
         10, gt=0, le=600, description="How long a crashed replica can hold a conversation's lock (renewed while alive)."
     )
+    trajectory_dir: Path | None = Field(
+        None, description="Write each conversation's trajectory to <dir>/<tenant>/<id>.json after each turn (off when null)."
+    )
+    trajectory_cache_mb: float = Field(
+        64, ge=0, le=65536, description="Memory for the encoded trajectories of recent conversations (so a turn re-encodes only what changed)."
+    )
 
 
 class ConversationSettings(Section):

@@ -49,6 +49,9 @@ class Metrics:
         self.read_rounds = Counter("context_proxy_read_rounds", "read_tool_output rounds the proxy answered", registry=r)
         self.quota_rejections = Counter("context_proxy_quota_rejections", "Requests refused by the LLM-call quota", registry=r)
         self.repairs = Counter("context_proxy_pairing_repairs", "Tool-call pairing problems repaired", registry=r)
+        self.trajectory_failures = Counter(
+            "context_proxy_trajectory_write_failures", "Trajectory files not written (storage.trajectory_dir)", registry=r
+        )
         self.active = Gauge("context_proxy_active_conversations", f"Conversations with a request in the last {ACTIVE_WINDOW_S}s", registry=r)
         self._last_seen: dict[ConversationKey, float] = {}
 

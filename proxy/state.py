@@ -15,6 +15,7 @@ from .refs import RefSigner
 from .store import Store
 from .summarizer import Summarizer
 from .tokens import TokenCounter
+from .trajectory_files import TrajectoryWriter
 from .upstream import HttpUpstream
 from .upstream.router import UpstreamRouter
 
@@ -31,6 +32,7 @@ METRICS = web.AppKey("metrics", Metrics)
 ROUTER = web.AppKey("router", UpstreamRouter)
 PREFIXES = web.AppKey("prefixes", PrefixCache)
 ENGINE = web.AppKey("engine", Engine)
+TRAJECTORIES = web.AppKey("trajectories", TrajectoryWriter)
 
 # Per request: the conversation it was routed to, and what the request log line adds.
 CONVERSATION = web.RequestKey("conversation", ConversationKey)

@@ -15,7 +15,7 @@ from aiohttp import web
 from ..errors import InvalidRequest, NotFound, Unauthorized
 from ..identity import ConversationKey, bearer_token, check_conversation_id, request_tenant
 from ..messages import text_of
-from ..state import REFS, SETTINGS, STORE
+from ..state import REFS, SETTINGS, STORE, TRAJECTORIES
 from ..store import Conversation, StoredMessage
 from ..trajectory import build_trajectory
 
@@ -157,6 +157,7 @@ async def delete_conversation(request: web.Request) -> web.Response:
     store = request.app[STORE]
     async with store.lock(conversation.key):
         await store.delete(conversation.key)
+    await request.app[TRAJECTORIES].deleted(conversation.key)
     return web.json_response({"id": conversation.key.id, "object": "conversation.deleted", "deleted": True})
 
 

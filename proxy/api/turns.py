@@ -21,7 +21,7 @@ from ..engine import TurnReport, TurnRequest
 from ..errors import ERROR_SHAPE, InvalidRequest
 from ..identity import explicit_conversation_id, request_tenant
 from ..messages import MAX_DEPTH, too_deep
-from ..state import CONVERSATION, ENGINE, LOG_FIELDS, METRICS, SETTINGS
+from ..state import CONVERSATION, ENGINE, LOG_FIELDS, METRICS, SETTINGS, TRAJECTORIES
 from ..upstream import forwardable
 
 HISTORY_HEADER = "X-History"
@@ -129,6 +129,7 @@ def managed(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamRes
         finally:  # failed turns are measured and logged too
             report.observe(app[METRICS])
             request[LOG_FIELDS].update(report.log_fields())
+            await app[TRAJECTORIES].after_turn(key)  # the trajectory file, in the background
         if outcome.body is None:
             assert sink.response is not None
             return sink.response

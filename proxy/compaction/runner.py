@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 from ..config import Settings
+from ..identity import ConversationKey
 from ..metrics import Metrics
 from ..store import Store, Summary
 from ..summarizer import Summarizer, SummarizerFailed
@@ -24,9 +26,16 @@ LEASE_MARGIN_S = 30
 
 class CompactionRunner:
     def __init__(
-        self, settings: Settings, store: Store, summarizer: Summarizer, counter: TokenCounter, metrics: Metrics
+        self,
+        settings: Settings,
+        store: Store,
+        summarizer: Summarizer,
+        counter: TokenCounter,
+        metrics: Metrics,
+        on_summary: Callable[[ConversationKey], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
+        self.on_summary = on_summary  # told of every new summary (the trajectory file shows it)
         self.metrics = metrics
         self.lease_ttl = settings.summarizer.timeout_s * 4 + LEASE_MARGIN_S  # chunked windows take several calls
         self._compactors: dict[str, Compactor] = {}
@@ -63,6 +72,8 @@ class CompactionRunner:
             if summary is not None:
                 self.runs += 1
                 self.metrics.compactions.labels("done").inc()
+                if self.on_summary is not None:
+                    await self.on_summary(job.key)
             return summary
         except SummarizerFailed as exc:
             self.failures += 1

@@ -1,0 +1,293 @@
+"""Trajectory files (`storage.trajectory_dir`, the seed's traj.json): after each turn the
+conversation's trajectory, the same document as `GET .../trajectory` with every message, is
+written to `<dir>/<tenant>/<conversation>.json`, so other tools can read runs as plain files.
+
+Never in a turn's way: `after_turn` only marks the conversation due and returns; one background
+task per conversation brings its file up to date (and runs once more if another turn ended
+meanwhile). A failure is logged and counted; the turn never hears of it.
+
+Incremental, because a long run's transcript is megabytes: the encoded messages of recent
+conversations stay in memory (least recently written dropped first, within
+`storage.trajectory_cache_mb`), so a turn reads and encodes only the messages it wrote or whose
+status changed. The file is written by a worker thread with writev, straight from those parts:
+the event loop neither joins nor copies them. Atomic for readers: a temp file in the same folder,
+fsynced, renamed over the old one. Files 0600, folders 0700.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import tempfile
+from collections import OrderedDict
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import Counter
+
+from .identity import CONVERSATION_ID, ConversationKey
+from .refs import RefSigner
+from .store import PENDING, Conversation, Store, StoredMessage
+from .trajectory import TrajectoryDocument, encode, first_live_user, shown_status, trajectory_message
+
+log = logging.getLogger("proxy.trajectory")
+
+READ_PAGE = 500  # messages per store read when many changed (a cold start, a deep regenerate)
+RUN_GAP = 8  # changed seqs this close together are read as one range
+IOV_MAX = 1024  # buffers per writev call (Linux's limit)
+
+
+@dataclass(slots=True)
+class _Mirror:
+    """What a conversation's file holds, by seq (list index seq - 1), kept between turns."""
+
+    created_at: float
+    statuses: list[str] = field(default_factory=list)  # as stored
+    roles: list[Any] = field(default_factory=list)
+    shown: list[str] = field(default_factory=list)  # as the trajectory shows them (compacted marks)
+    encoded: list[bytes] = field(default_factory=list)
+    live: list[tuple[int, str]] = field(default_factory=list)  # the conversation record's live transcript, last seen
+    pending: set[int] = field(default_factory=set)  # seqs stored as pending: their status will change
+    boundary: int = 0
+    task_seq: int | None = None
+    summaries: list[bytes] = field(default_factory=list)
+    turns: list[bytes] = field(default_factory=list)
+    size: int = 0  # bytes held
+
+    @property
+    def next_seq(self) -> int:
+        return len(self.statuses) + 1
+
+    def note(self, stored: StoredMessage) -> None:
+        """Take a message as read from the store (new, or with a changed status)."""
+        i = stored.seq - 1
+        if i == len(self.statuses):
+            self.statuses.append(stored.status)
+            self.roles.append(stored.message.get("role"))
+            self.shown.append("")
+            self.encoded.append(b"")
+        else:
+            self.statuses[i] = stored.status
+        if stored.status == PENDING:
+            self.pending.add(stored.seq)
+        else:
+            self.pending.discard(stored.seq)
+
+    def changed_live(self, live: list[tuple[int, str]]) -> set[int]:
+        """Seqs that joined or left the live transcript since it was last seen. Usually it only
+        grew at its end: one comparison in C, not a set of every live seq per turn."""
+        seen = self.live
+        if live[: len(seen)] == seen:
+            return {seq for seq, _ in live[len(seen) :]}
+        return {seq for seq, _ in seen} ^ {seq for seq, _ in live}  # an edit or regenerate
+
+    def set_encoded(self, seq: int, shown: str, encoded: bytes) -> None:
+        self.size += len(encoded) - len(self.encoded[seq - 1])
+        self.shown[seq - 1], self.encoded[seq - 1] = shown, encoded
+
+
+class TrajectoryWriter:
+    """Keeps `<root>/<tenant>/<conversation>.json` in step with the store; with no root, does nothing."""
+
+    def __init__(
+        self, root: Path | None, store: Store, refs: RefSigner, *, cache_bytes: int, failures: Counter | None = None
+    ) -> None:
+        self.root, self.store, self.refs = root, store, refs
+        self.cache_bytes = cache_bytes
+        self.failures = 0
+        self._failures_metric = failures
+        self._mirrors: OrderedDict[ConversationKey, _Mirror] = OrderedDict()  # least recently written first
+        self._held = 0  # bytes in the mirrors
+        self._due: set[ConversationKey] = set()
+        self._tasks: dict[ConversationKey, asyncio.Task[None]] = {}
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajectory")
+
+    def path(self, key: ConversationKey) -> Path:
+        assert self.root is not None
+        for part in (key.tenant, key.id):  # both are checked names, but a path must never escape the root
+            if not CONVERSATION_ID.fullmatch(part) or set(part) == {"."}:
+                raise ValueError(f"not a safe file name: {part!r}")
+        return self.root / key.tenant / f"{key.id}.json"
+
+    async def after_turn(self, key: ConversationKey) -> None:
+        """A turn of this conversation ended (or it was deleted): its file is brought up to date in
+        the background. Returns at once."""
+        if self.root is None:
+            return
+        self._due.add(key)
+        if key not in self._tasks:
+            self._tasks[key] = asyncio.create_task(self._drain(key))
+
+    async def deleted(self, key: ConversationKey) -> None:
+        """The conversation was deleted: its file goes too (after any write still under way)."""
+        await self.after_turn(key)
+
+    async def idle(self) -> None:
+        """Wait until every file due is written (shutdown, and tests)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks.values()), return_exceptions=True)
+
+    async def close(self) -> None:
+        await self.idle()
+        self._thread.shutdown(wait=True)
+
+    async def _drain(self, key: ConversationKey) -> None:
+        try:
+            while key in self._due:
+                self._due.discard(key)
+                try:
+                    await self._update(key)
+                except Exception:
+                    # The next turn rebuilds this conversation's file from the store.
+                    self._drop(key)
+                    self.failures += 1
+                    if self._failures_metric is not None:
+                        self._failures_metric.inc()
+                    log.warning("trajectory file not written", exc_info=True, extra={"conversation": str(key)})
+        finally:
+            del self._tasks[key]
+
+    async def _update(self, key: ConversationKey) -> None:
+        path = self.path(key)
+        conversation = await self.store.get(key)
+        loop = asyncio.get_running_loop()
+        if conversation is None:  # deleted: so is its file
+            self._drop(key)
+            await loop.run_in_executor(self._thread, _remove_file, path)
+            return
+        mirror = await self._refresh(key, conversation)
+        document = TrajectoryDocument(
+            data=mirror.encoded,  # not copied: only this task changes it, after the write below
+            first_id=1 if mirror.encoded else None,
+            last_id=len(mirror.encoded) or None,
+            has_more=False,
+            summaries=mirror.summaries,
+            turns=mirror.turns,
+            conversation=encode(conversation.to_api()),
+        )
+        await loop.run_in_executor(self._thread, _write_file, path.parent.parent, path, document)
+        self._keep(key, mirror)
+
+    async def _refresh(self, key: ConversationKey, conversation: Conversation) -> _Mirror:
+        """The mirror brought up to the store's state, reading only what changed since last time."""
+        mirror = self._drop(key)
+        if mirror is None or mirror.created_at != conversation.created_at or mirror.next_seq > conversation.next_seq:
+            mirror = _Mirror(conversation.created_at)  # new here, or deleted and made again
+        # Statuses only ever move from pending, or from live: those are the ones to look at again.
+        stale = {seq for seq in mirror.changed_live(conversation.live) | mirror.pending if seq < mirror.next_seq}
+        mirror.live = conversation.live
+        fresh = await self._read(key, stale, mirror.next_seq, conversation.next_seq)
+        for seq in sorted(fresh):
+            mirror.note(fresh[seq])
+
+        task_seq = first_live_user(conversation, mirror.roles)
+        boundary = conversation.boundary
+        candidates = set(fresh)
+        if boundary != mirror.boundary:
+            candidates.update(range(min(boundary, mirror.boundary) + 1, max(boundary, mirror.boundary) + 1))
+        candidates.update(s for s in (task_seq, mirror.task_seq) if s is not None and s < mirror.next_seq)
+        redo = {
+            seq for seq in candidates
+            if seq in fresh or shown_status(mirror.statuses[seq - 1], seq, mirror.roles[seq - 1], boundary, task_seq) != mirror.shown[seq - 1]
+        }
+        needed = await self._read(key, redo - fresh.keys(), 0, 0)  # shown differently now: the message is needed
+        for seq in sorted(needed):
+            mirror.note(needed[seq])
+        fresh |= needed
+        for seq in redo:
+            entry = trajectory_message(fresh[seq], conversation, task_seq, self.refs)
+            mirror.set_encoded(seq, entry["status"], encode(entry))
+        mirror.boundary, mirror.task_seq = boundary, task_seq
+
+        if not mirror.summaries:
+            new_summaries = await self.store.summaries(key)
+        else:
+            new_summaries = []
+            while (summary := await self.store.summary(key, len(mirror.summaries) + len(new_summaries) + 1)) is not None:
+                new_summaries.append(summary)
+        summaries = [encode(s.to_api()) for s in new_summaries]  # summaries and turn records never change
+        turns = [encode(r) for r in await self.store.turn_records(key, after=len(mirror.turns))]
+        mirror.size += sum(map(len, summaries)) + sum(map(len, turns))
+        mirror.summaries += summaries
+        mirror.turns += turns
+        return mirror
+
+    async def _read(self, key: ConversationKey, seqs: set[int], first_new: int, next_seq: int) -> dict[int, StoredMessage]:
+        """The messages of `seqs` and of [first_new, next_seq), in few range reads."""
+        out: dict[int, StoredMessage] = {}
+        ranges = list(_runs(sorted(seqs)))
+        if first_new < next_seq:
+            ranges.append((first_new, next_seq - 1))
+        for start, end in ranges:
+            while start <= end:
+                page = await self.store.messages(key, live_only=False, after=start - 1, limit=min(READ_PAGE, end - start + 1))
+                if not page:
+                    break
+                out.update((m.seq, m) for m in page)
+                start = page[-1].seq + 1
+        return out
+
+    def _keep(self, key: ConversationKey, mirror: _Mirror) -> None:
+        """Keep the mirror for the next turn, dropping the least recently written beyond the budget."""
+        self._mirrors[key] = mirror
+        self._held += mirror.size
+        while self._held > self.cache_bytes and self._mirrors:
+            self._drop(next(iter(self._mirrors)))
+
+    def _drop(self, key: ConversationKey) -> _Mirror | None:
+        mirror = self._mirrors.pop(key, None)
+        if mirror is not None:
+            self._held -= mirror.size
+        return mirror
+
+
+def _runs(seqs: list[int]) -> Iterator[tuple[int, int]]:
+    """Sorted seqs grouped into (first, last) ranges, merging ones less than RUN_GAP apart."""
+    if not seqs:
+        return
+    start = end = seqs[0]
+    for seq in seqs[1:]:
+        if seq - end > RUN_GAP:
+            yield start, end
+            start = seq
+        end = seq
+    yield start, end
+
+
+# -- the worker thread -----------------------------------------------------------------------------
+
+
+def _write_file(root: Path, path: Path, document: TrajectoryDocument) -> None:
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")  # mode 0600
+    try:
+        try:
+            _write_all(fd, document.chunks())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _write_all(fd: int, chunks: list[bytes]) -> None:
+    for i in range(0, len(chunks), IOV_MAX):
+        batch = chunks[i : i + IOV_MAX]
+        written = os.writev(fd, batch)
+        if written < sum(map(len, batch)):  # a short write (rare on a regular file): finish plainly
+            rest = memoryview(b"".join(batch))[written:]
+            while rest:
+                rest = rest[os.write(fd, rest) :]
+
+
+def _remove_file(path: Path) -> None:
+    path.unlink(missing_ok=True)
