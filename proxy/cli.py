@@ -1,19 +1,26 @@
-"""`context-proxy serve [--config config.yaml] [--host H] [--port P]`."""
+"""`context-proxy serve [--config config.yaml] [--host H] [--port P]`, and moving a conversation
+between stores: `context-proxy export [--config F] [--tenant T] ID > FILE`,
+`context-proxy import [--config F] [--replace] FILE`."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
 from .app import RUNNER_OPTIONS, build_app
 from .config import ConfigError, Settings, load_settings
+from .errors import ProxyError
 from .logs import configure_logging
+from .store import ConversationExists, open_store
+from .transfer import InvalidExport, dump_from_json, dump_to_json, read_dump
 
 log = logging.getLogger("proxy")
 
@@ -21,14 +28,24 @@ log = logging.getLogger("proxy")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="context-proxy", description="OpenAI-compatible context proxy")
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="run the proxy")
-    serve.add_argument("--config", default=None, help="YAML settings file (default: ./config.yaml if present)")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", default=None, help="YAML settings file (default: ./config.yaml if present)")
+    serve = commands.add_parser("serve", parents=[common], help="run the proxy")
     serve.add_argument("--host", default=None, help="override server.host")
     serve.add_argument("--port", type=int, default=None, help="override server.port")
+    export = commands.add_parser("export", parents=[common], help="write one conversation of the store as JSON to stdout")
+    export.add_argument("--tenant", default=None, help="the tenant (or its prefix) when several have this id")
+    export.add_argument("id", help="the conversation id")
+    import_ = commands.add_parser("import", parents=[common], help="write an exported conversation into the store")
+    import_.add_argument(
+        "--replace", action="store_true",
+        help="overwrite the conversation if the store has it (diskcache: stop the proxy serving that store first)",
+    )
+    import_.add_argument("file", help="the export file ('-' = stdin)")
     args = parser.parse_args(argv)
 
     config = args.config if args.config is not None else ("config.yaml" if Path("config.yaml").is_file() else None)
-    server_overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    server_overrides = {k: v for k in ("host", "port") if (v := getattr(args, k, None)) is not None}
     try:
         settings = load_settings(config)
         if server_overrides:
@@ -36,13 +53,24 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"context-proxy: {exc}", file=sys.stderr)
         return 2
-    configure_logging(settings.logging.level)
+    if args.command == "serve":
+        configure_logging(settings.logging.level)
+        try:
+            app = build_app(settings)
+        except ConfigError as exc:
+            print(f"context-proxy: {exc}", file=sys.stderr)
+            return 2
+        asyncio.run(serve_forever(settings, app))
+        return 0
+    configure_logging("WARNING")  # stdout is the export: logs go to stderr, and only problems
     try:
-        app = build_app(settings)
-    except ConfigError as exc:
-        print(f"context-proxy: {exc}", file=sys.stderr)
-        return 2
-    asyncio.run(serve_forever(settings, app))
+        if args.command == "export":
+            sys.stdout.buffer.write(asyncio.run(export_conversation(settings, args.id, args.tenant)))
+        else:
+            print(asyncio.run(import_conversation(settings, _read_export(args.file), replace=args.replace)), file=sys.stderr)
+    except CommandFailed as exc:
+        print(f"context-proxy {args.command}: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -63,3 +91,64 @@ async def serve_forever(settings: Settings, app: web.Application) -> None:
     finally:
         log.info("stopping")
         await runner.cleanup()
+
+
+class CommandFailed(Exception):
+    """What `export` or `import` could not do, in one line for the admin."""
+
+
+async def export_conversation(settings: Settings, conversation_id: str, tenant: str | None) -> bytes:
+    """The conversation's export document, read under its lock (a turn never half in it)."""
+    store = open_store(settings.storage)
+    try:
+        candidates = [c for c in await store.find(conversation_id) if tenant is None or c.key.tenant.startswith(tenant)]
+        if not candidates:
+            raise CommandFailed(f"no conversation {conversation_id!r} in this store" + (f" for tenant {tenant!r}" if tenant else ""))
+        if len(candidates) > 1:
+            tenants = ", ".join(c.key.tenant[:12] for c in candidates)
+            raise CommandFailed(f"several tenants have conversation {conversation_id!r} ({tenants}): name one with --tenant")
+        key = candidates[0].key
+        async with store.lock(key):
+            dump = await read_dump(store, key)
+        if dump is None:
+            raise CommandFailed(f"conversation {conversation_id!r} was deleted while being exported")
+        return json.dumps(dump_to_json(dump), ensure_ascii=False).encode() + b"\n"
+    except ProxyError as exc:  # e.g. Redis unreachable
+        raise CommandFailed(exc.message) from None
+    finally:
+        await store.close()
+
+
+async def import_conversation(settings: Settings, document: Any, *, replace: bool) -> str:
+    """Write an export into the store; returns what was imported, in one line."""
+    try:
+        dump = dump_from_json(document)
+    except InvalidExport as exc:
+        raise CommandFailed(f"not a valid export: {exc}") from None
+    key = dump.conversation.key
+    store = open_store(settings.storage)
+    try:
+        async with store.lock(key):
+            await store.import_conversation(dump, replace=replace)
+    except ConversationExists:
+        raise CommandFailed(
+            f"conversation {key.id!r} of tenant {key.tenant[:12]} is already in this store: pass --replace to overwrite it"
+        ) from None
+    except ProxyError as exc:
+        raise CommandFailed(exc.message) from None
+    finally:
+        await store.close()
+    return (
+        f"imported conversation {key.id!r} of tenant {key.tenant[:12]}: {len(dump.messages)} messages, "
+        f"{len(dump.summaries)} summaries, {len(dump.turns)} turns"
+    )
+
+
+def _read_export(name: str) -> Any:
+    try:
+        raw = sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
+        return json.loads(raw)
+    except OSError as exc:
+        raise CommandFailed(f"cannot read {name}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise CommandFailed(f"{name} is not JSON: {exc}") from None

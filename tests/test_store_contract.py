@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,8 +13,9 @@ import pytest
 from proxy.config import StorageSettings
 from proxy.identity import ConversationKey
 from proxy.messages import message_hash
-from proxy.store import FAILED, LIVE, PENDING, SUPERSEDED, Store, Summary, open_store
+from proxy.store import FAILED, LIVE, PENDING, SUPERSEDED, ConversationDump, ConversationExists, Store, Summary, open_store
 from proxy.store.redis import RedisStore
+from proxy.transfer import read_dump
 from tests.redis_server import redis_server  # noqa: F401  (a fixture)
 
 A = ConversationKey("tenant-a", "conv")
@@ -238,3 +240,91 @@ async def test_marks_are_kept_on_the_conversation_and_set_one_by_one(store):
     await store.set_marks(A, {"window_start": 9})
     assert (await store.get(A)).marks == {"window_start": 9, "mask_through": 3}
     assert (await store.get(B)) is None
+
+
+# -- import_conversation: what `context-proxy import` writes ---------------------------------------
+
+C = ConversationKey("tenant-a", "copy")
+
+
+async def a_conversation_with_everything(store: Store, key: ConversationKey) -> None:
+    """Every part a store holds: each status, a turn record, quota marks, a rewrite, summaries."""
+    await add(store, key, ["system", "task"])
+    pending = await add(store, key, ["q1"], PENDING)
+    reply = {"role": "assistant", "content": "a1", "tool_calls": [], "unknown_field": {"kept": [1, 2.5, None]}}
+    record = {"sent_seqs": [1, 2, 3], "llm_calls": 1}
+    await store.finish_turn(key, {pending[0]: LIVE}, [(reply, message_hash(reply))], LIVE, record)
+    refused = await add(store, key, ["q2"], PENDING)
+    await store.finish_turn(key, {refused[0]: FAILED}, [], FAILED, {"sent_seqs": [], "status": "failed"})
+    await add(store, key, ["edited away"])
+    await store.set_statuses(key, {6: SUPERSEDED})
+    await add(store, key, ["branch", "é ünicode ✓"])
+    await store.count_llm_call(key)
+    await store.count_llm_call(key)
+    await store.mark_forwarded(key, {1: 1, 3: 2})
+    await store.set_rewrites(key, {3: "the short form"})
+    await store.add_summary(key, summary(1, 4, "first"))
+    await store.add_summary(key, summary(1, 2, "stale"))
+
+
+def moved(dump: ConversationDump, key: ConversationKey) -> ConversationDump:
+    return dataclasses.replace(dump, conversation=dataclasses.replace(dump.conversation, key=key))
+
+
+async def test_import_writes_exactly_what_was_exported_and_the_conversation_goes_on(store):
+    await a_conversation_with_everything(store, A)
+    dump = await read_dump(store, A)
+    assert dump is not None and [m.status for m in dump.messages] == [LIVE, LIVE, LIVE, LIVE, FAILED, SUPERSEDED, LIVE, LIVE]
+    await store.import_conversation(moved(dump, C))
+    assert await read_dump(store, C) == moved(dump, C)
+    assert await read_dump(store, A) == dump  # the original untouched
+    page, _ = await store.list_conversations("tenant-a")
+    assert [c.key for c in page] == [C, A]  # an import lists as the newest
+    assert [c.key for c in await store.find("copy")] == [C]
+
+    # It continues where it was: seqs, summary ids, turn numbers and the call count go on.
+    assert await add(store, C, ["next"]) == [9]
+    assert (await store.add_summary(C, summary(1, 8, "third"))).id == 3
+    await store.finish_turn(C, {}, [], LIVE, {"sent_seqs": [9]})
+    assert [r["turn"] for r in await store.turn_records(C)] == [1, 2, 3]
+    assert await store.count_llm_call(C) == 3
+    assert (await store.get(C)).boundary == 8
+
+
+async def test_import_refuses_a_taken_key_unless_told_to_replace(store):
+    await a_conversation_with_everything(store, A)
+    dump = await read_dump(store, A)
+    await add(store, C, ["already here", "and more", "and more still"])
+    await store.set_rewrites(C, {3: "a rewrite of the old conversation"})
+    with pytest.raises(ConversationExists):
+        await store.import_conversation(moved(dump, C))
+    assert [m.message["content"] for m in await store.messages(C, live_only=False)] == ["already here", "and more", "and more still"]
+    small = ConversationDump(
+        dataclasses.replace(dump.conversation, key=C, next_seq=2, live=dump.conversation.live[:1], first_forwarded={}, rewritten=frozenset(), boundary=0, summary_id=None),
+        dump.messages[:1], {}, [], [],
+    )
+    await store.import_conversation(small, replace=True)
+    assert await read_dump(store, C) == small
+    assert await store.rewrites(C, [3]) == {} and await store.message(C, 3) is None
+    page, _ = await store.list_conversations("tenant-a")
+    assert [c.key for c in page] == [C, A]  # listed once
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        lambda d: d.messages.pop(1),  # a gap in the seqs
+        lambda d: setattr(d.messages[0], "status", "bogus"),
+        lambda d: d.summaries.pop(0),  # summary ids must start at 1
+        lambda d: setattr(d, "rewrites", {99: "no such message"}),
+        lambda d: d.turns.reverse(),
+    ],
+    ids=["seq-gap", "status", "summary-ids", "rewrite-seq", "turn-order"],
+)
+async def test_import_refuses_a_dump_whose_parts_disagree_and_writes_nothing(store, spoil):
+    await a_conversation_with_everything(store, A)
+    dump = moved(await read_dump(store, A), C)
+    spoil(dump)
+    with pytest.raises(ValueError):
+        await store.import_conversation(dump)
+    assert await store.get(C) is None and await store.messages(C, live_only=False) == []

@@ -3,9 +3,25 @@
 from __future__ import annotations
 
 from ..config import ConfigError, StorageSettings
-from .base import FAILED, INCOMPLETE, INTERNAL, LIVE, PENDING, SUPERSEDED, Conversation, Store, StoredMessage, Summary
+from .base import (
+    FAILED,
+    INCOMPLETE,
+    INTERNAL,
+    LIVE,
+    PENDING,
+    SUPERSEDED,
+    Conversation,
+    ConversationDump,
+    ConversationExists,
+    Store,
+    StoredMessage,
+    Summary,
+)
 
-__all__ = ["FAILED", "INCOMPLETE", "INTERNAL", "LIVE", "PENDING", "SUPERSEDED", "Conversation", "Store", "StoredMessage", "Summary", "open_store"]
+__all__ = [
+    "FAILED", "INCOMPLETE", "INTERNAL", "LIVE", "PENDING", "SUPERSEDED", "Conversation", "ConversationDump",
+    "ConversationExists", "Store", "StoredMessage", "Summary", "open_store",
+]
 
 
 def open_store(settings: StorageSettings) -> Store:

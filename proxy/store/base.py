@@ -111,6 +111,44 @@ class Conversation:
         }
 
 
+class ConversationExists(Exception):
+    """import_conversation found the conversation already in the store (and was not told to replace it)."""
+
+
+@dataclass(slots=True)
+class ConversationDump:
+    """Everything a store holds of one conversation: what export reads and import_conversation
+    writes, so a conversation moves between stores losslessly (see proxy/transfer.py). Refs are
+    not in it: they are derived from the key and seq under the store's own secret."""
+
+    conversation: Conversation  # key, times, counters, first-forwarded marks, boundary, summary id
+    messages: list[StoredMessage]  # every message, seqs 1..n in order: statuses, hashes, times
+    rewrites: dict[int, str]  # seq -> the stored forwarded form
+    summaries: list[Summary]  # every summary, ids 1..k in order
+    turns: list[dict[str, Any]]  # every turn record as turn_records() gives it (`turn` 1..t, `reply_seq`)
+
+    def check(self) -> None:
+        """Raise ValueError, naming the problem, unless the parts agree as a store's own would."""
+        c, n = self.conversation, len(self.messages)
+        problems = []
+        if [m.seq for m in self.messages] != list(range(1, n + 1)) or c.next_seq != n + 1:
+            problems.append("message seqs must run 1, 2, ... with next_seq after the last")
+        if any(m.status not in STATUSES for m in self.messages):
+            problems.append(f"a message status is not one of {sorted(STATUSES)}")
+        if c.live != [(m.seq, m.hash) for m in self.messages if m.status == LIVE]:
+            problems.append("the live transcript must be the messages whose status is live")
+        if not set(c.first_forwarded) | set(self.rewrites) <= set(range(1, n + 1)) or c.rewritten != frozenset(self.rewrites):
+            problems.append("first-forwarded marks and rewrites must name stored messages")
+        if [s.id for s in self.summaries] != list(range(1, len(self.summaries) + 1)):
+            problems.append("summary ids must run 1, 2, ...")
+        if not 0 <= c.boundary <= n or (c.summary_id is not None and not 1 <= c.summary_id <= len(self.summaries)):
+            problems.append("the boundary must be a stored seq and the summary id a stored summary")
+        if [r.get("turn") for r in self.turns] != list(range(1, len(self.turns) + 1)):
+            problems.append("turn records must be numbered 1, 2, ...")
+        if problems:
+            raise ValueError(f"conversation {c.key}: " + "; ".join(problems))
+
+
 class Store(Protocol):
     """What the proxy needs from storage. Backends must pass tests/test_store_contract.py."""
 
@@ -185,6 +223,11 @@ class Store(Protocol):
         """Every summary of the conversation, oldest first."""
 
     async def summary(self, key: ConversationKey, summary_id: int) -> Summary | None: ...
+
+    async def import_conversation(self, dump: ConversationDump, *, replace: bool = False) -> None:
+        """Write a whole conversation read from another store, under its own key, in one atomic
+        step (it lists as the newest). Raises ValueError for a dump that does not `check()`, and
+        ConversationExists when the key is taken, unless `replace`: then what was there is deleted."""
 
     async def acquire_lease(self, name: str, ttl_s: float) -> str | None:
         """Take the named lease if free (or expired): a token to release it with, else None. Used so

@@ -26,7 +26,7 @@ import diskcache
 
 from ..identity import ConversationKey
 from ..messages import Message
-from .base import LIVE, STATUSES, Conversation, StoredMessage, Summary, now
+from .base import LIVE, STATUSES, Conversation, ConversationDump, ConversationExists, StoredMessage, Summary, now
 
 T = TypeVar("T")
 SEP = "\0"
@@ -391,6 +391,34 @@ class DiskStore:
     def _summary(self, key: ConversationKey, summary_id: int) -> Summary | None:
         raw = self._cache.get(_summary_key(key, summary_id))
         return None if raw is None else Summary(**raw)
+
+    async def import_conversation(self, dump: ConversationDump, *, replace: bool = False) -> None:
+        dump.check()
+        await self._run(self._import, dump, replace)
+
+    def _import(self, dump: ConversationDump, replace: bool) -> None:
+        c = dump.conversation
+        key = c.key
+        with self._cache.transact():
+            if self._load(key) is not None:
+                if not replace:
+                    raise ConversationExists(str(key))
+                self._delete(key)
+            raw = self._register(key, _new_record(c.created_at))
+            raw.update(
+                updated_at=c.updated_at, next_seq=c.next_seq, live=list(c.live), llm_calls=c.llm_calls,
+                first_forwarded=dict(c.first_forwarded), rewritten=set(dump.rewrites), summaries=len(dump.summaries),
+                boundary=c.boundary, summary_id=c.summary_id, turns=len(dump.turns),
+            )
+            for m in dump.messages:
+                self._cache.set(_msg_key(key, m.seq), {"message": m.message, "hash": m.hash, "status": m.status, "created_at": m.created_at})
+            for seq, content in dump.rewrites.items():
+                self._cache.set(_rewrite_key(key, seq), content)
+            for summary in dump.summaries:
+                self._cache.set(_summary_key(key, summary.id), asdict(summary))
+            for record in dump.turns:
+                self._cache.set(_turn_key(key, record["turn"]), dict(record))
+            self._save(key, raw)
 
     async def acquire_lease(self, name: str, ttl_s: float) -> str | None:
         # One process owns this store (diskcache is not shared between replicas): leases live here.

@@ -48,7 +48,7 @@ from redis.retry import Retry
 from ..errors import ProxyError
 from ..identity import ConversationKey
 from ..messages import Message
-from .base import LIVE, STATUSES, Conversation, StoredMessage, Summary, now
+from .base import LIVE, STATUSES, Conversation, ConversationDump, ConversationExists, StoredMessage, Summary, now
 
 log = logging.getLogger("proxy.store.redis")
 
@@ -59,6 +59,7 @@ MARK = "mark:"  # meta fields holding the conversation's marks (Conversation.mar
 CONVERSATION_PARTS = ("meta", "body", "hash", "status", "live", "fwd", "rw", "sum", "turns", "resp")
 NO_CONVERSATION = "no such conversation"
 NO_MESSAGE = "no such message"
+CONVERSATION_EXISTS = "conversation exists"
 
 
 class StoreUnavailable(ProxyError):
@@ -220,6 +221,39 @@ redis.call('ZREM', all, tenant .. '/' .. id)
 return 1
 """
 
+IMPORT = PRELUDE + """
+-- ARGV[3] (the stamp) = created_at; ARGV[4] = replace (1/0); ARGV[5..11] = updated_at, next_seq,
+-- llm_calls, boundary, summary_id ('' = none), summaries, turns; ARGV[12..14] = how many messages,
+-- first-forwarded marks and rewrites follow. Then (seq, body, hash, status) per message, (seq,
+-- calls) per mark, (seq, content) per rewrite, (id, JSON) per summary, (turn, JSON) per turn record.
+if redis.call('EXISTS', meta) == 1 then
+  if ARGV[4] ~= '1' then return redis.error_reply('""" + CONVERSATION_EXISTS + """') end
+  redis.call('UNLINK', meta, body, hashes, statuses, live, fwd, rw, sums, turns)
+  redis.call('ZREM', index, id)
+  redis.call('ZREM', all, tenant .. '/' .. id)
+end
+ensure()
+redis.call('HSET', meta, 'updated_at', ARGV[5], 'next_seq', ARGV[6], 'llm_calls', ARGV[7], 'boundary', ARGV[8],
+           'summaries', ARGV[10], 'turns', ARGV[11])
+if ARGV[9] ~= '' then redis.call('HSET', meta, 'summary_id', ARGV[9]) end
+local i = 15
+for _ = 1, tonumber(ARGV[12]) do
+  local seq, h, status = ARGV[i], ARGV[i + 2], ARGV[i + 3]
+  redis.call('HSET', body, seq, ARGV[i + 1])
+  redis.call('HSET', hashes, seq, h)
+  redis.call('HSET', statuses, seq, status)
+  if status == '""" + LIVE + """' then redis.call('ZADD', live, seq, seq .. ':' .. h) end
+  i = i + 4
+end
+for _, part in ipairs({{fwd, ARGV[13]}, {rw, ARGV[14]}, {sums, ARGV[10]}, {turns, ARGV[11]}}) do
+  for _ = 1, tonumber(part[2]) do
+    redis.call('HSET', part[1], ARGV[i], ARGV[i + 1])
+    i = i + 2
+  end
+end
+return 1
+"""
+
 MESSAGES = PRELUDE + """
 -- ARGV[4] = live only (1/0), ARGV[5] = after, ARGV[6] = limit (-1: none). Returns flat
 -- (seq, body, hash, status) quadruples: one consistent read, one round trip.
@@ -302,6 +336,7 @@ class RedisStore:
         self._finish_turn = register(FINISH_TURN)
         self._set_fields, self._add_summary, self._delete = register(SET_FIELDS), register(ADD_SUMMARY), register(DELETE)
         self._messages, self._release, self._extend = register(MESSAGES), register(RELEASE), register(EXTEND)
+        self._import = register(IMPORT)
 
     # -- keys ----------------------------------------------------------------------------------
 
@@ -564,6 +599,36 @@ class RedisStore:
     async def summary(self, key: ConversationKey, summary_id: int) -> Summary | None:
         raw = await self._redis.hget(self._conv(key, "sum"), str(summary_id))
         return None if raw is None else Summary(**json.loads(raw), id=summary_id)
+
+    # -- import --------------------------------------------------------------------------------
+
+    @_guarded
+    async def import_conversation(self, dump: ConversationDump, *, replace: bool = False) -> None:
+        dump.check()
+        c = dump.conversation
+        args = self._args(
+            c.key, int(replace), repr(c.updated_at), c.next_seq, c.llm_calls, c.boundary,
+            "" if c.summary_id is None else c.summary_id, len(dump.summaries), len(dump.turns),
+            len(dump.messages), len(c.first_forwarded), len(dump.rewrites), stamp=c.created_at,
+        )
+        for m in dump.messages:
+            args += [m.seq, _dumps({"t": m.created_at, "m": m.message}), m.hash, m.status]
+        for seq, calls in c.first_forwarded.items():
+            args += [seq, calls]
+        for seq, content in dump.rewrites.items():
+            args += [seq, content]
+        for summary in dump.summaries:
+            data = asdict(summary)
+            args += [data.pop("id"), _dumps(data)]
+        for record in dump.turns:
+            rest = {k: v for k, v in record.items() if k not in ("turn", "reply_seq")}
+            args += [record["turn"], _dumps({"turn": record["turn"], "reply_seq": record.get("reply_seq"), "record": rest})]
+        try:
+            await self._import(keys=self._keys(c.key), args=args)
+        except ResponseError as exc:
+            if CONVERSATION_EXISTS in str(exc):
+                raise ConversationExists(str(c.key)) from None
+            raise
 
     # -- leases, secret ------------------------------------------------------------------------
 
