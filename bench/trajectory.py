@@ -97,7 +97,7 @@ async def run(turns: int, mb: float, redis_url: str | None, samples: int) -> Non
             store: Store = RedisStore(redis_url, prefix=f"bench-traj-{uuid.uuid4().hex[:8]}:")
         else:
             store = DiskStore(Path(tmp) / "store")
-        chars = int(mb * 2**20 / (turns / 2) / 1.125) - 90  # a tool output (chars) and a user message (chars / 8) per two turns
+        chars = int(mb * 2**20 / (turns / 2) / 1.19)  # per two turns: a tool output, a user message an eighth of it
         await store.append(KEY, [{"role": "system", "content": "You are a coding agent."}], ["h"], LIVE)
         for n in range(turns):
             await one_turn(store, n, chars)

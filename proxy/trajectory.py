@@ -36,7 +36,9 @@ def shown_status(status: str, seq: int, role: Any, boundary: int, task_seq: int 
     return status
 
 
-def trajectory_message(stored: StoredMessage, conversation: Conversation, task_seq: int | None, refs: RefSigner) -> dict[str, Any]:
+def trajectory_message(
+    stored: StoredMessage, conversation: Conversation, task_seq: int | None, refs: RefSigner
+) -> dict[str, Any]:
     """One message of the trajectory: the stored message plus seq, created_at, status (and ref)."""
     out = stored.to_api(with_status=False)
     out["status"] = shown_status(stored.status, stored.seq, out.get("role"), conversation.boundary, task_seq)

@@ -9,9 +9,9 @@ meanwhile). A failure is logged and counted; the turn never hears of it.
 Incremental, because a long run's transcript is megabytes: the encoded messages of recent
 conversations stay in memory (least recently written dropped first, within
 `storage.trajectory_cache_mb`), so a turn reads and encodes only the messages it wrote or whose
-status changed. The file is written by a worker thread with writev, straight from those parts:
-the event loop neither joins nor copies them. Atomic for readers: a temp file in the same folder,
-fsynced, renamed over the old one. Files 0600, folders 0700.
+status changed. Those are encoded, and the file written with writev straight from the parts, by
+a worker thread: the event loop only works out what changed. Atomic for readers: a temp file in
+the same folder, fsynced, renamed over the old one. Files 0600, folders 0700.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import os
 import tempfile
 from collections import OrderedDict
 from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +33,7 @@ from prometheus_client import Counter
 
 from .identity import CONVERSATION_ID, ConversationKey
 from .refs import RefSigner
-from .store import PENDING, Conversation, Store, StoredMessage
+from .store import PENDING, Conversation, Store, StoredMessage, Summary
 from .trajectory import TrajectoryDocument, encode, first_live_user, shown_status, trajectory_message
 
 log = logging.getLogger("proxy.trajectory")
@@ -40,6 +41,7 @@ log = logging.getLogger("proxy.trajectory")
 READ_PAGE = 500  # messages per store read when many changed (a cold start, a deep regenerate)
 RUN_GAP = 8  # changed seqs this close together are read as one range
 IOV_MAX = 1024  # buffers per writev call (Linux's limit)
+PER_MESSAGE = 64  # what a mirror holds per message besides its encoded bytes (list slots), for the budget
 
 
 @dataclass(slots=True)
@@ -51,7 +53,7 @@ class _Mirror:
     roles: list[Any] = field(default_factory=list)
     shown: list[str] = field(default_factory=list)  # as the trajectory shows them (compacted marks)
     encoded: list[bytes] = field(default_factory=list)
-    live: list[tuple[int, str]] = field(default_factory=list)  # the conversation record's live transcript, last seen
+    live: list[tuple[int, str]] = field(default_factory=list)  # the record's live transcript, as last seen
     pending: set[int] = field(default_factory=set)  # seqs stored as pending: their status will change
     boundary: int = 0
     task_seq: int | None = None
@@ -63,10 +65,17 @@ class _Mirror:
     def next_seq(self) -> int:
         return len(self.statuses) + 1
 
+    def same_conversation(self, conversation: Conversation) -> bool:
+        """False when the record is not the log this mirror followed: made again after a delete (or
+        an import) has another creation time or fewer messages. An import of a later export of the
+        same conversation is the same log further on, and is followed as such."""
+        return self.created_at == conversation.created_at and self.next_seq <= conversation.next_seq
+
     def note(self, stored: StoredMessage) -> None:
         """Take a message as read from the store (new, or with a changed status)."""
         i = stored.seq - 1
         if i == len(self.statuses):
+            self.size += PER_MESSAGE
             self.statuses.append(stored.status)
             self.roles.append(stored.message.get("role"))
             self.shown.append("")
@@ -86,9 +95,40 @@ class _Mirror:
             return {seq for seq, _ in live[len(seen) :]}
         return {seq for seq, _ in seen} ^ {seq for seq, _ in live}  # an edit or regenerate
 
+    def note_all(self, messages: dict[int, StoredMessage]) -> None:
+        for seq in sorted(messages):
+            self.note(messages[seq])
+
+    def shown_differently(self, read: AbstractSet[int], boundary: int, task_seq: int | None) -> set[int]:
+        """The seqs to encode again: those just read, and those the trajectory now shows with
+        another status (the boundary passed them, or the pinned task changed)."""
+        candidates = set(read)
+        if boundary != self.boundary:
+            candidates.update(range(min(boundary, self.boundary) + 1, max(boundary, self.boundary) + 1))
+        candidates.update(s for s in (task_seq, self.task_seq) if s is not None and s < self.next_seq)
+        def shown_now(seq: int) -> str:
+            return shown_status(self.statuses[seq - 1], seq, self.roles[seq - 1], boundary, task_seq)
+
+        return {seq for seq in candidates if seq in read or shown_now(seq) != self.shown[seq - 1]}
+
+    def add_records(self, summaries: list[bytes], turns: list[bytes]) -> None:
+        self.size += sum(map(len, summaries)) + sum(map(len, turns))
+        self.summaries += summaries
+        self.turns += turns
+
     def set_encoded(self, seq: int, shown: str, encoded: bytes) -> None:
         self.size += len(encoded) - len(self.encoded[seq - 1])
         self.shown[seq - 1], self.encoded[seq - 1] = shown, encoded
+
+
+@dataclass(frozen=True, slots=True)
+class _Changes:
+    """What a turn changed in a conversation's file, for the worker thread to encode."""
+
+    messages: list[StoredMessage]  # to encode again (new, or shown with another status)
+    task_seq: int | None
+    summaries: list[Summary]  # new ones
+    turns: list[dict[str, Any]]  # new turn records
 
 
 class TrajectoryWriter:
@@ -160,9 +200,47 @@ class TrajectoryWriter:
             self._drop(key)
             await loop.run_in_executor(self._thread, _remove_file, path)
             return
-        mirror = await self._refresh(key, conversation)
+        mirror, changes = await self._refresh(key, conversation)
+        # Encoding holds the GIL: in the worker thread the loop still gets it every switch interval,
+        # where a cold start's thousands of messages would hold the loop in one go.
+        await loop.run_in_executor(self._thread, self._encode_and_write, mirror, changes, conversation, path)
+        self._keep(key, mirror)
+
+    async def _refresh(self, key: ConversationKey, conversation: Conversation) -> tuple[_Mirror, _Changes]:
+        """The mirror brought up to the store's statuses, and what must be encoded again: reading
+        only what changed since the last time."""
+        mirror = self._drop(key)
+        if mirror is None or not mirror.same_conversation(conversation):
+            mirror = _Mirror(conversation.created_at)  # new here, or deleted and made again since
+        # Statuses only ever move from pending, or from live: those are the ones to look at again.
+        stale = {seq for seq in mirror.changed_live(conversation.live) | mirror.pending if seq < mirror.next_seq}
+        mirror.live = conversation.live
+        fresh = await self._read(key, stale, mirror.next_seq, conversation.next_seq)
+        mirror.note_all(fresh)
+        task_seq = first_live_user(conversation, mirror.roles)
+        redo = mirror.shown_differently(fresh.keys(), conversation.boundary, task_seq)
+        needed = await self._read(key, redo - fresh.keys(), 0, 0)  # to show it differently, read it again
+        mirror.note_all(needed)
+        fresh |= needed
+        # Summaries and turn records never change once written: only new ones are read.
+        if not mirror.summaries:
+            summaries = await self.store.summaries(key)
+        else:
+            summaries = []
+            while (summary := await self.store.summary(key, len(mirror.summaries) + len(summaries) + 1)) is not None:
+                summaries.append(summary)
+        turns = await self.store.turn_records(key, after=len(mirror.turns))
+        return mirror, _Changes([fresh[seq] for seq in redo], task_seq, summaries, turns)
+
+    def _encode_and_write(self, mirror: _Mirror, changes: _Changes, conversation: Conversation, path: Path) -> None:
+        """In the worker thread: the changed parts encoded into the mirror, then the file written."""
+        for stored in changes.messages:
+            entry = trajectory_message(stored, conversation, changes.task_seq, self.refs)
+            mirror.set_encoded(stored.seq, entry["status"], encode(entry))
+        mirror.boundary, mirror.task_seq = conversation.boundary, changes.task_seq
+        mirror.add_records([encode(s.to_api()) for s in changes.summaries], [encode(r) for r in changes.turns])
         document = TrajectoryDocument(
-            data=mirror.encoded,  # not copied: only this task changes it, after the write below
+            data=mirror.encoded,  # not copied: only this conversation's task changes it, never meanwhile
             first_id=1 if mirror.encoded else None,
             last_id=len(mirror.encoded) or None,
             has_more=False,
@@ -170,54 +248,11 @@ class TrajectoryWriter:
             turns=mirror.turns,
             conversation=encode(conversation.to_api()),
         )
-        await loop.run_in_executor(self._thread, _write_file, path.parent.parent, path, document)
-        self._keep(key, mirror)
+        _write_file(path.parent.parent, path, document)
 
-    async def _refresh(self, key: ConversationKey, conversation: Conversation) -> _Mirror:
-        """The mirror brought up to the store's state, reading only what changed since last time."""
-        mirror = self._drop(key)
-        if mirror is None or mirror.created_at != conversation.created_at or mirror.next_seq > conversation.next_seq:
-            mirror = _Mirror(conversation.created_at)  # new here, or deleted and made again
-        # Statuses only ever move from pending, or from live: those are the ones to look at again.
-        stale = {seq for seq in mirror.changed_live(conversation.live) | mirror.pending if seq < mirror.next_seq}
-        mirror.live = conversation.live
-        fresh = await self._read(key, stale, mirror.next_seq, conversation.next_seq)
-        for seq in sorted(fresh):
-            mirror.note(fresh[seq])
-
-        task_seq = first_live_user(conversation, mirror.roles)
-        boundary = conversation.boundary
-        candidates = set(fresh)
-        if boundary != mirror.boundary:
-            candidates.update(range(min(boundary, mirror.boundary) + 1, max(boundary, mirror.boundary) + 1))
-        candidates.update(s for s in (task_seq, mirror.task_seq) if s is not None and s < mirror.next_seq)
-        redo = {
-            seq for seq in candidates
-            if seq in fresh or shown_status(mirror.statuses[seq - 1], seq, mirror.roles[seq - 1], boundary, task_seq) != mirror.shown[seq - 1]
-        }
-        needed = await self._read(key, redo - fresh.keys(), 0, 0)  # shown differently now: the message is needed
-        for seq in sorted(needed):
-            mirror.note(needed[seq])
-        fresh |= needed
-        for seq in redo:
-            entry = trajectory_message(fresh[seq], conversation, task_seq, self.refs)
-            mirror.set_encoded(seq, entry["status"], encode(entry))
-        mirror.boundary, mirror.task_seq = boundary, task_seq
-
-        if not mirror.summaries:
-            new_summaries = await self.store.summaries(key)
-        else:
-            new_summaries = []
-            while (summary := await self.store.summary(key, len(mirror.summaries) + len(new_summaries) + 1)) is not None:
-                new_summaries.append(summary)
-        summaries = [encode(s.to_api()) for s in new_summaries]  # summaries and turn records never change
-        turns = [encode(r) for r in await self.store.turn_records(key, after=len(mirror.turns))]
-        mirror.size += sum(map(len, summaries)) + sum(map(len, turns))
-        mirror.summaries += summaries
-        mirror.turns += turns
-        return mirror
-
-    async def _read(self, key: ConversationKey, seqs: set[int], first_new: int, next_seq: int) -> dict[int, StoredMessage]:
+    async def _read(
+        self, key: ConversationKey, seqs: set[int], first_new: int, next_seq: int
+    ) -> dict[int, StoredMessage]:
         """The messages of `seqs` and of [first_new, next_seq), in few range reads."""
         out: dict[int, StoredMessage] = {}
         ranges = list(_runs(sorted(seqs)))
@@ -225,7 +260,8 @@ class TrajectoryWriter:
             ranges.append((first_new, next_seq - 1))
         for start, end in ranges:
             while start <= end:
-                page = await self.store.messages(key, live_only=False, after=start - 1, limit=min(READ_PAGE, end - start + 1))
+                limit = min(READ_PAGE, end - start + 1)
+                page = await self.store.messages(key, live_only=False, after=start - 1, limit=limit)
                 if not page:
                     break
                 out.update((m.seq, m) for m in page)
