@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     serve = commands.add_parser("serve", parents=[common], help="run the proxy")
     serve.add_argument("--host", default=None, help="override server.host")
     serve.add_argument("--port", type=int, default=None, help="override server.port")
-    export = commands.add_parser("export", parents=[common], help="write one conversation of the store as JSON to stdout")
+    export = commands.add_parser("export", parents=[common], help="write one conversation as JSON to stdout")
     export.add_argument("--tenant", default=None, help="the tenant (or its prefix) when several have this id")
     export.add_argument("id", help="the conversation id")
     import_ = commands.add_parser("import", parents=[common], help="write an exported conversation into the store")
@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "export":
             sys.stdout.buffer.write(asyncio.run(export_conversation(settings, args.id, args.tenant)))
         else:
-            print(asyncio.run(import_conversation(settings, _read_export(args.file), replace=args.replace)), file=sys.stderr)
+            done = asyncio.run(import_conversation(settings, _read_export(args.file), replace=args.replace))
+            print(done, file=sys.stderr)
     except CommandFailed as exc:
         print(f"context-proxy {args.command}: {exc}", file=sys.stderr)
         return 1
@@ -103,10 +104,13 @@ async def export_conversation(settings: Settings, conversation_id: str, tenant: 
     try:
         candidates = [c for c in await store.find(conversation_id) if tenant is None or c.key.tenant.startswith(tenant)]
         if not candidates:
-            raise CommandFailed(f"no conversation {conversation_id!r} in this store" + (f" for tenant {tenant!r}" if tenant else ""))
+            whose = f" for tenant {tenant!r}" if tenant else ""
+            raise CommandFailed(f"no conversation {conversation_id!r} in this store{whose}")
         if len(candidates) > 1:
             tenants = ", ".join(c.key.tenant[:12] for c in candidates)
-            raise CommandFailed(f"several tenants have conversation {conversation_id!r} ({tenants}): name one with --tenant")
+            raise CommandFailed(
+                f"several tenants have conversation {conversation_id!r} ({tenants}): name one with --tenant"
+            )
         key = candidates[0].key
         async with store.lock(key):
             dump = await read_dump(store, key)
@@ -132,7 +136,8 @@ async def import_conversation(settings: Settings, document: Any, *, replace: boo
             await store.import_conversation(dump, replace=replace)
     except ConversationExists:
         raise CommandFailed(
-            f"conversation {key.id!r} of tenant {key.tenant[:12]} is already in this store: pass --replace to overwrite it"
+            f"conversation {key.id!r} of tenant {key.tenant[:12]} is already in this store: "
+            "pass --replace to overwrite it"
         ) from None
     except ProxyError as exc:
         raise CommandFailed(exc.message) from None

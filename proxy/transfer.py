@@ -70,7 +70,9 @@ def dump_from_json(doc: Any) -> ConversationDump:
     try:
         key = ConversationKey(_name(doc["tenant"], "tenant"), _name(doc["id"], "id"))
         messages = [
-            StoredMessage(_int(m["seq"]), _object(m["message"]), _str(m["hash"]), _str(m["status"]), _number(m["created_at"]))
+            StoredMessage(
+                _int(m["seq"]), _object(m["message"]), _str(m["hash"]), _str(m["status"]), _number(m["created_at"])
+            )
             for m in _list(doc["messages"])
         ]
         rewrites = {_key(seq): _str(content) for seq, content in _object(doc["rewrites"]).items()}

@@ -137,7 +137,8 @@ class ConversationDump:
             problems.append(f"a message status is not one of {sorted(STATUSES)}")
         if c.live != [(m.seq, m.hash) for m in self.messages if m.status == LIVE]:
             problems.append("the live transcript must be the messages whose status is live")
-        if not set(c.first_forwarded) | set(self.rewrites) <= set(range(1, n + 1)) or c.rewritten != frozenset(self.rewrites):
+        named = set(c.first_forwarded) | set(self.rewrites)
+        if not named <= set(range(1, n + 1)) or c.rewritten != frozenset(self.rewrites):
             problems.append("first-forwarded marks and rewrites must name stored messages")
         if [s.id for s in self.summaries] != list(range(1, len(self.summaries) + 1)):
             problems.append("summary ids must run 1, 2, ...")

@@ -411,13 +411,14 @@ class DiskStore:
                 boundary=c.boundary, summary_id=c.summary_id, turns=len(dump.turns),
             )
             for m in dump.messages:
-                self._cache.set(_msg_key(key, m.seq), {"message": m.message, "hash": m.hash, "status": m.status, "created_at": m.created_at})
+                record = {"message": m.message, "hash": m.hash, "status": m.status, "created_at": m.created_at}
+                self._cache.set(_msg_key(key, m.seq), record)
             for seq, content in dump.rewrites.items():
                 self._cache.set(_rewrite_key(key, seq), content)
             for summary in dump.summaries:
                 self._cache.set(_summary_key(key, summary.id), asdict(summary))
-            for record in dump.turns:
-                self._cache.set(_turn_key(key, record["turn"]), dict(record))
+            for turn in dump.turns:
+                self._cache.set(_turn_key(key, turn["turn"]), dict(turn))
             self._save(key, raw)
 
     async def acquire_lease(self, name: str, ttl_s: float) -> str | None:

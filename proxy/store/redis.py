@@ -622,7 +622,8 @@ class RedisStore:
             args += [data.pop("id"), _dumps(data)]
         for record in dump.turns:
             rest = {k: v for k, v in record.items() if k not in ("turn", "reply_seq")}
-            args += [record["turn"], _dumps({"turn": record["turn"], "reply_seq": record.get("reply_seq"), "record": rest})]
+            stored = {"turn": record["turn"], "reply_seq": record.get("reply_seq"), "record": rest}
+            args += [record["turn"], _dumps(stored)]
         try:
             await self._import(keys=self._keys(c.key), args=args)
         except ResponseError as exc:
