@@ -3,7 +3,8 @@ from one store, as a JSON document, and written into another, diskcache or Redis
 
 The document holds what the store holds: every message with its seq, status, hash and time, the
 rewrites, the first-forwarded quota marks, the boundary and current summary, every summary, every
-turn record, the LLM-call count and the times; the tenant and id are kept. Refs are not in it:
+turn record, the response ids that name its replies (`previous_response_id`), the LLM-call count
+and the times; the tenant and id are kept. Refs are not in it:
 they are HMACs of (tenant, id, seq) under each store's own secret, derived whenever they are
 shown, so after an import every ref the proxy shows or answers is the target store's.
 """
@@ -29,12 +30,19 @@ async def read_dump(store: Store, key: ConversationKey) -> ConversationDump | No
     conversation = await store.get(key)
     if conversation is None:
         return None
+    turns = await store.turn_records(key)
+    responses = {}
+    for response_id in (r["response_id"] for r in turns if r.get("response_id")):
+        owner = await store.response_owner(key.tenant, response_id)
+        if owner is not None and owner[0] == key.id:
+            responses[response_id] = owner[1]
     return ConversationDump(
         conversation=conversation,
         messages=await store.messages(key, live_only=False),
         rewrites=await store.rewrites(key, sorted(conversation.rewritten)),
         summaries=await store.summaries(key),
-        turns=await store.turn_records(key),
+        turns=turns,
+        responses=responses,
     )
 
 
@@ -58,6 +66,7 @@ def dump_to_json(dump: ConversationDump) -> dict[str, Any]:
         "rewrites": {str(seq): content for seq, content in sorted(dump.rewrites.items())},
         "summaries": [asdict(s) for s in dump.summaries],
         "turns": dump.turns,
+        "responses": dump.responses,
     }
 
 
@@ -93,7 +102,9 @@ def dump_from_json(doc: Any) -> ConversationDump:
             boundary=_int(doc["boundary"]),
             summary_id=_optional_int(doc["summary_id"]),
         )
-        dump = ConversationDump(conversation, messages, rewrites, summaries, [_object(t) for t in _list(doc["turns"])])
+        turns = [_object(t) for t in _list(doc["turns"])]
+        responses = {_str(rid): _int(seq) for rid, seq in _object(doc["responses"]).items()}
+        dump = ConversationDump(conversation, messages, rewrites, summaries, turns, responses)
         dump.check()
     except KeyError as exc:
         raise InvalidExport(f"the export has no {exc.args[0]!r}") from None

@@ -244,7 +244,7 @@ async def test_marks_are_kept_on_the_conversation_and_set_one_by_one(store):
 
 # -- import_conversation: what `context-proxy import` writes ---------------------------------------
 
-C = ConversationKey("tenant-a", "copy")
+C = ConversationKey("tenant-c", "copy")  # another tenant: a copy may keep the original's response ids
 
 
 async def a_conversation_with_everything(store: Store, key: ConversationKey) -> None:
@@ -252,12 +252,13 @@ async def a_conversation_with_everything(store: Store, key: ConversationKey) -> 
     await add(store, key, ["system", "task"])
     pending = await add(store, key, ["q1"], PENDING)
     reply = {"role": "assistant", "content": "a1", "tool_calls": [], "unknown_field": {"kept": [1, 2.5, None]}}
-    record = {"sent_seqs": [1, 2, 3], "llm_calls": 1}
-    await store.finish_turn(key, {pending[0]: LIVE}, [(reply, message_hash(reply))], LIVE, record)
+    reasoning = {"type": "reasoning", "id": "rs_1"}  # a reply of two items, named by a response id
+    record = {"sent_seqs": [1, 2, 3], "llm_calls": 1, "response_id": "resp_1"}
+    await store.finish_turn(key, {pending[0]: LIVE}, [(reasoning, "h"), (reply, message_hash(reply))], LIVE, record)
     refused = await add(store, key, ["q2"], PENDING)
     await store.finish_turn(key, {refused[0]: FAILED}, [], FAILED, {"sent_seqs": [], "status": "failed"})
     await add(store, key, ["edited away"])
-    await store.set_statuses(key, {6: SUPERSEDED})
+    await store.set_statuses(key, {7: SUPERSEDED})
     await add(store, key, ["branch", "é ünicode ✓"])
     await store.count_llm_call(key)
     await store.count_llm_call(key)
@@ -274,21 +275,23 @@ def moved(dump: ConversationDump, key: ConversationKey) -> ConversationDump:
 async def test_import_writes_exactly_what_was_exported_and_the_conversation_goes_on(store):
     await a_conversation_with_everything(store, A)
     dump = await read_dump(store, A)
-    assert dump is not None and [m.status for m in dump.messages] == [LIVE, LIVE, LIVE, LIVE, FAILED, SUPERSEDED, LIVE, LIVE]
+    statuses = [LIVE, LIVE, LIVE, LIVE, LIVE, FAILED, SUPERSEDED, LIVE, LIVE]
+    assert dump is not None and [m.status for m in dump.messages] == statuses and dump.responses == {"resp_1": 5}
     await store.import_conversation(moved(dump, C))
     assert await read_dump(store, C) == moved(dump, C)
     assert await read_dump(store, A) == dump  # the original untouched
-    page, _ = await store.list_conversations("tenant-a")
-    assert [c.key for c in page] == [C, A]  # an import lists as the newest
+    assert await store.response_owner(C.tenant, "resp_1") == ("copy", 5)
+    everyone, _ = await store.list_conversations(None)
+    assert [c.key for c in everyone] == [C, A]  # an import lists as the newest
     assert [c.key for c in await store.find("copy")] == [C]
 
     # It continues where it was: seqs, summary ids, turn numbers and the call count go on.
-    assert await add(store, C, ["next"]) == [9]
-    assert (await store.add_summary(C, summary(1, 8, "third"))).id == 3
-    await store.finish_turn(C, {}, [], LIVE, {"sent_seqs": [9]})
+    assert await add(store, C, ["next"]) == [10]
+    assert (await store.add_summary(C, summary(1, 9, "third"))).id == 3
+    await store.finish_turn(C, {}, [], LIVE, {"sent_seqs": [10]})
     assert [r["turn"] for r in await store.turn_records(C)] == [1, 2, 3]
     assert await store.count_llm_call(C) == 3
-    assert (await store.get(C)).boundary == 8
+    assert (await store.get(C)).boundary == 9
 
 
 async def test_import_refuses_a_taken_key_unless_told_to_replace(store):
@@ -299,15 +302,19 @@ async def test_import_refuses_a_taken_key_unless_told_to_replace(store):
     with pytest.raises(ConversationExists):
         await store.import_conversation(moved(dump, C))
     assert [m.message["content"] for m in await store.messages(C, live_only=False)] == ["already here", "and more", "and more still"]
-    small = ConversationDump(
-        dataclasses.replace(dump.conversation, key=C, next_seq=2, live=dump.conversation.live[:1], first_forwarded={}, rewritten=frozenset(), boundary=0, summary_id=None),
-        dump.messages[:1], {}, [], [],
+    await store.import_conversation(moved(dump, C), replace=True)
+    assert await read_dump(store, C) == moved(dump, C)
+    first = dataclasses.replace(
+        dump.conversation, key=C, next_seq=2, live=dump.conversation.live[:1], first_forwarded={},
+        rewritten=frozenset(), boundary=0, summary_id=None,
     )
+    small = ConversationDump(first, dump.messages[:1], {}, [], [])
     await store.import_conversation(small, replace=True)
     assert await read_dump(store, C) == small
     assert await store.rewrites(C, [3]) == {} and await store.message(C, 3) is None
-    page, _ = await store.list_conversations("tenant-a")
-    assert [c.key for c in page] == [C, A]  # listed once
+    assert await store.response_owner(C.tenant, "resp_1") is None  # what was there is gone, all of it
+    page, _ = await store.list_conversations(C.tenant)
+    assert [c.key for c in page] == [C]  # listed once
 
 
 @pytest.mark.parametrize(
@@ -318,8 +325,9 @@ async def test_import_refuses_a_taken_key_unless_told_to_replace(store):
         lambda d: d.summaries.pop(0),  # summary ids must start at 1
         lambda d: setattr(d, "rewrites", {99: "no such message"}),
         lambda d: d.turns.reverse(),
+        lambda d: setattr(d, "responses", {"resp_x": 99}),
     ],
-    ids=["seq-gap", "status", "summary-ids", "rewrite-seq", "turn-order"],
+    ids=["seq-gap", "status", "summary-ids", "rewrite-seq", "turn-order", "response-seq"],
 )
 async def test_import_refuses_a_dump_whose_parts_disagree_and_writes_nothing(store, spoil):
     await a_conversation_with_everything(store, A)

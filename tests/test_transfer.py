@@ -145,6 +145,30 @@ def test_export_then_import_into_redis_is_lossless_and_the_conversation_goes_on(
     assert [(m["role"], m["content"]) for m in live[-2:]] == [("user", "read the log again"), ("assistant", "read it")]
 
 
+def test_a_responses_chain_goes_on_after_the_move_by_its_previous_response_id(make_proxy, upstream, redis, tmp_path):
+    disk = make_proxy(data_dir=tmp_path / "disk")
+    client = openai_client(disk)
+    developer = {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You help."}]}
+    first = client.responses.create(model="gpt-4o-mini", input=[developer, {"role": "user", "content": "first"}], store=False)
+    second = client.responses.create(model="gpt-4o-mini", input="second", previous_response_id=first.id, store=False)
+    with httpx.Client(base_url=disk.url) as http:
+        [conversation] = http.get("/v1/conversations").json()["data"]  # its id derived from the run
+    disk.stop()
+    disk_config = write_config(tmp_path / "disk.yaml", storage={"path": str(tmp_path / "disk")})
+    redis_config = write_config(tmp_path / "redis.yaml", storage={"backend": "redis", "redis_url": redis.url})
+    exported = cli("export", "--config", str(disk_config), conversation["id"])
+    assert exported.returncode == 0, exported.stderr.decode()
+    assert set(json.loads(exported.stdout)["responses"]) == {first.id, second.id}
+    (tmp_path / "chain.json").write_bytes(exported.stdout)
+    assert cli("import", "--config", str(redis_config), str(tmp_path / "chain.json")).returncode == 0
+
+    shared = make_proxy(storage={"backend": "redis", "redis_url": redis.url})
+    third = openai_client(shared).responses.create(model="gpt-4o-mini", input="third", previous_response_id=second.id, store=False)
+    assert third.output_text == "reply to: third"
+    sent = upstream.responses_requests()[-1]["input"]
+    assert [i.get("role") for i in sent] == ["developer", "user", "assistant", "user", "assistant", "user"]
+
+
 def test_export_names_the_tenant_when_an_id_is_ambiguous_and_says_what_went_wrong(make_proxy, upstream, tmp_path):
     proxy = make_proxy(data_dir=tmp_path / "disk")
     for key in (ALICE, BOB):

@@ -126,6 +126,7 @@ class ConversationDump:
     rewrites: dict[int, str]  # seq -> the stored forwarded form
     summaries: list[Summary]  # every summary, ids 1..k in order
     turns: list[dict[str, Any]]  # every turn record as turn_records() gives it (`turn` 1..t, `reply_seq`)
+    responses: dict[str, int] = field(default_factory=dict)  # response id -> the seq it names (response_owner)
 
     def check(self) -> None:
         """Raise ValueError, naming the problem, unless the parts agree as a store's own would."""
@@ -146,6 +147,8 @@ class ConversationDump:
             problems.append("the boundary must be a stored seq and the summary id a stored summary")
         if [r.get("turn") for r in self.turns] != list(range(1, len(self.turns) + 1)):
             problems.append("turn records must be numbered 1, 2, ...")
+        if not set(self.responses.values()) <= set(range(1, n + 1)):
+            problems.append("response ids must name stored messages")
         if problems:
             raise ValueError(f"conversation {c.key}: " + "; ".join(problems))
 
@@ -227,8 +230,9 @@ class Store(Protocol):
 
     async def import_conversation(self, dump: ConversationDump, *, replace: bool = False) -> None:
         """Write a whole conversation read from another store, under its own key, in one atomic
-        step (it lists as the newest). Raises ValueError for a dump that does not `check()`, and
-        ConversationExists when the key is taken, unless `replace`: then what was there is deleted."""
+        step (it lists as the newest; its response ids name it). Raises ValueError for a dump that
+        does not `check()`, and ConversationExists when the key is taken, unless `replace`: then what
+        was there is deleted."""
 
     async def acquire_lease(self, name: str, ttl_s: float) -> str | None:
         """Take the named lease if free (or expired): a token to release it with, else None. Used so

@@ -419,6 +419,8 @@ class DiskStore:
                 self._cache.set(_summary_key(key, summary.id), asdict(summary))
             for turn in dump.turns:
                 self._cache.set(_turn_key(key, turn["turn"]), dict(turn))
+            for response_id, seq in dump.responses.items():
+                self._cache.set(_response_key(key.tenant, response_id), (key.id, seq))
             self._save(key, raw)
 
     async def acquire_lease(self, name: str, ttl_s: float) -> str | None:

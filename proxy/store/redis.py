@@ -223,12 +223,15 @@ return 1
 
 IMPORT = PRELUDE + """
 -- ARGV[3] (the stamp) = created_at; ARGV[4] = replace (1/0); ARGV[5..11] = updated_at, next_seq,
--- llm_calls, boundary, summary_id ('' = none), summaries, turns; ARGV[12..14] = how many messages,
--- first-forwarded marks and rewrites follow. Then (seq, body, hash, status) per message, (seq,
--- calls) per mark, (seq, content) per rewrite, (id, JSON) per summary, (turn, JSON) per turn record.
+-- llm_calls, boundary, summary_id ('' = none), summaries, turns; ARGV[12..15] = how many messages,
+-- first-forwarded marks, rewrites and response ids follow. Then (seq, body, hash, status) per
+-- message, (seq, calls) per mark, (seq, content) per rewrite, (id, JSON) per summary, (turn, JSON)
+-- per turn record, (response id, seq) per response id.
 if redis.call('EXISTS', meta) == 1 then
   if ARGV[4] ~= '1' then return redis.error_reply('""" + CONVERSATION_EXISTS + """') end
-  redis.call('UNLINK', meta, body, hashes, statuses, live, fwd, rw, sums, turns)
+  local known = redis.call('SMEMBERS', resp)
+  if #known > 0 then redis.call('HDEL', responses, unpack(known)) end
+  redis.call('UNLINK', meta, body, hashes, statuses, live, fwd, rw, sums, turns, resp)
   redis.call('ZREM', index, id)
   redis.call('ZREM', all, tenant .. '/' .. id)
 end
@@ -236,7 +239,7 @@ ensure()
 redis.call('HSET', meta, 'updated_at', ARGV[5], 'next_seq', ARGV[6], 'llm_calls', ARGV[7], 'boundary', ARGV[8],
            'summaries', ARGV[10], 'turns', ARGV[11])
 if ARGV[9] ~= '' then redis.call('HSET', meta, 'summary_id', ARGV[9]) end
-local i = 15
+local i = 16
 for _ = 1, tonumber(ARGV[12]) do
   local seq, h, status = ARGV[i], ARGV[i + 2], ARGV[i + 3]
   redis.call('HSET', body, seq, ARGV[i + 1])
@@ -250,6 +253,11 @@ for _, part in ipairs({{fwd, ARGV[13]}, {rw, ARGV[14]}, {sums, ARGV[10]}, {turns
     redis.call('HSET', part[1], ARGV[i], ARGV[i + 1])
     i = i + 2
   end
+end
+for _ = 1, tonumber(ARGV[15]) do
+  redis.call('HSET', responses, ARGV[i], id .. '\0' .. ARGV[i + 1])
+  redis.call('SADD', resp, ARGV[i])
+  i = i + 2
 end
 return 1
 """
@@ -609,7 +617,7 @@ class RedisStore:
         args = self._args(
             c.key, int(replace), repr(c.updated_at), c.next_seq, c.llm_calls, c.boundary,
             "" if c.summary_id is None else c.summary_id, len(dump.summaries), len(dump.turns),
-            len(dump.messages), len(c.first_forwarded), len(dump.rewrites), stamp=c.created_at,
+            len(dump.messages), len(c.first_forwarded), len(dump.rewrites), len(dump.responses), stamp=c.created_at,
         )
         for m in dump.messages:
             args += [m.seq, _dumps({"t": m.created_at, "m": m.message}), m.hash, m.status]
@@ -624,6 +632,8 @@ class RedisStore:
             rest = {k: v for k, v in record.items() if k not in ("turn", "reply_seq")}
             stored = {"turn": record["turn"], "reply_seq": record.get("reply_seq"), "record": rest}
             args += [record["turn"], _dumps(stored)]
+        for response_id, seq in dump.responses.items():
+            args += [response_id, seq]
         try:
             await self._import(keys=self._keys(c.key), args=args)
         except ResponseError as exc:
