@@ -2,11 +2,12 @@
 from one store, as a JSON document, and written into another, diskcache or Redis, losslessly.
 
 The document holds what the store holds: every message with its seq, status, hash and time, the
-rewrites, the first-forwarded quota marks, the boundary and current summary, every summary, every
-turn record, the response ids that name its replies (`previous_response_id`), the LLM-call count
-and the times; the tenant and id are kept. Refs are not in it:
-they are HMACs of (tenant, id, seq) under each store's own secret, derived whenever they are
-shown, so after an import every ref the proxy shows or answers is the target store's.
+rewrites, the first-forwarded quota marks, the pipeline's marks (where the window and mask cut),
+the boundary and current summary, every summary, every turn record, the response ids that name
+its replies (`previous_response_id`), the LLM-call count and the times; the tenant and id are
+kept. Refs are not in it: they are HMACs of (tenant, id, seq) under each store's own secret,
+derived whenever they are shown, so after an import every ref the proxy shows or answers is the
+target store's.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def dump_to_json(dump: ConversationDump) -> dict[str, Any]:
         "llm_calls": c.llm_calls,
         "boundary": c.boundary,
         "summary_id": c.summary_id,
+        "marks": c.marks,
         "messages": [
             {"seq": m.seq, "status": m.status, "hash": m.hash, "created_at": m.created_at, "message": m.message}
             for m in dump.messages
@@ -101,6 +103,7 @@ def dump_from_json(doc: Any) -> ConversationDump:
             rewritten=frozenset(rewrites),
             boundary=_int(doc["boundary"]),
             summary_id=_optional_int(doc["summary_id"]),
+            marks={_str(name): _int(seq) for name, seq in _object(doc["marks"]).items()},
         )
         turns = [_object(t) for t in _list(doc["turns"])]
         responses = {_str(rid): _int(seq) for rid, seq in _object(doc["responses"]).items()}

@@ -248,7 +248,7 @@ C = ConversationKey("tenant-c", "copy")  # another tenant: a copy may keep the o
 
 
 async def a_conversation_with_everything(store: Store, key: ConversationKey) -> None:
-    """Every part a store holds: each status, a turn record, quota marks, a rewrite, summaries."""
+    """Every part a store holds: each status, turn records, quota marks, a rewrite, marks, summaries."""
     await add(store, key, ["system", "task"])
     pending = await add(store, key, ["q1"], PENDING)
     reply = {"role": "assistant", "content": "a1", "tool_calls": [], "unknown_field": {"kept": [1, 2.5, None]}}
@@ -264,6 +264,7 @@ async def a_conversation_with_everything(store: Store, key: ConversationKey) -> 
     await store.count_llm_call(key)
     await store.mark_forwarded(key, {1: 1, 3: 2})
     await store.set_rewrites(key, {3: "the short form"})
+    await store.set_marks(key, {"window_start": 5, "mask_through": 3})
     await store.add_summary(key, summary(1, 4, "first"))
     await store.add_summary(key, summary(1, 2, "stale"))
 
@@ -306,7 +307,7 @@ async def test_import_refuses_a_taken_key_unless_told_to_replace(store):
     assert await read_dump(store, C) == moved(dump, C)
     first = dataclasses.replace(
         dump.conversation, key=C, next_seq=2, live=dump.conversation.live[:1], first_forwarded={},
-        rewritten=frozenset(), boundary=0, summary_id=None,
+        rewritten=frozenset(), boundary=0, summary_id=None, marks={},
     )
     small = ConversationDump(first, dump.messages[:1], {}, [], [])
     await store.import_conversation(small, replace=True)
@@ -326,8 +327,9 @@ async def test_import_refuses_a_taken_key_unless_told_to_replace(store):
         lambda d: setattr(d, "rewrites", {99: "no such message"}),
         lambda d: d.turns.reverse(),
         lambda d: setattr(d, "responses", {"resp_x": 99}),
+        lambda d: d.conversation.marks.update(window_start=99),
     ],
-    ids=["seq-gap", "status", "summary-ids", "rewrite-seq", "turn-order", "response-seq"],
+    ids=["seq-gap", "status", "summary-ids", "rewrite-seq", "turn-order", "response-seq", "mark-seq"],
 )
 async def test_import_refuses_a_dump_whose_parts_disagree_and_writes_nothing(store, spoil):
     await a_conversation_with_everything(store, A)

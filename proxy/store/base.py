@@ -121,7 +121,7 @@ class ConversationDump:
     writes, so a conversation moves between stores losslessly (see proxy/transfer.py). Refs are
     not in it: they are derived from the key and seq under the store's own secret."""
 
-    conversation: Conversation  # key, times, counters, first-forwarded marks, boundary, summary id
+    conversation: Conversation  # key, times, counters, first-forwarded marks, boundary, summary id, marks
     messages: list[StoredMessage]  # every message, seqs 1..n in order: statuses, hashes, times
     rewrites: dict[int, str]  # seq -> the stored forwarded form
     summaries: list[Summary]  # every summary, ids 1..k in order
@@ -149,6 +149,8 @@ class ConversationDump:
             problems.append("turn records must be numbered 1, 2, ...")
         if not set(self.responses.values()) <= set(range(1, n + 1)):
             problems.append("response ids must name stored messages")
+        if not all(0 <= seq <= n for seq in c.marks.values()):
+            problems.append("marks must be seqs of the conversation")
         if problems:
             raise ValueError(f"conversation {c.key}: " + "; ".join(problems))
 

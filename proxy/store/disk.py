@@ -408,7 +408,7 @@ class DiskStore:
             raw.update(
                 updated_at=c.updated_at, next_seq=c.next_seq, live=list(c.live), llm_calls=c.llm_calls,
                 first_forwarded=dict(c.first_forwarded), rewritten=set(dump.rewrites), summaries=len(dump.summaries),
-                boundary=c.boundary, summary_id=c.summary_id, turns=len(dump.turns),
+                boundary=c.boundary, summary_id=c.summary_id, turns=len(dump.turns), marks=dict(c.marks),
             )
             for m in dump.messages:
                 record = {"message": m.message, "hash": m.hash, "status": m.status, "created_at": m.created_at}

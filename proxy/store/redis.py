@@ -223,10 +223,10 @@ return 1
 
 IMPORT = PRELUDE + """
 -- ARGV[3] (the stamp) = created_at; ARGV[4] = replace (1/0); ARGV[5..11] = updated_at, next_seq,
--- llm_calls, boundary, summary_id ('' = none), summaries, turns; ARGV[12..15] = how many messages,
--- first-forwarded marks, rewrites and response ids follow. Then (seq, body, hash, status) per
--- message, (seq, calls) per mark, (seq, content) per rewrite, (id, JSON) per summary, (turn, JSON)
--- per turn record, (response id, seq) per response id.
+-- llm_calls, boundary, summary_id ('' = none), summaries, turns; ARGV[12..16] = how many messages,
+-- first-forwarded marks, rewrites, response ids and marks follow. Then (seq, body, hash, status)
+-- per message, (seq, calls) per first-forwarded mark, (seq, content) per rewrite, (id, JSON) per
+-- summary, (turn, JSON) per turn record, (meta field, seq) per mark, (response id, seq) per response id.
 if redis.call('EXISTS', meta) == 1 then
   if ARGV[4] ~= '1' then return redis.error_reply('""" + CONVERSATION_EXISTS + """') end
   local known = redis.call('SMEMBERS', resp)
@@ -239,7 +239,7 @@ ensure()
 redis.call('HSET', meta, 'updated_at', ARGV[5], 'next_seq', ARGV[6], 'llm_calls', ARGV[7], 'boundary', ARGV[8],
            'summaries', ARGV[10], 'turns', ARGV[11])
 if ARGV[9] ~= '' then redis.call('HSET', meta, 'summary_id', ARGV[9]) end
-local i = 16
+local i = 17
 for _ = 1, tonumber(ARGV[12]) do
   local seq, h, status = ARGV[i], ARGV[i + 2], ARGV[i + 3]
   redis.call('HSET', body, seq, ARGV[i + 1])
@@ -248,7 +248,7 @@ for _ = 1, tonumber(ARGV[12]) do
   if status == '""" + LIVE + """' then redis.call('ZADD', live, seq, seq .. ':' .. h) end
   i = i + 4
 end
-for _, part in ipairs({{fwd, ARGV[13]}, {rw, ARGV[14]}, {sums, ARGV[10]}, {turns, ARGV[11]}}) do
+for _, part in ipairs({{fwd, ARGV[13]}, {rw, ARGV[14]}, {sums, ARGV[10]}, {turns, ARGV[11]}, {meta, ARGV[16]}}) do
   for _ = 1, tonumber(part[2]) do
     redis.call('HSET', part[1], ARGV[i], ARGV[i + 1])
     i = i + 2
@@ -617,7 +617,8 @@ class RedisStore:
         args = self._args(
             c.key, int(replace), repr(c.updated_at), c.next_seq, c.llm_calls, c.boundary,
             "" if c.summary_id is None else c.summary_id, len(dump.summaries), len(dump.turns),
-            len(dump.messages), len(c.first_forwarded), len(dump.rewrites), len(dump.responses), stamp=c.created_at,
+            len(dump.messages), len(c.first_forwarded), len(dump.rewrites), len(dump.responses), len(c.marks),
+            stamp=c.created_at,
         )
         for m in dump.messages:
             args += [m.seq, _dumps({"t": m.created_at, "m": m.message}), m.hash, m.status]
@@ -632,6 +633,8 @@ class RedisStore:
             rest = {k: v for k, v in record.items() if k not in ("turn", "reply_seq")}
             stored = {"turn": record["turn"], "reply_seq": record.get("reply_seq"), "record": rest}
             args += [record["turn"], _dumps(stored)]
+        for name, seq in c.marks.items():
+            args += [MARK + name, seq]
         for response_id, seq in dump.responses.items():
             args += [response_id, seq]
         try:
