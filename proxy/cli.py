@@ -11,8 +11,9 @@ from pathlib import Path
 
 from aiohttp import web
 
-from .app import RUNNER_OPTIONS, build_app
+from .app import build_app, runner_options
 from .config import ConfigError, Settings, load_settings
+from .connections import start_site
 from .logs import configure_logging
 
 log = logging.getLogger("proxy")
@@ -37,16 +38,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"context-proxy: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.logging.level)
-    asyncio.run(serve_forever(settings))
+    try:
+        asyncio.run(serve_forever(settings))
+    except ConfigError as exc:  # found only at start-up (e.g. a store that cannot be opened)
+        print(f"context-proxy: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
 async def serve_forever(settings: Settings) -> None:
     """Serve until SIGINT/SIGTERM, then close every resource cleanly."""
-    runner = web.AppRunner(build_app(settings), handle_signals=False, **RUNNER_OPTIONS)
+    runner = web.AppRunner(build_app(settings), handle_signals=False, **runner_options(settings))
     await runner.setup()
-    site = web.TCPSite(runner, settings.server.host, settings.server.port)
-    await site.start()
+    await start_site(runner, settings.server.host, settings.server.port)
     host, port = runner.addresses[0][:2]
     log.info("listening", extra={"host": host, "port": port})
     stop = asyncio.Event()
