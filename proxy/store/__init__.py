@@ -3,9 +3,28 @@
 from __future__ import annotations
 
 from ..config import ConfigError, StorageSettings
-from .base import FAILED, INCOMPLETE, INTERNAL, LIVE, PENDING, SUPERSEDED, Conversation, Store, StoredMessage, Summary
+from .base import (
+    FAILED,
+    INCOMPLETE,
+    INTERNAL,
+    LIVE,
+    PENDING,
+    SUPERSEDED,
+    Conversation,
+    Store,
+    StoredMessage,
+    StoreError,
+    StoreFull,
+    StoreHealth,
+    StoreReadOnly,
+    StoreUnavailable,
+    Summary,
+)
 
-__all__ = ["FAILED", "INCOMPLETE", "INTERNAL", "LIVE", "PENDING", "SUPERSEDED", "Conversation", "Store", "StoredMessage", "Summary", "open_store"]
+__all__ = [
+    "FAILED", "INCOMPLETE", "INTERNAL", "LIVE", "PENDING", "SUPERSEDED", "Conversation", "Store", "StoreError",
+    "StoreFull", "StoreHealth", "StoreReadOnly", "StoreUnavailable", "StoredMessage", "Summary", "open_store",
+]
 
 
 def open_store(settings: StorageSettings) -> Store:
@@ -13,7 +32,7 @@ def open_store(settings: StorageSettings) -> Store:
     if settings.backend == "diskcache":
         from .disk import DiskStore
 
-        return DiskStore(settings.path)
+        return DiskStore(settings.path, reserve_bytes=int(settings.reserve_mb * 1024 * 1024))
     if settings.backend == "redis":
         from .redis import RedisStore
 
