@@ -16,6 +16,8 @@ serve: $(STAMP)
 test: $(STAMP)
 	scripts/ensure-redis.sh
 	scripts/ensure-chromium.sh
+	scripts/ensure-claude.sh
+	scripts/ensure-codex.sh
 	$(VENV)/bin/python -m pytest
 
 bench: $(STAMP)

@@ -8,17 +8,19 @@ import time
 from collections.abc import AsyncIterator
 
 from aiohttp import web
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from . import connections, guard
-from .api import admin, models, ui
-from .api.chat import chat_completions
+from .api import admin, models, turns, ui
 from .api.passthrough import passthrough
+from .compaction import check_compactors
 from .compaction.runner import CompactionRunner
 from .config import Settings
+from .engine import Engine
 from .errors import error_body, error_boundary
 from .identity import ConversationKey
 from .logs import monotonic_ms
-from .metrics import Metrics, metrics_handler
+from .metrics import Metrics
 from .pipeline import build_pipeline
 from .prefix import PrefixCache
 from .refs import RefSigner
@@ -26,6 +28,7 @@ from .state import (
     COMPACTION,
     CONVERSATION,
     COUNTER,
+    ENGINE,
     LOG_FIELDS,
     METRICS,
     PIPELINE,
@@ -103,6 +106,10 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     await asyncio.to_thread(app[COUNTER].warm, WARM_MODELS)
     app[SUMMARIZER] = Summarizer(settings.summarizer, route=router.for_model)
     app[COMPACTION] = CompactionRunner(settings, app[STORE], app[SUMMARIZER], app[COUNTER], app[METRICS])
+    app[ENGINE] = Engine(
+        settings, app[STORE], app[PIPELINE], app[COUNTER], app[REFS], app[SUMMARIZER], app[COMPACTION], router,
+        app[PREFIXES], app[METRICS],
+    )
     log.info(
         "started",
         extra={
@@ -146,7 +153,15 @@ def runner_options(settings: Settings) -> dict[str, object]:
     return {**RUNNER_OPTIONS, "keepalive_timeout": settings.server.keepalive_timeout_s}
 
 
+async def metrics_handler(request: web.Request) -> web.Response:
+    response = web.Response(body=request.app[METRICS].render())
+    response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
+    return response
+
+
 def build_app(settings: Settings) -> web.Application:
+    """The proxy's app; raises ConfigError for a setting only start-up can check (user code)."""
+    check_compactors(settings)
     # The request log wraps the error boundary so that it logs the status the client really got;
     # the guard looks at headers only, before the connection's bounds read the body.
     app = web.Application(
@@ -167,9 +182,7 @@ def build_app(settings: Settings) -> web.Application:
     admin.add_routes(app)
     ui.add_routes(app)
     guard.add_fallback_routes(app)  # the rest of /v1/conversations, /healthz, /metrics: never upstream
-    for prefix in ("", "/c/{conversation_id}"):
-        app.router.add_post(prefix + "/v1/chat/completions", chat_completions)
-        app.router.add_post(prefix + "/chat/completions", chat_completions)
+    turns.add_routes(app)
     if settings.models:  # else /v1/models stays plain passthrough
         models.add_routes(app)
     # Routes match in the order added: everything not ours, last, goes upstream untouched.

@@ -39,16 +39,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     configure_logging(settings.logging.level)
     try:
-        asyncio.run(serve_forever(settings))
-    except ConfigError as exc:  # found only at start-up (e.g. a store that cannot be opened)
+        app = build_app(settings)
+    except ConfigError as exc:
+        print(f"context-proxy: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(serve_forever(settings, app))
+    except ConfigError as exc:  # found only once resources open (e.g. a store that cannot be opened)
         print(f"context-proxy: {exc}", file=sys.stderr)
         return 2
     return 0
 
 
-async def serve_forever(settings: Settings) -> None:
+async def serve_forever(settings: Settings, app: web.Application) -> None:
     """Serve until SIGINT/SIGTERM, then close every resource cleanly."""
-    runner = web.AppRunner(build_app(settings), handle_signals=False, **runner_options(settings))
+    runner = web.AppRunner(app, handle_signals=False, **runner_options(settings))
     await runner.setup()
     await start_site(runner, settings.server.host, settings.server.port)
     host, port = runner.addresses[0][:2]

@@ -322,15 +322,6 @@ class Settings(BaseSettings):
                 self._profiles[name] = Profile.model_validate(merged)
             except ValidationError as exc:
                 raise ValueError(f"profiles.{name}: {_one_line(exc, prefix='')}") from None
-        for name, profile in self._profiles.items():
-            if profile.compaction.strategy in ("turns", "budget"):
-                from .compaction import compactor_class  # imported here: it loads user code
-
-                try:
-                    compactor_class(profile.compaction.compactor_class)
-                except ValueError as exc:
-                    where = "compaction" if name is None else f"profiles.{name}.compaction"
-                    raise ValueError(f"{where}.compactor_class: {exc}") from None
         for model, entry in self.models.items():
             if entry.profile is not None and entry.profile not in self.profiles:
                 raise ValueError(f"models.{model}.profile: no profile named {entry.profile!r}")
@@ -339,6 +330,10 @@ class Settings(BaseSettings):
     def profile(self, name: str | None) -> Profile | None:
         """The merged settings of profile `name` (None = the defaults); None if there is no such profile."""
         return self._profiles.get(name)
+
+    def named_profiles(self) -> dict[str | None, Profile]:
+        """Every profile by name (None = the defaults)."""
+        return dict(self._profiles)
 
     @classmethod
     def settings_customise_sources(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -102,8 +103,13 @@ def error_body(message: str, type_: str, code: str | None = None, param: str | N
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
-def error_response(exc: ProxyError) -> web.Response:
-    return web.json_response(exc.body(), status=exc.status)
+ErrorShape = Callable[[ProxyError], dict[str, Any]]
+# Set by a managed route: its wire format's error shape (default: OpenAI's).
+ERROR_SHAPE = web.RequestKey("error_shape", ErrorShape)
+
+
+def error_response(exc: ProxyError, shape: ErrorShape | None = None) -> web.Response:
+    return web.json_response(shape(exc) if shape is not None else exc.body(), status=exc.status)
 
 
 @web.middleware
@@ -112,9 +118,9 @@ async def error_boundary(request: web.Request, handler: Any) -> web.StreamRespon
     try:
         return await handler(request)
     except ProxyError as exc:
-        return error_response(exc)
+        return error_response(exc, request.get(ERROR_SHAPE))
     except web.HTTPRequestEntityTooLarge as exc:
-        return error_response(BodyTooLarge(f"Request body too large: {exc.text}"))
+        return error_response(BodyTooLarge(f"Request body too large: {exc.text}"), request.get(ERROR_SHAPE))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

@@ -1,43 +1,40 @@
 """History modes: from a request and the stored transcript, decide what is new and what goes upstream.
 
 - full history: the request carries the whole transcript. The longest prefix whose canonical
-  hashes match the live transcript is already stored; the rest is new. Live messages after that
+  hashes match the live transcript is already stored; the rest is new. Live items after that
   prefix were diverged from (an edit, a regenerate) and become superseded once the upstream
   accepts the request.
-- proxy history: the request carries its system prompt and only new messages; the stored live
-  transcript is put between them.
+- proxy history: the request carries only new items (with or without its system prompt); the
+  stored live transcript is put before them, and the stored system prompt when the request has
+  none.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
 
-from .messages import SYSTEM_ROLES, Message
-from .pipeline.base import Item
 from .store import Conversation, StoredMessage
-
-T = TypeVar("T", Message, StoredMessage)
+from .transcript import Codec, Item, Raw, Role, leading_system_count
 
 
 @dataclass(slots=True)
 class TurnPlan:
-    new: list[Message]  # to persist before forwarding
+    new: list[Raw]  # to persist before forwarding
     new_hashes: list[str]
-    upstream: list[Message]  # the transcript to send (before the pipeline rewrites it)
+    upstream: list[Raw]  # the transcript to send (before the pipeline rewrites it)
     # Stored seqs of `upstream` minus its new tail (which gets seqs when written); None = not stored.
     known_seqs: list[int | None] = field(default_factory=list)
     supersede: list[int] = field(default_factory=list)  # live seqs the client diverged from
-
     upstream_hashes: list[str] = field(default_factory=list)
 
-    def items(self, new_seqs: list[int]) -> list[Item]:
-        """`upstream` with each message's seq and hash, once the new messages have their seqs."""
+    def items(self, codec: Codec, new_seqs: Sequence[int]) -> list[Item]:
+        """`upstream` as items with their seqs and hashes, once the new ones have their seqs."""
         seqs = self.known_seqs + list(new_seqs)
-        return [Item(m, s, h) for m, s, h in zip(self.upstream, seqs, self.upstream_hashes, strict=True)]
+        return codec.items(self.upstream, seqs, self.upstream_hashes)
 
 
-def plan_full_history(messages: list[Message], hashes: list[str], conversation: Conversation | None) -> TurnPlan:
+def plan_full_history(raws: list[Raw], hashes: list[str], conversation: Conversation | None) -> TurnPlan:
     live = conversation.live if conversation else []
     same = 0
     for (_, stored), sent in zip(live, hashes, strict=False):
@@ -45,34 +42,58 @@ def plan_full_history(messages: list[Message], hashes: list[str], conversation: 
             break
         same += 1
     return TurnPlan(
-        new=messages[same:],
+        new=raws[same:],
         new_hashes=hashes[same:],
-        upstream=messages,
+        upstream=raws,
         known_seqs=[seq for seq, _ in live[:same]],
         supersede=[seq for seq, _ in live[same:]],
         upstream_hashes=hashes,
     )
 
 
-def split_leading_system(messages: list[T]) -> tuple[list[T], list[T]]:
-    """(the leading system/developer messages, the rest); works on messages and stored messages."""
-    for i, msg in enumerate(messages):
-        role = (msg.message if isinstance(msg, StoredMessage) else msg).get("role")
-        if role not in SYSTEM_ROLES:
-            return messages[:i], messages[i:]
-    return messages, []
-
-
-def plan_proxy_history(messages: list[Message], hashes: list[str], live: list[StoredMessage]) -> TurnPlan:
-    system, new = split_leading_system(messages)
-    _, history = split_leading_system(live)
-    # On the first turn the system prompt joins the record; later, the client's current system
-    # prompt leads the upstream prompt and the stored one stays in the record as it was.
-    persist_from = len(system) if live else 0
+def plan_proxy_history(codec: Codec, raws: list[Raw], hashes: list[str], live: list[StoredMessage]) -> TurnPlan:
+    request = codec.items(raws, [None] * len(raws), hashes)
+    stored = codec.items([m.message for m in live], [m.seq for m in live], [m.hash for m in live])
+    n_system = leading_system_count(request)
+    n_stored_system = leading_system_count(stored)
+    if not live:  # the first turn: everything joins the record, the system prompt included
+        return TurnPlan(new=raws, new_hashes=hashes, upstream=raws, upstream_hashes=hashes)
+    history = live[n_stored_system:]
+    if n_system:  # the client's current system prompt leads; the stored one stays in the record as it was
+        head, head_seqs, head_hashes = raws[:n_system], [None] * n_system, hashes[:n_system]
+    else:  # no system prompt in the request: the stored one goes upstream
+        system = live[:n_stored_system]
+        head, head_seqs, head_hashes = [m.message for m in system], [m.seq for m in system], [m.hash for m in system]
     return TurnPlan(
-        new=messages[persist_from:],
-        new_hashes=hashes[persist_from:],
-        upstream=system + [m.message for m in history] + new,
-        known_seqs=[None] * len(system) + [m.seq for m in history] if live else [],
-        upstream_hashes=hashes[: len(system)] + [m.hash for m in history] + hashes[len(system) :],
+        new=raws[n_system:],
+        new_hashes=hashes[n_system:],
+        upstream=head + [m.message for m in history] + raws[n_system:],
+        known_seqs=head_seqs + [m.seq for m in history],
+        upstream_hashes=head_hashes + [m.hash for m in history] + hashes[n_system:],
     )
+
+
+def plan_anchored(raws: list[Raw], hashes: list[str], live: list[StoredMessage], anchor_seq: int) -> TurnPlan:
+    """The request continues the reply ending at `anchor_seq` with new items only: the live
+    transcript up to it goes first; live items after it were branched away from (superseded)."""
+    history = [m for m in live if m.seq <= anchor_seq]
+    return TurnPlan(
+        new=raws,
+        new_hashes=hashes,
+        upstream=[m.message for m in history] + raws,
+        known_seqs=[m.seq for m in history],
+        supersede=[m.seq for m in live if m.seq > anchor_seq],
+        upstream_hashes=[m.hash for m in history] + hashes,
+    )
+
+
+def plan_appended(raws: list[Raw], hashes: list[str]) -> TurnPlan:
+    """Everything in the request is new and goes upstream as it is; nothing stored is touched."""
+    return TurnPlan(new=raws, new_hashes=hashes, upstream=raws, upstream_hashes=hashes)
+
+
+def is_fresh_start(codec: Codec, raws: list[Raw], hashes: list[str]) -> bool:
+    """Whether a request is an agent starting over: its system prompt and its task, nothing else."""
+    items = codec.items(raws, [None] * len(raws), hashes)
+    rest = items[leading_system_count(items) :]
+    return len(rest) == 1 and rest[0].role is Role.USER

@@ -6,12 +6,12 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
 from .config import ConversationSettings
 from .errors import InvalidRequest
-from .messages import SYSTEM_ROLES, Message
 
 CONVERSATION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 ANONYMOUS = "anonymous"
@@ -44,10 +44,15 @@ def tenant_of(api_key: str | None) -> str:
     return hashlib.sha256(b"context-proxy tenant\0" + api_key.encode()).hexdigest()[:24]
 
 
+def api_key(request: web.Request) -> str | None:
+    """The client's API key: its Bearer token, or Anthropic's `x-api-key` header."""
+    return bearer_token(request) or (request.headers.get("x-api-key") or "").strip() or None
+
+
 def request_tenant(request: web.Request, settings: ConversationSettings) -> str:
     if not settings.tenant_isolation:
         return SHARED
-    return tenant_of(bearer_token(request))
+    return tenant_of(api_key(request))
 
 
 def check_conversation_id(value: str) -> str:
@@ -57,6 +62,13 @@ def check_conversation_id(value: str) -> str:
             code="invalid_conversation_id",
         )
     return value
+
+
+def session_conversation_id(value: object) -> str | None:
+    """A client's session id as a conversation id, if it is one (a UUID is); else None."""
+    if isinstance(value, str) and CONVERSATION_ID.fullmatch(value) and set(value) != {"."}:
+        return value
+    return None
 
 
 def explicit_conversation_id(request: web.Request, settings: ConversationSettings) -> str | None:
@@ -70,15 +82,8 @@ def explicit_conversation_id(request: web.Request, settings: ConversationSetting
     return None
 
 
-def derived_conversation_id(tenant: str, messages: list[Message]) -> str:
-    """Stable per agent run: hash of (tenant, system prompt, first user message)."""
-    # Runs before the messages are validated (their validation reuses this id's cache): skip non-dicts.
-    dicts = [m for m in messages if isinstance(m, dict)]
-    system = []
-    for m in dicts:  # the leading system prompt only: later system notes don't rename a run
-        if m.get("role") not in SYSTEM_ROLES:
-            break
-        system.append(m.get("content"))
-    first_user = next((m.get("content") for m in dicts if m.get("role") == "user"), None)
-    blob = json.dumps([tenant, system, first_user], sort_keys=True, ensure_ascii=False)
+def derived_conversation_id(tenant: str, basis: Any) -> str:
+    """Stable per agent run: a hash of the tenant and the run's basis (its dialect's choice: the
+    system prompt and the first user message)."""
+    blob = json.dumps([tenant, *basis], sort_keys=True, ensure_ascii=False)
     return "auto-" + hashlib.sha256(blob.encode()).hexdigest()[:32]

@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from .errors import InvalidRequest
+from .transcript import Call
 
 Message = dict[str, Any]
 
@@ -129,6 +130,18 @@ def reply_message(raw: Message) -> Message:
     if raw.get("refusal"):
         msg["refusal"] = raw["refusal"]
     return msg
+
+
+def message_calls(raw: Message) -> tuple[Call, ...]:
+    """The tool calls of an assistant message, as the engine sees them."""
+    calls = raw.get("tool_calls")
+    if not calls:
+        return ()
+    out = []
+    for call in calls:
+        fn = call.get("function") or {}
+        out.append(Call(str(call.get("id")), str(fn.get("name") or ""), fn.get("arguments") or ""))
+    return tuple(out)
 
 
 def text_of(content: Any) -> str | None:

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import time
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from .identity import ConversationKey
 
@@ -41,6 +39,9 @@ class Metrics:
             "Prompt tokens the pipeline kept out of the upstream prompt (estimated at 4 characters a token)",
             ["stage"], registry=r,
         )
+        self.stream_errors = Counter(
+            "context_proxy_stream_errors", "Streamed replies that broke off (upstream error event, cut, limit)", registry=r
+        )
         self.compactions = Counter("context_proxy_compactions", "Compactions by outcome", ["outcome"], registry=r)
         self.read_rounds = Counter("context_proxy_read_rounds", "read_tool_output rounds the proxy answered", registry=r)
         self.quota_rejections = Counter("context_proxy_quota_rejections", "Requests refused by the LLM-call quota", registry=r)
@@ -60,11 +61,3 @@ class Metrics:
     def render(self) -> bytes:
         self._refresh_active()
         return generate_latest(self.registry)
-
-
-async def metrics_handler(request: web.Request) -> web.Response:
-    from .state import METRICS
-
-    response = web.Response(body=request.app[METRICS].render())
-    response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
-    return response

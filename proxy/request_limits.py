@@ -10,13 +10,12 @@ handed over every few milliseconds). Below it a thread hop would cost more than 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import orjson
 
 from .errors import BodyTooLarge
-from .messages import Message, message_hash, validate_messages
 
 T = TypeVar("T")
 
@@ -27,12 +26,13 @@ class TooManyMessages(BodyTooLarge):
     code = "too_many_messages"
 
 
-def check_message_count(messages: list[Any], max_messages: int, param: str = "messages") -> None:
-    """413 when a request carries more than `max_messages` (server.max_messages) messages: each
-    costs work on every turn, and no real agent sends that many (Anthropic refuses 100,000)."""
-    if len(messages) > max_messages:
+def check_message_count(items: Sequence[Any], max_messages: int, param: str = "messages") -> None:
+    """413 when a request's transcript (`param`: messages, input, ...) has more than
+    `max_messages` (server.max_messages) items: each costs work on every turn, and no real agent
+    sends that many (Anthropic refuses 100,000 messages)."""
+    if len(items) > max_messages:
         raise TooManyMessages(
-            f"'{param}' has {len(messages)} items; at most {max_messages} are accepted (server.max_messages)",
+            f"'{param}' has {len(items)} items; at most {max_messages} are accepted (server.max_messages)",
             param=param,
         )
 
@@ -56,11 +56,17 @@ async def off_loop(size: int, fn: Callable[..., T], *args: Any) -> T:
     return fn(*args)
 
 
-async def validated_hashes(messages: list[Message], start: int, size: int) -> list[str]:
-    """Validate `messages[start:]` and return their canonical hashes (off the loop for a large body)."""
-    return await off_loop(size, _validate_and_hash, messages, start)
+async def validated_hashes(
+    validate: Callable[[Sequence[Any], int], None], hash_: Callable[[Any], str], items: Sequence[Any], start: int,
+    size: int,
+) -> list[str]:
+    """`validate(items, start)`, then the hash of each of `items[start:]` (a dialect's check and
+    its codec's hash), off the loop for a large body (`size` bytes)."""
+    return await off_loop(size, _validate_and_hash, validate, hash_, items, start)
 
 
-def _validate_and_hash(messages: list[Message], start: int) -> list[str]:
-    validate_messages(messages, start=start)
-    return [message_hash(m) for m in messages[start:]]
+def _validate_and_hash(
+    validate: Callable[[Sequence[Any], int], None], hash_: Callable[[Any], str], items: Sequence[Any], start: int
+) -> list[str]:
+    validate(items, start)
+    return [hash_(item) for item in items[start:]]

@@ -6,6 +6,7 @@ from aiohttp import web
 
 from .compaction.runner import CompactionRunner
 from .config import Settings
+from .engine import Engine
 from .identity import ConversationKey
 from .metrics import Metrics
 from .pipeline import Pipeline
@@ -29,6 +30,7 @@ COMPACTION = web.AppKey("compaction", CompactionRunner)
 METRICS = web.AppKey("metrics", Metrics)
 ROUTER = web.AppKey("router", UpstreamRouter)
 PREFIXES = web.AppKey("prefixes", PrefixCache)
+ENGINE = web.AppKey("engine", Engine)
 
 # Per request: the conversation it was routed to, and what the request log line adds.
 CONVERSATION = web.RequestKey("conversation", ConversationKey)

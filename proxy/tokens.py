@@ -30,6 +30,7 @@ from .messages import Message
 log = logging.getLogger("proxy.tokens")
 
 Encode = Callable[[str], int]  # text -> number of tokens
+PartsOf = Callable[[Message], tuple[tuple[str, ...], int]]  # a message -> (its texts, flat tokens)
 
 # OpenAI's chat framing (openai-cookbook "How to count tokens"): every message costs 3 tokens
 # besides its role and content, a `name` one more. Tool calls are not documented: 3 per call
@@ -83,19 +84,30 @@ class TokenCounter:
         """Tokens of one chat message as OpenAI counts it, framing overhead included."""
         return self.count_many([message], model)[0]
 
-    def count_many(self, messages: Sequence[Message], model: str) -> list[int]:
-        """`count` of each message: one tokenizer lookup and one lock round for the whole prompt."""
-        tokenizer, keys, counts, misses = self._lookup(messages, model)
+    def count_texts(self, texts: Sequence[str], model: str) -> int:
+        """Tokens of plain texts (tool schemas, instructions), each counted once and cached."""
+        if not texts:
+            return 0
+        return sum(self.count_many([{"content": t} for t in texts], model, parts=_plain_text))
+
+    def count_many(self, messages: Sequence[Message], model: str, parts: PartsOf | None = None) -> list[int]:
+        """`count` of each message: one tokenizer lookup and one lock round for the whole prompt.
+        `parts` reads a message of another wire format (a dialect's `counted_parts`)."""
+        tokenizer, keys, counts, misses = self._lookup(messages, model, None, parts or counted_parts)
         made = self._encode_misses(tokenizer, model, misses) if misses else {}
         return [made[key] if tokens is None else tokens for key, tokens in zip(keys, counts, strict=True)]
 
     async def count_many_async(
-        self, messages: Sequence[Message], model: str, hashes: Sequence[str | None] | None = None
+        self,
+        messages: Sequence[Message],
+        model: str,
+        hashes: Sequence[str | None] | None = None,
+        parts: PartsOf | None = None,
     ) -> list[int]:
         """`count_many` for the event loop: cache hits inline, a large amount of new text in a thread
         (tokenizing 200 KB takes ~15 ms, too long to hold the loop). `hashes`, where given, are the
         messages' canonical hashes: cache keys that spare walking a message again."""
-        tokenizer, keys, counts, misses = self._lookup(messages, model, hashes)
+        tokenizer, keys, counts, misses = self._lookup(messages, model, hashes, parts or counted_parts)
         made: dict[int, int] = {}
         if misses:
             chars = sum(len(t) for texts, _ in misses.values() for t in texts)
@@ -106,7 +118,7 @@ class TokenCounter:
         return [made[key] if tokens is None else tokens for key, tokens in zip(keys, counts, strict=True)]
 
     def _lookup(
-        self, messages: Sequence[Message], model: str, hashes: Sequence[str | None] | None = None
+        self, messages: Sequence[Message], model: str, hashes: Sequence[str | None] | None, parts_of: PartsOf
     ) -> tuple[str, list[int], list[int | None], dict[int, tuple[tuple[str, ...], int]]]:
         tokenizer = self.tokenizer_name(model)
         # A message's key: its canonical hash where the caller has it, else a hash of exactly what
@@ -118,7 +130,7 @@ class TokenCounter:
             if known is not None:
                 keys.append(hash((tokenizer, known)))
             else:
-                parts[i] = counted_parts(message)
+                parts[i] = parts_of(message)
                 keys.append(hash((tokenizer, *parts[i])))
         cache = self._cache
         counts: list[int | None] = []
@@ -129,7 +141,7 @@ class TokenCounter:
                     cache[key] = tokens  # back at the end: most recently used
                 counts.append(tokens)
         misses = {
-            keys[i]: parts[i] if i in parts else counted_parts(messages[i])
+            keys[i]: parts[i] if i in parts else parts_of(messages[i])
             for i, tokens in enumerate(counts)
             if tokens is None
         }
@@ -237,6 +249,10 @@ def counted_parts(message: Message) -> tuple[tuple[str, ...], int]:
             texts.extend(v for v in (call.get("id"), fn.get("name"), fn.get("arguments")) if isinstance(v, str))
             extra += PER_TOOL_CALL
     return tuple(texts), extra
+
+
+def _plain_text(message: Message) -> tuple[tuple[str, ...], int]:
+    return (message["content"],), 0
 
 
 def _add_parts(parts: list[Any], texts: list[str]) -> int:

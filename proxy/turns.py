@@ -1,4 +1,4 @@
-"""The store side of one chat turn: its new messages go in as pending, then end live or failed.
+"""The store side of one turn: its new items go in as pending, then end live or failed.
 
 Every write of a turn runs as its own task, chained after the previous one and shielded from
 the request's cancellation: a client that hangs up mid-turn cannot leave a write half done, and
@@ -9,19 +9,23 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .history import TurnPlan
 from .identity import ConversationKey
-from .messages import Message, message_hash
 from .store import FAILED, INCOMPLETE, INTERNAL, LIVE, PENDING, SUPERSEDED, Store
+from .transcript import Codec, Raw
+
+if TYPE_CHECKING:
+    from .engine.report import TurnReport
 
 
 class TurnWriter:
-    def __init__(self, store: Store, key: ConversationKey, plan: TurnPlan) -> None:
-        self.store, self.key, self.plan = store, key, plan
+    def __init__(self, store: Store, key: ConversationKey, plan: TurnPlan, codec: Codec) -> None:
+        self.store, self.key, self.plan, self.codec = store, key, plan, codec
         self.pending: list[int] = []
-        self.record: dict[str, Any] | None = None  # what went upstream, kept with the turn once it ends
+        # What went upstream, kept with the turn once it ends: set once the prompt is built.
+        self.report: TurnReport | None = None
         self._last: asyncio.Future[Any] | None = None
 
     def _then(self, step: Callable[[], Awaitable[Any]]) -> Awaitable[Any]:
@@ -36,7 +40,7 @@ class TurnWriter:
         return asyncio.shield(self._last)
 
     async def begin(self) -> None:
-        """Write the turn's new messages as pending, before anything is forwarded."""
+        """Write the turn's new items as pending, before anything is forwarded."""
 
         async def step() -> None:
             if self.plan.new:
@@ -44,31 +48,29 @@ class TurnWriter:
 
         await self._then(step)
 
-    async def internal(self, messages: list[Message]) -> None:
+    async def internal(self, raws: list[Raw], hashes: list[str]) -> None:
         """A read-back round the proxy answered itself: kept in the trajectory, never live."""
-        hashes = [message_hash(m) for m in messages]
-        await self._then(lambda: self.store.append(self.key, messages, hashes, INTERNAL))
+        await self._then(lambda: self.store.append(self.key, raws, hashes, INTERNAL))
 
     async def fail(self) -> None:
         """Refused or failed: the live transcript stays as it was; the attempt stays in the trajectory."""
-        await self._then(lambda: self._end(FAILED, None, FAILED))
+        await self._then(lambda: self._end(FAILED, [], FAILED))
 
-    async def accept(self, reply: Message | None, reply_status: str = LIVE) -> None:
+    async def accept(self, reply: list[Raw], reply_status: str = LIVE) -> None:
         """The turn joins the live transcript (superseding what it diverged from), its reply after it."""
         await self._then(lambda: self._end(LIVE, reply, reply_status))
 
-    async def keep_partial(self, reply: Message | None) -> None:
+    async def keep_partial(self, reply: list[Raw]) -> None:
         """The turn failed mid-reply; the part the upstream sent stays in the trajectory as incomplete."""
         await self._then(lambda: self._end(FAILED, reply, INCOMPLETE))
 
-    async def _end(self, status: str, reply: Message | None, reply_status: str) -> None:
+    async def _end(self, status: str, reply: list[Raw], reply_status: str) -> None:
         changes = dict.fromkeys(self.pending, status)
         if status == LIVE:
             changes |= dict.fromkeys(self.plan.supersede, SUPERSEDED)
-        record = {**self.record, "status": status, "new_seqs": self.pending} if self.record is not None else None
-        await self.store.finish_turn(
-            self.key, changes, (reply, message_hash(reply), reply_status) if reply is not None else None, record
-        )
+        record = self.report.record(status, self.pending) if self.report is not None else None
+        replies = [(raw, self.codec.hash(raw)) for raw in reply]
+        await self.store.finish_turn(self.key, changes, replies, reply_status, record)
 
     async def settled(self) -> None:
         """Wait for the last write to land, even if this request is being cancelled."""

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import pytest
+import pytest_asyncio
 from openai import AsyncOpenAI, OpenAI
 
-from tests.fake_upstream import FakeUpstream
+from tests.fake_upstream import FakeUpstream, running_in_thread
 from tests.harness import (
     LoopThread,
     ProxyProcess,
@@ -96,6 +98,28 @@ def processes(tmp_path: Path, upstream: FakeUpstream) -> Iterator[MakeProcesses]
     for proc in started:
         if proc.proc is not None and proc.proc.poll() is None:
             proc.stop()
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeUpstream]:
+    """A fake upstream of the test's own, for the fake's tests. It runs on its own loop in another
+    thread, as the scripting API promises to support: those tests drive it cross-thread."""
+    with running_in_thread() as server:
+        yield server
+
+
+@pytest_asyncio.fixture
+async def sdk(fake: FakeUpstream) -> AsyncIterator[AsyncOpenAI]:
+    """The async openai client on `fake`."""
+    client = AsyncOpenAI(base_url=fake.base_url, api_key="sk-test", max_retries=0)
+    yield client
+    await client.close()
+
+
+@pytest_asyncio.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as client_session:
+        yield client_session
 
 
 @pytest.fixture

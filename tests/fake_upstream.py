@@ -1,12 +1,17 @@
-"""A scripted, strict, OpenAI-compatible Chat Completions server used as the test upstream.
+"""A scripted, strict, OpenAI-compatible server used as the test upstream: Chat Completions
+here, the Responses API (``POST /v1/responses``) in ``fake_responses``.
 
 Strict: it refuses (HTTP 400, OpenAI error shape) every request the real API refuses per
-/work/shared/OPENAI-RULES.md, so a proxy that leaks its own fields or breaks the tool-call
-protocol fails its tests here rather than in production.
+/work/shared/OPENAI-RULES.md (and RESPONSES-RULES.md), so a proxy that leaks its own fields or
+breaks the tool-call protocol fails its tests here rather than in production.
 
-Scripted: tests ``enqueue`` replies (text, tool calls, errors, hangs, paused streams) or set a
-``responder``. The scripting API is thread-safe, so tests may drive a server whose event loop
-runs in another thread (see ``running_in_thread``).
+Scripted: tests ``enqueue`` replies (text, tool calls, reasoning, errors, hangs, paused streams,
+streams that never end or fail midway) or set a ``responder``; one queue serves every format. The
+scripting API is thread-safe, so tests may drive a server whose event loop runs in another thread
+(see ``running_in_thread``).
+
+The same server answers Anthropic Messages (``/v1/messages``) from the same script: see
+``tests.fake_anthropic``.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal, NoReturn, Protocol
 
 from aiohttp import web
 
@@ -31,9 +36,13 @@ __all__ = [
     "InvalidRequest",
     "Recorded",
     "Reply",
+    "SseScript",
     "ToolCall",
+    "WireFormat",
     "check_chat_request",
+    "last_user_text",
     "running_in_thread",
+    "server_error_body",
     "validate_chat_request",
 ]
 
@@ -673,7 +682,8 @@ def _new_call_id() -> str:
 
 @dataclass(eq=False)
 class Reply:
-    """What the fake answers to one chat completion request. Build with the constructors."""
+    """What the fake answers to one request, in whichever format it came. Build with the
+    constructors; ``never_ending()`` and ``failing_after()`` make a reply misbehave."""
 
     kind: Literal["message", "error", "hang", "endless"]
     content: str | None = None
@@ -687,6 +697,18 @@ class Reply:
     # Streaming: stop after this many SSE events (0 = right after the headers) until release().
     # Non-streaming: any value holds the whole body back until release().
     pause_after_chunks: int | None = None
+    # Streaming, Messages fake: after this many events an `error` event carrying `body` ends the
+    # stream; while paused, a `ping` every `keepalive_every_s`. The chat fake ignores both.
+    error_after_chunks: int | None = None
+    keepalive_every_s: float | None = None
+    # Streaming: send every event but the closing ones, then hold the stream open, parked like a
+    # hang. Non-streaming: a hang. Set with never_ending().
+    never_ends: bool = False
+    # Streaming: after this many events, an error event instead of the rest, then the end of the
+    # stream. Non-streaming: a 500. Set with failing_after().
+    fail_after_events: int | None = None
+    # Which error event a Responses stream carries: `response.failed`, or a bare `error` event.
+    failure: Literal["response.failed", "error"] = "response.failed"
     # Set when the pause point (or the hang) is reached, for tests to synchronise on.
     reached: threading.Event = field(default_factory=threading.Event, repr=False)
     # Set when the client went away while this reply was being served. Certain while parked
@@ -747,6 +769,18 @@ class Reply:
         content string never closes."""
         return cls("endless", chunk_size=chunk_size, pace_s=pace_s, line_breaks=line_breaks)
 
+    def never_ending(self) -> Reply:
+        """This reply, streamed without its end: no finish, no [DONE] / response.completed."""
+        self.never_ends = True
+        return self
+
+    def failing_after(
+        self, events: int, failure: Literal["response.failed", "error"] = "response.failed"
+    ) -> Reply:
+        """This reply, broken off by an error event after ``events`` events."""
+        self.fail_after_events, self.failure = events, failure
+        return self
+
     @property
     def finish_reason(self) -> str:
         return "tool_calls" if self.calls else "stop"
@@ -757,13 +791,21 @@ class Reply:
 
 
 def default_responder(body: dict) -> Reply:
-    return Reply.text(f"reply to: {_last_user_text(body['messages'])}")
+    return Reply.text(f"reply to: {last_user_text(body)}")
 
 
-def _last_user_text(messages: list[dict]) -> str:
-    for message in reversed(messages):
-        if message["role"] == "user":
-            return _text_of(message.get("content"))
+def last_user_text(body: dict) -> str:
+    """The text of the last user message that has text, in a Chat Completions (``messages``),
+    Responses (``input``: a string or items) or Anthropic Messages body; "" when there is none.
+    A message of tool results only (Messages' ``tool_result`` blocks) has no text."""
+    if isinstance(body.get("input"), str):
+        return body["input"]
+    messages = body.get("messages") if "messages" in body else body.get("input")
+    for message in reversed(messages if isinstance(messages, list) else []):
+        if isinstance(message, dict) and message.get("role") == "user":
+            text = _text_of(message.get("content"))
+            if text:
+                return text
     return ""
 
 
@@ -858,9 +900,55 @@ def _split(text: str, size: int) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), max(1, size))]
 
 
+SERVER_ERROR = "The server had an error while processing your request. Sorry about that!"
+
+
+def server_error_body() -> dict[str, Any]:
+    """The real API's error for a failure on its side (a 500, or an error event mid-stream)."""
+    return {"error": {"message": SERVER_ERROR, "type": "server_error", "param": None,
+                      "code": "server_error"}}
+
+
 def _sse_event(data: dict[str, Any] | str) -> bytes:
     payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
     return f"data: {payload}\n\n".encode()
+
+
+@dataclass(frozen=True)
+class SseScript:
+    """A reply's stream: its events, how many of the last ones are its end (withheld by
+    ``never_ends``), and the error event that ``fail_after_events`` sends after n events."""
+
+    events: list[bytes]
+    closing: int
+    failure: Callable[[int], bytes]
+
+
+class WireFormat(Protocol):
+    """One API the fake serves: what it refuses, and how a Reply looks in it."""
+
+    def check(self, body: Any) -> InvalidRequest | None: ...
+
+    def reply_body(self, body: dict, reply: Reply) -> dict[str, Any]: ...
+
+    def reply_stream(self, body: dict, reply: Reply) -> SseScript: ...
+
+
+class ChatCompletions:
+    """``POST /v1/chat/completions``."""
+
+    def check(self, body: Any) -> InvalidRequest | None:
+        return check_chat_request(body)
+
+    def reply_body(self, body: dict, reply: Reply) -> dict[str, Any]:
+        return completion_body(body, reply)
+
+    def reply_stream(self, body: dict, reply: Reply) -> SseScript:
+        events = [_sse_event(chunk) for chunk in completion_chunks(body, reply)]
+        events.append(_sse_event("[DONE]"))
+        # Its end: the finish_reason chunk, the usage chunk when asked for, and [DONE].
+        closing = 3 if (body.get("stream_options") or {}).get("include_usage") else 2
+        return SseScript(events, closing, lambda sent: _sse_event(server_error_body()))
 
 
 # --------------------------------------------------------------------------------------------
@@ -898,6 +986,7 @@ def _has_bearer(request: web.Request) -> bool:
 
 
 MODELS = ("gpt-4o-mini", "gpt-4o", "gpt-4.1-mini")
+CHAT_COMPLETIONS = ChatCompletions()
 
 
 class FakeUpstream:
@@ -909,18 +998,28 @@ class FakeUpstream:
         self._queue: collections.deque[Reply] = collections.deque()
         self._requests: list[Recorded] = []
         self._chat_bodies: list[dict] = []
+        self._responses_bodies: list[dict] = []
         self._responder: Callable[[dict], Reply] = default_responder
+        from tests.fake_anthropic import AnthropicMessages  # here: that module builds on this one
+
+        self.anthropic = AnthropicMessages(self)
         self._runner: web.AppRunner | None = None
         self._parked: set[asyncio.Task[Any]] = set()  # handlers in a pause or hang
         self._closing = False
         self.port: int = 0
+        # Imported here: the Responses fake builds on this module's replies and refusals.
+        from tests.fake_responses import ResponsesAPI
+
+        self.responses = ResponsesAPI()  # POST /v1/responses, and what it stored
 
     # -- lifecycle --
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
         app = web.Application(client_max_size=64 * 1024 * 1024)  # large prompts are the point
         app.router.add_post("/v1/chat/completions", self._handle_chat)
+        app.router.add_post("/v1/responses", self._handle_responses)
         app.router.add_get("/v1/models", self._handle_models)
+        app.router.add_routes(self.anthropic.routes())
         app.router.add_route("*", "/{tail:.*}", self._handle_other)
         # handler_cancellation: a client leaving cancels its handler, which is how a parked
         # reply learns about it. A short shutdown_timeout keeps close() quick.
@@ -957,6 +1056,14 @@ class FakeUpstream:
         with self._lock:
             return list(self._chat_bodies)
 
+    def messages_requests(self) -> list[dict]:
+        """Bodies of the Anthropic `/v1/messages` requests that passed validation, in order."""
+        return self.anthropic.requests()
+    def responses_requests(self) -> list[dict]:
+        """Bodies of the Responses requests that passed validation, in order."""
+        with self._lock:
+            return list(self._responses_bodies)
+
     def enqueue(self, *replies: Reply) -> None:
         with self._lock:
             self._queue.extend(replies)
@@ -976,7 +1083,10 @@ class FakeUpstream:
             self._queue.clear()
             self._requests.clear()
             self._chat_bodies.clear()
+            self._responses_bodies.clear()
             self._responder = default_responder
+        self.anthropic.reset()
+        self.responses.reset()  # the responses it stored and the reasoning it issued
 
     # -- handlers --
 
@@ -994,6 +1104,15 @@ class FakeUpstream:
         return record
 
     async def _handle_chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, CHAT_COMPLETIONS, self._chat_bodies)
+
+    async def _handle_responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, self.responses, self._responses_bodies)
+
+    async def _serve(
+        self, request: web.Request, wire: WireFormat, accepted: list[dict]
+    ) -> web.StreamResponse:
+        """Answer one request of ``wire``: refuse it, or take the next reply and serve it."""
         record = await self._record(request)
         if not _has_bearer(request):
             return _json(record, error_body(MISSING_KEY_ERROR, code="invalid_api_key"), 401)
@@ -1001,26 +1120,29 @@ class FakeUpstream:
             body = json.loads(await request.read())
         except ValueError:
             return _json(record, error_body(JSON_PARSE_ERROR), 400)
-        refusal = check_chat_request(body)
+        refusal = wire.check(body)
         if refusal:
             return _json(record, refusal.error_body(), 400)
-        reply = self._take_reply(body)
+        reply = self._take_reply(body, accepted)
         if reply.kind == "error":
             return _json(record, reply.body or {}, reply.status)
-        if reply.kind == "hang":
+        if reply.kind == "hang" or (reply.never_ends and not body.get("stream")):
             await self._park(reply, reply.gate.wait())
             _drop_connection()
         if reply.kind == "endless":
             return await self._endless(request, record, body, reply)
         if body.get("stream"):
-            return await self._stream(request, record, body, reply)
+            return await self._stream(request, record, reply, wire.reply_stream(body, reply))
         if reply.pause_after_chunks is not None:
             await self._park(reply, reply.gate.wait())
-        return _json(record, completion_body(body, reply), 200)
+        if reply.fail_after_events is not None:
+            return _json(record, server_error_body(), 500)
+        return _json(record, wire.reply_body(body, reply), 200)
 
-    def _take_reply(self, body: dict) -> Reply:
+    def _take_reply(self, body: dict, accepted: list[dict] | None = None) -> Reply:
+        """The next scripted Reply; `body` is logged in `accepted` (default: the chat bodies)."""
         with self._lock:
-            self._chat_bodies.append(body)
+            (self._chat_bodies if accepted is None else accepted).append(body)
             if self._queue:
                 return self._queue.popleft()
             responder = self._responder
@@ -1047,29 +1169,40 @@ class FakeUpstream:
             reply.client_gone.set()
 
     async def _stream(
-        self, request: web.Request, record: Recorded, body: dict, reply: Reply
+        self, request: web.Request, record: Recorded, reply: Reply, script: SseScript
     ) -> web.StreamResponse:
+        """Send the events one by one, misbehaving as ``reply`` is scripted to: a pause at
+        ``pause_after_chunks``; an error event in place of the rest (``fail_after_events``); or
+        (``never_ends``) the end held back and the stream held open."""
+        events = script.events
+        if reply.fail_after_events is not None:
+            kept = min(reply.fail_after_events, len(events))
+            events = events[:kept] + [script.failure(kept)]
+        elif reply.never_ends:
+            events = events[: len(events) - script.closing]
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream; charset=utf-8",
                      "Cache-Control": "no-cache"}
         )
         await response.prepare(request)
         record.status_sent = 200
-        events = [_sse_event(chunk) for chunk in completion_chunks(body, reply)]
-        events.append(_sse_event("[DONE]"))
         try:
             for sent in range(len(events) + 1):
                 if reply.pause_after_chunks == sent:
                     await self._park(reply, reply.gate.wait())
                 if sent < len(events):
                     await response.write(events[sent])  # written (flushed) one by one
-            await response.write_eof()
+            if not (reply.never_ends and reply.fail_after_events is None):
+                await response.write_eof()
+                return response
+            await self._park(reply, reply.gate.wait())
         except asyncio.CancelledError:
             self._note_client_gone(reply)
             raise
         except ConnectionError:
             self._note_client_gone(reply)
-        return response
+            return response
+        _drop_connection()  # released: the stream ends without its end
 
     async def _endless(self, request: web.Request, record: Recorded, body: dict, reply: Reply) -> web.StreamResponse:
         stream = bool(body.get("stream"))

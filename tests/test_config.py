@@ -90,3 +90,11 @@ def test_profiles_override_only_what_they_name():
 def test_bad_profiles_are_refused_naming_the_setting(overrides, named):
     with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
         load_settings(None, **overrides)
+
+
+def test_a_compactor_class_that_does_not_import_stops_start_up_naming_the_setting():
+    from proxy.app import build_app
+
+    settings = load_settings(None, compaction={"strategy": "turns", "compactor_class": "nowhere.Compactor"})
+    with pytest.raises(ConfigError, match=r"compaction\.compactor_class: cannot import"):
+        build_app(settings)

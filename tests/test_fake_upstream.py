@@ -6,16 +6,15 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 import openai
 import pytest
-import pytest_asyncio
 from openai import AsyncOpenAI
 
-from tests.fake_upstream import FakeUpstream, Reply, running_in_thread, validate_chat_request
+from tests.fake_upstream import FakeUpstream, Reply, validate_chat_request
 
 AUTH = {"Authorization": "Bearer sk-test"}
 WAIT = 5.0  # seconds: an upper bound for events that should happen at once, never a sleep
@@ -24,27 +23,6 @@ WAIT = 5.0  # seconds: an upper bound for events that should happen at once, nev
 # --------------------------------------------------------------------------------------------
 # Fixtures and helpers
 # --------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeUpstream]:
-    # The server runs on its own loop in another thread, as the scripting API promises to
-    # support: every test here drives it cross-thread.
-    with running_in_thread() as server:
-        yield server
-
-
-@pytest_asyncio.fixture
-async def sdk(fake: FakeUpstream) -> AsyncIterator[AsyncOpenAI]:
-    sdk = AsyncOpenAI(base_url=fake.base_url, api_key="sk-test", max_retries=0)
-    yield sdk
-    await sdk.close()
-
-
-@pytest_asyncio.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as client_session:
-        yield client_session
 
 
 async def wait_for_event(event: Any) -> bool:
@@ -841,3 +819,60 @@ async def test_close_ends_hangs_and_pauses_promptly() -> None:
         with pytest.raises(aiohttp.ClientError):
             await asyncio.wait_for(streaming.read(), WAIT)
     assert not hang.client_gone.is_set() and not paused.client_gone.is_set()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("include_usage", [False, True])
+async def test_a_chat_stream_that_never_ends(fake: FakeUpstream, include_usage: bool) -> None:
+    reply = Reply.text("abcd", chunk_size=2).never_ending()
+    fake.enqueue(reply)
+    body = {"model": "m", "messages": [user("hi")], "stream": True,
+            "stream_options": {"include_usage": include_usage}}
+
+    async with aiohttp.ClientSession() as session:
+        resp = await session.post(f"{fake.base_url}/chat/completions", json=body, headers=AUTH)
+        assert await wait_for_event(reply.reached)
+        chunks = [json.loads(await read_sse_event(resp)) for _ in range(3)]  # role, "ab", "cd"
+        held = asyncio.ensure_future(read_sse_event(resp))
+        with pytest.raises(asyncio.TimeoutError):  # no finish_reason, usage or [DONE]
+            await asyncio.wait_for(asyncio.shield(held), 0.2)
+        resp.close()
+
+    assert [c["choices"][0]["delta"].get("content") for c in chunks] == ["", "ab", "cd"]
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks)
+    assert await wait_for_event(reply.client_gone)
+
+
+@pytest.mark.asyncio
+async def test_releasing_a_never_ending_chat_stream_drops_it(fake: FakeUpstream, sdk: AsyncOpenAI) -> None:
+    reply = Reply.text("abc").never_ending()
+    fake.enqueue(reply)
+
+    async def consume() -> str:
+        stream = await sdk.chat.completions.create(model="m", messages=[user("x")], stream=True)
+        return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+    pending = asyncio.ensure_future(consume())
+    assert await wait_for_event(reply.reached)
+    reply.release()
+    with pytest.raises(openai.APIError):
+        await asyncio.wait_for(pending, WAIT)
+
+
+@pytest.mark.asyncio
+async def test_an_error_event_mid_chat_stream(fake: FakeUpstream, sdk: AsyncOpenAI) -> None:
+    fake.enqueue(Reply.text("abcdefgh", chunk_size=2).failing_after(2))
+    stream = await sdk.chat.completions.create(model="m", messages=[user("x")], stream=True)
+    seen: list[str] = []
+
+    with pytest.raises(openai.APIError, match="server had an error"):
+        async for chunk in stream:
+            seen.append(chunk.choices[0].delta.content or "")
+    assert seen == ["", "ab"]
+
+
+@pytest.mark.asyncio
+async def test_a_failing_non_streaming_chat_reply_is_a_500(fake: FakeUpstream, sdk: AsyncOpenAI) -> None:
+    fake.enqueue(Reply.text("x").failing_after(1))
+    with pytest.raises(openai.InternalServerError):
+        await sdk.chat.completions.create(model="m", messages=[user("x")])

@@ -153,3 +153,19 @@ def test_sse_parser_gives_the_same_payloads_however_the_bytes_are_split(pieces, 
     for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
         got += parser.feed(stream[start:end])
     assert got == [p.replace(b"\n", b"").strip() for p in pieces]
+
+
+@pytest.mark.parametrize(("reply", "status", "code"), [
+    (Reply.endless(), 502, "upstream_reply_too_large"),
+    (Reply.endless(chunk_size=1, pace_s=0.05), 504, "upstream_timeout"),
+])
+def test_the_responses_route_has_the_same_bounds(make_proxy, upstream, reply, status, code):
+    proxy = make_proxy(upstream={"max_reply_mb": 4, "max_reply_s": 1})
+    upstream.enqueue(reply)
+    with httpx.Client(base_url=proxy.url, timeout=60) as http:
+        response = http.post(
+            "/v1/responses", json={"model": "gpt-4o-mini", "input": "go"}, headers={**AUTH, "X-Conversation-ID": "r"}
+        )
+        assert response.status_code == status, response.text[:300]
+        assert response.json()["error"]["code"] == code
+        assert http.get("/v1/conversations/r/messages").json()["data"] == []

@@ -208,21 +208,33 @@ async def test_concurrent_appends_to_one_conversation_never_share_a_seq(store):
 async def test_finish_turn_is_one_step_and_keeps_the_turn_record(store):
     pending = await add(store, A, ["question"], PENDING)
     reply = {"role": "assistant", "content": "answer"}
-    seq = await store.finish_turn(A, {pending[0]: LIVE}, (reply, message_hash(reply), LIVE), {"tokens_sent": 12})
+    seq = await store.finish_turn(A, {pending[0]: LIVE}, [(reply, message_hash(reply))], LIVE, {"tokens_sent": 12})
     assert seq == 2
     assert [m.message["content"] for m in await store.messages(A, live_only=True)] == ["question", "answer"]
-    await store.finish_turn(A, {}, None, {"tokens_sent": 30})
+    await store.finish_turn(A, {}, [], LIVE, {"tokens_sent": 30})
     records = await store.turn_records(A)
     assert [(r["turn"], r["tokens_sent"], r["reply_seq"]) for r in records] == [(1, 12, 2), (2, 30, None)]
     assert [r["turn"] for r in await store.turn_records(A, after=1)] == [2]
     assert await store.turn_records(B) == []
 
 
+async def test_a_reply_of_several_items_is_named_by_its_response_id_until_deleted(store):
+    pending = await add(store, A, ["question"], PENDING)
+    reply = [({"type": "reasoning", "id": "rs_1"}, "h1"), ({"type": "message", "role": "assistant"}, "h2")]
+    first = await store.finish_turn(A, {pending[0]: LIVE}, reply, LIVE, {"response_id": "resp_1"})
+    assert first == 2 and [m.seq for m in await store.messages(A, live_only=True)] == [1, 2, 3]
+    assert await store.response_owner(A.tenant, "resp_1") == (A.id, 3)  # the reply's last item
+    assert await store.response_owner(B.tenant, "resp_1") is None  # another tenant knows nothing of it
+    assert await store.response_owner(A.tenant, "resp_unknown") is None
+    await store.delete(A)
+    assert await store.response_owner(A.tenant, "resp_1") is None
+
+
 async def test_pending_messages_a_crash_left_are_marked_failed_once(store):
     await add(store, A, ["live"])
     await add(store, A, ["cut", "short"], PENDING)  # a turn that never ended
     finished = await add(store, B, ["done"], PENDING)
-    await store.finish_turn(B, {finished[0]: LIVE}, None, None)  # one that did
+    await store.finish_turn(B, {finished[0]: LIVE}, [], LIVE, None)  # one that did
     assert await store.fail_pending() == 2
     assert [(m.message["content"], m.status) for m in await store.messages(A, live_only=False)] == [
         ("live", LIVE), ("cut", FAILED), ("short", FAILED),

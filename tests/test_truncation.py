@@ -8,8 +8,9 @@ import re
 
 import pytest
 
+from proxy.tokens import TokenCounter
 from tests.conftest import ALICE, BOB, admin_get, live_messages, openai_client, trajectory
-from tests.fake_upstream import Reply
+from tests.fake_upstream import Reply, validate_chat_request
 
 REF = re.compile(r"out_\d+_[0-9a-f]{24}")
 BIG = "".join(f"line {i:05d}: some build log output\n" for i in range(1500))  # ~48k chars
@@ -143,7 +144,77 @@ def test_read_rounds_are_bounded(make_proxy, upstream):
     history = transcript() + [{"role": "assistant", "content": "reply to: build it"}, {"role": "user", "content": "more"}]
     assert client.chat.completions.create(model="m", messages=history, tools=TOOLS).choices[0].message.content == "done"
     offered = [[t["function"]["name"] for t in r.get("tools", [])] for r in upstream.chat_requests()]
-    assert offered == [["run_build", "read_tool_output"], ["run_build", "read_tool_output"], ["run_build"]]
+    # The last call still declares the tool its prompt holds calls of (a prompt stays valid).
+    assert offered == [["run_build", "read_tool_output"]] * 3
+    assert [m["role"] for m in upstream.chat_requests()[-1]["messages"][len(history) :]] == ["assistant", "tool"] * 2
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_read_past_the_round_limit_never_reaches_the_client(make_proxy, upstream, stream):
+    proxy = make_proxy(truncation={"max_read_rounds": 1})
+    client = openai_client(proxy, headers={"X-Conversation-ID": f"past-{stream}"})
+    client.chat.completions.create(model="m", messages=transcript(), tools=TOOLS)
+    ref = REF.search(sent_tool_message(upstream)["content"]).group(0)
+    upstream.enqueue(Reply.tool_calls([read_call(ref, 0, 5)]), Reply.tool_calls([read_call(ref, 5, 5)], content="so far"))
+    history = transcript() + [{"role": "assistant", "content": "reply to: build it"}, {"role": "user", "content": "more"}]
+    result = client.chat.completions.create(model="m", messages=history, tools=TOOLS, stream=stream)
+    if stream:
+        chunks = list(result)
+        assert not any(c.choices and c.choices[0].delta.tool_calls for c in chunks)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "so far"
+        assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
+    else:
+        assert result.choices[0].message.tool_calls is None and result.choices[0].message.content == "so far"
+        assert result.choices[0].finish_reason == "stop"
+    assert len(upstream.chat_requests()) == 3  # the first turn, then one round and the final call
+
+
+def first_turn(proxy, upstream, cid: str) -> str:
+    """A conversation's first turn (a long build output): the ref of its shortened output."""
+    openai_client(proxy, headers={"X-Conversation-ID": cid}).chat.completions.create(model="m", messages=transcript(), tools=TOOLS)
+    return REF.search(sent_tool_message(upstream)["content"]).group(0)
+
+
+def second_turn(proxy, upstream, cid: str, *replies: Reply) -> tuple[str | None, list[dict]]:
+    """The next turn, the model answering with `replies`: the client's reply text, every upstream body."""
+    history = transcript() + [{"role": "assistant", "content": "reply to: build it"}, {"role": "user", "content": "more"}]
+    first = len(upstream.chat_requests())
+    upstream.enqueue(*replies)
+    client = openai_client(proxy, headers={"X-Conversation-ID": cid})
+    reply = client.chat.completions.create(model="gpt-4o-mini", messages=history, tools=TOOLS)
+    return reply.choices[0].message.content, upstream.chat_requests()[first:]
+
+
+def read_answers(body: dict, after: int) -> list[str]:
+    return [m["content"] for m in body["messages"][after:] if m["role"] == "tool"]
+
+
+def test_a_repeated_read_is_answered_already_shown(make_proxy, upstream):
+    proxy = make_proxy(truncation={"max_read_rounds": 6})
+    ref = first_turn(proxy, upstream, "repeat")
+    text, calls = second_turn(proxy, upstream, "repeat", *[Reply.tool_calls([read_call(ref, 100, 300)])] * 3, Reply.text("done"))
+    assert text == "done" and len(calls) == 4
+    answers = read_answers(calls[-1], len(transcript()) + 2)
+    assert answers[0].startswith(f"[{ref}: characters 100-400 of ") and answers[0].endswith(BIG[100:400])
+    assert answers[1:] == [f"[{ref}: characters 100-400 were already shown above in this turn]"] * 2
+
+
+def test_read_back_never_takes_a_prompt_past_the_window(make_proxy, upstream):
+    proxy = make_proxy(context={"history_token_limit": 3000}, truncation={"max_read_rounds": 6})
+    ref = first_turn(proxy, upstream, "window")
+    # A model that keeps reading a big range, then invents a ref (a real small model did both).
+    replies = [Reply.tool_calls([read_call(ref, 2000, 8000)])] * 2
+    replies += [Reply.tool_calls([read_call("out_10020_" + "0" * 24, 0, 8000)], content="hmm") for _ in range(4)]
+    text, calls = second_turn(proxy, upstream, "window", *replies, Reply.text("done"))
+    assert "cut to fit the context window" in read_answers(calls[1], len(transcript()) + 2)[0]
+    counter = TokenCounter()
+    for body in calls:  # every prompt: the history (system aside) and the tools within the limit
+        counts = counter.count_many(body["messages"], "gpt-4o-mini")
+        tools = counter.count_texts([json.dumps(body["tools"], separators=(",", ":"))], "gpt-4o-mini")
+        assert sum(counts[1:]) + tools <= 3000
+        assert validate_chat_request(body) is None
+    # The budget ran out before the model stopped: its last reply, without our calls.
+    assert len(calls) < 7 and text in ("", "hmm", None)
 
 
 def test_client_tool_named_read_tool_output_is_left_alone(proxy, upstream):

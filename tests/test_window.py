@@ -11,9 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.config import ContextSettings, Profile, Settings
-from proxy.pipeline.base import Item
-from proxy.pipeline.window import TokenWindow, build, effective_limit, history_blocks, reply_reserve, select_window
+from proxy.dialects.chat import CHAT
+from proxy.engine.report import TurnReport
+from proxy.identity import ConversationKey
+from proxy.pipeline.window import TokenWindow, build, effective_limit, select_window as select_items
 from proxy.tokens import TokenCounter
+from proxy.transcript import Item, units
 from tests.fake_upstream import validate_chat_request
 
 Msg = dict[str, Any]
@@ -42,6 +45,22 @@ def calls(*ids: str) -> Msg:
 
 def result(call_id: str, text: str = "done") -> Msg:
     return {"role": "tool", "tool_call_id": call_id, "content": text}
+
+
+def as_items(messages: list[Msg]) -> list[Item]:
+    return CHAT.codec.items(messages, list(range(len(messages))), [None] * len(messages))
+
+
+def select_window(messages: list[Msg], counts: list[int], limit: int) -> list[int]:
+    return select_items(as_items(messages), counts, limit)
+
+
+def history_blocks(messages: list[Msg], start: int) -> list[tuple[int, int]]:
+    return units(as_items(messages), start)
+
+
+def reply_reserve(body: dict[str, Any]) -> int:
+    return CHAT.reply_reserve(body)
 
 
 def roles(messages: list[Msg], kept: list[int]) -> list[str]:
@@ -146,11 +165,15 @@ def test_limit_is_capped_by_the_context_window() -> None:
 def turn(model: str = "gpt-4o-mini", limit: int = 10_000, **body: Any) -> SimpleNamespace:
     """What the stage reads of a Turn."""
     profile = Profile(context=ContextSettings(history_token_limit=limit))
-    return SimpleNamespace(model=model, body={"model": model, **body}, profile=profile, counter=COUNTER, notes={})
+    report = TurnReport(ConversationKey("t", "c"), "chat", model)
+    return SimpleNamespace(
+        model=model, profile=profile, counter=COUNTER, codec=CHAT.codec, report=report,
+        reply_reserve=CHAT.reply_reserve(body), fixed_tokens=0,
+    )
 
 
 def run(stage: TokenWindow, t: SimpleNamespace, messages: list[Msg]) -> list[Item]:
-    items = [Item(m, i) for i, m in enumerate(messages)]
+    items = as_items(messages)
     frozen = [dict(m) for m in messages]
     out = asyncio.run(stage(t, items))  # type: ignore[arg-type]
     assert messages == frozen  # messages are never edited
@@ -168,31 +191,31 @@ def test_stage_sends_the_window_and_notes_tokens_and_left_out() -> None:
     msgs = agent_run(30, "line of output\n" * 40)
     t = turn(limit=2000)
     out = run(build(Settings()), t, msgs)
-    sent = [item.message for item in out]
+    sent = [item.raw for item in out]
     assert sent[0] == msgs[0] and sent[-1] == msgs[-1]
     assert sent[1]["role"] != "tool"
     assert validate_chat_request({"model": "gpt-4o-mini", "messages": sent}) is None
     counts = [COUNTER.count(m, "gpt-4o-mini") for m in sent]
-    assert t.notes["tokens_sent"] == sum(counts)
+    assert t.report.tokens_sent == sum(counts)
     assert sum(counts[1:]) <= 2000
-    assert t.notes["messages_left_out"] == len(msgs) - len(sent) > 0
+    assert t.report.messages_left_out == len(msgs) - len(sent) > 0
     assert [item.seq for item in out] == [0, *range(len(msgs) - len(sent) + 1, len(msgs))]
 
 
 def test_stage_adds_to_what_earlier_stages_left_out() -> None:
     t = turn(limit=64)
-    t.notes["messages_left_out"] = 7
+    t.report.messages_left_out = 7
     out = run(TokenWindow(), t, [system(), user("x " * 200), say("y " * 200), user()])
     assert len(out) == 2
-    assert t.notes["messages_left_out"] == 9
+    assert t.report.messages_left_out == 9
 
 
 def test_stage_keeps_everything_under_the_limit() -> None:
     msgs = agent_run(3, "short")
     t = turn()
     out = run(TokenWindow(), t, msgs)
-    assert [item.message for item in out] == msgs
-    assert t.notes["messages_left_out"] == 0
+    assert [item.raw for item in out] == msgs
+    assert t.report.messages_left_out == 0
 
 
 def test_stage_limit_leaves_room_for_the_reply_in_the_context_window() -> None:
@@ -201,14 +224,14 @@ def test_stage_limit_leaves_room_for_the_reply_in_the_context_window() -> None:
     msgs[0] = big_system
     t = turn(model="gpt-4", limit=100_000, max_tokens=2000)  # gpt-4: 8192 tokens of context
     run(TokenWindow(), t, msgs)
-    assert 8192 - 2000 - 1000 < t.notes["tokens_sent"] <= 8192 - 2000
+    assert 8192 - 2000 - 1000 < t.report.tokens_sent <= 8192 - 2000
 
 
 def test_stage_with_unknown_model_uses_the_configured_limit() -> None:
     msgs = agent_run(40, "word " * 200)
     t = turn(model="some-local-model", limit=5000, max_tokens=100_000)
     run(TokenWindow(), t, msgs)
-    history = t.notes["tokens_sent"] - COUNTER.count(msgs[0], "some-local-model")
+    history = t.report.tokens_sent - COUNTER.count(msgs[0], "some-local-model")
     assert 4000 < history <= 5000
 
 
@@ -290,11 +313,11 @@ def test_window_properties(case: tuple[list[Msg], list[int], int]) -> None:
 def test_stage_properties_with_real_counts(msgs: list[Msg], limit: int) -> None:
     t = turn(limit=limit)
     out = run(TokenWindow(), t, msgs)
-    sent = [item.message for item in out]
+    sent = [item.raw for item in out]
     assert validate_chat_request({"model": "gpt-4o-mini", "messages": sent}) is None
     assert sent[-1] is msgs[-1]
-    assert t.notes["messages_left_out"] == len(msgs) - len(sent)
-    assert t.notes["tokens_sent"] == sum(COUNTER.count(m, "gpt-4o-mini") for m in sent)
+    assert t.report.messages_left_out == len(msgs) - len(sent)
+    assert t.report.tokens_sent == sum(COUNTER.count(m, "gpt-4o-mini") for m in sent)
 
 
 @settings(max_examples=100, deadline=None)

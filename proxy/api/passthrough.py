@@ -11,7 +11,7 @@ from ..errors import InvalidRequest, ProxyError
 from ..identity import check_conversation_id
 from ..state import UPSTREAM
 from ..upstream import forwardable
-from .chat import OWN_HEADERS
+from .turns import OWN_HEADERS
 
 log = logging.getLogger("proxy.passthrough")
 

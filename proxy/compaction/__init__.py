@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import importlib
 
+from ..config import ConfigError, Settings
 from .base import CompactionJob, Compactor
 
-__all__ = ["CompactionJob", "Compactor", "compactor_class"]
+__all__ = ["CompactionJob", "Compactor", "check_compactors", "compactor_class"]
 
 
 def compactor_class(path: str | None) -> type:
@@ -28,3 +29,15 @@ def compactor_class(path: str | None) -> type:
     if not isinstance(cls, type) or missing:
         raise ValueError(f"compactor_class {path!r} is not a compactor (needs get_summary and compact_if_needed)")
     return cls
+
+
+def check_compactors(settings: Settings) -> None:
+    """Import every compactor class the settings name, at start-up: a bad one stops it with one
+    line naming the setting. (Not in config.py: settings never import user code.)"""
+    for name, profile in settings.named_profiles().items():
+        if profile.compaction.strategy in ("turns", "budget"):
+            try:
+                compactor_class(profile.compaction.compactor_class)
+            except ValueError as exc:
+                where = "compaction" if name is None else f"profiles.{name}.compaction"
+                raise ConfigError(f"{where}.compactor_class: {exc}") from None

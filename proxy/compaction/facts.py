@@ -14,7 +14,7 @@ _PATTERNS = [
     re.compile(r"(?:~|\.{1,2})?(?:/[\w.@+-]+){2,}/?"),  # absolute or relative paths with 2+ parts
     re.compile(r"\b[\w.-]+/[\w./-]*\w"),  # relative paths like src/app.py
     re.compile(r"\b[\w-]+\.(?:py|js|ts|tsx|jsx|md|json|ya?ml|toml|txt|go|rs|java|kt|c|h|cc|cpp|hpp|rb|php|sh|sql|html|css|cfg|ini|lock|log|csv)\b"),
-    re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.I),  # UUIDs
+    re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.IGNORECASE),  # UUIDs
     re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b"),  # hashes, commit shas
     re.compile(r"\b[A-Z][A-Z0-9]+-\d+\b"),  # ticket ids like PROJ-123
     re.compile(r"(?<![\w.])\d+(?:\.\d+)+\b|(?<![\w.])\d{2,}\b"),  # versions, numbers of 2+ digits

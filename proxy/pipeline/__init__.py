@@ -13,7 +13,7 @@ from ..config import Settings
 from . import compaction, pairing, quota, truncation, window
 from .base import Item, Stage, Turn
 
-__all__ = ["Item", "Pipeline", "Stage", "Turn", "build_pipeline", "STAGES"]
+__all__ = ["STAGES", "Item", "Pipeline", "Stage", "Turn", "build_pipeline"]
 
 # Factories in execution order. Each gets the settings and returns a stage, or None when the
 # settings leave it nothing to do.

@@ -2,39 +2,31 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..config import Profile
 from ..identity import ConversationKey
-from ..messages import Message
 from ..store import Store, Summary
+from ..transcript import Codec, Item
 
 if TYPE_CHECKING:
+    from ..engine.report import TurnReport
     from ..quota import QuotaLedger
     from ..refs import RefSigner
     from ..summarizer import Summarizer
     from ..tokens import TokenCounter
 
-
-@dataclass(frozen=True, slots=True)
-class Item:
-    """A message on its way upstream, with its place in the conversation log.
-
-    `seq` is None for what is not stored: in proxy-history mode, the client's current system prompt.
-    """
-
-    message: Message
-    seq: int | None
-    hash: str | None = None  # canonical hash of `message` when known (unchanged by the stages so far)
+__all__ = ["Item", "Stage", "Turn"]
 
 
 @dataclass(slots=True)
 class Turn:
-    """One chat request on its way upstream: read-only context for the stages."""
+    """One request on its way upstream: read-only context for the stages, and the report they fill."""
 
     key: ConversationKey
-    body: dict[str, Any]  # the request as received; stages never edit it
+    codec: Codec  # the only way a stage reads or makes an item of this request's wire format
+    model: str
     store: Store
     profile: Profile
     counter: TokenCounter
@@ -42,16 +34,16 @@ class Turn:
     ledger: QuotaLedger
     summarizer: Summarizer
     headers: dict[str, str]  # what goes upstream with the request (the summarizer uses the same credentials)
+    report: TurnReport
+    reply_reserve: int = 0  # tokens the request keeps for the reply (its max tokens)
+    fixed_tokens: int = 0  # tokens sent with every call besides the transcript (tool schemas, instructions)
+    proxy_tool_tokens: int = 0  # what the proxy's read_tool_output definition adds when it is offered
     summary: Summary | None = None  # the conversation's current compaction summary, if any
-    notes: dict[str, Any] = field(default_factory=dict)  # what stages report (tokens, counts), for headers/logs
-
-    @property
-    def model(self) -> str:
-        return str(self.body.get("model") or "")
+    body: dict[str, Any] | None = None  # the request as received (for custom stages); never edited
 
 
 class Stage(Protocol):
     name: str
 
     async def __call__(self, turn: Turn, items: list[Item]) -> list[Item]:
-        """Runs before every upstream call; returns a new list, never edits `items` or their messages."""
+        """Runs before every upstream call; returns a new list, never edits `items` or their raws."""

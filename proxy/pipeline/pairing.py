@@ -1,6 +1,10 @@
 """Last stage, the pairing guard: what goes upstream never has a tool result without its call, nor
 a call without its result. A client bug, an interrupted run or one of our own cuts must not
-become an upstream 400. Each repair is logged and counted in `turn.notes["repairs"]`.
+become an upstream 400. Each repair is logged and counted in the turn report.
+
+The rule, in every wire format: a result belongs to the unit of the call it answers (see
+proxy/transcript.py); a result outside it is dropped, and a call left unanswered when its unit
+ends gets a short "no result" result at the end of the unit.
 """
 
 from __future__ import annotations
@@ -8,7 +12,8 @@ from __future__ import annotations
 import logging
 
 from ..config import Settings
-from .base import Item, Turn
+from ..transcript import Call, Item, Role
+from .base import Turn
 
 log = logging.getLogger("proxy.pairing")
 NO_RESULT = "[context-proxy: no result was recorded for this tool call]"
@@ -19,34 +24,32 @@ class PairingGuard:
 
     async def __call__(self, turn: Turn, items: list[Item]) -> list[Item]:
         out: list[Item] = []
-        open_calls: list[str] = []  # ids of the last assistant message's calls still unanswered
+        open_calls: list[Call] = []  # calls of the current unit still unanswered
         repairs = 0
         for item in items:
-            msg = item.message
-            role = msg.get("role")
-            if role == "tool":
-                call_id = msg.get("tool_call_id")
-                if call_id in open_calls:
-                    open_calls.remove(call_id)
-                    out.append(item)
-                else:  # answers no call of the assistant message just before it
+            if not item.joins:
+                repairs += self._close(turn, open_calls, out)
+                open_calls = []
+            if item.role is Role.TOOL:
+                answered = next((c for c in open_calls if c.id == item.answers), None) if item.joins else None
+                if answered is None:  # answers no call of its unit
                     repairs += 1
                     log.warning("dropped a tool result that answers no preceding call", extra={"conversation": str(turn.key)})
-                continue
-            repairs += self._close(open_calls, out)
-            open_calls = [c.get("id") for c in msg.get("tool_calls") or ()] if role == "assistant" else []
+                    continue
+                open_calls.remove(answered)
+            open_calls.extend(item.calls)
             out.append(item)
-        repairs += self._close(open_calls, out)
+        repairs += self._close(turn, open_calls, out)
         if repairs:
-            turn.notes["repairs"] = turn.notes.get("repairs", 0) + repairs
+            turn.report.repairs += repairs
             log.warning("repaired %d tool-call pairing problems", repairs, extra={"conversation": str(turn.key)})
         return out if repairs else items
 
     @staticmethod
-    def _close(open_calls: list[str], out: list[Item]) -> int:
-        """Give every still-unanswered call a short 'no result' message."""
-        for call_id in open_calls:
-            out.append(Item({"role": "tool", "tool_call_id": call_id, "content": NO_RESULT}, None))
+    def _close(turn: Turn, open_calls: list[Call], out: list[Item]) -> int:
+        """Give every still-unanswered call a short 'no result' result."""
+        for call in open_calls:
+            out.append(turn.codec.tool_result(call, NO_RESULT))
         return len(open_calls)
 
 

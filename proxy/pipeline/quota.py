@@ -1,7 +1,8 @@
-"""Stage 4, quota info: each tool message, when first forwarded, shows the LLM-call quota.
+"""Stage 4, quota info: each tool result, when first forwarded, shows the LLM-call quota.
 
 A JSON-object tool output gains a `_quota_info: {used, remaining, limit}` key; any other output a
-readable line. The figures are those of the message's first forwarding, so the bytes never change.
+readable line. The figures are those of the item's first forwarding, so the bytes never change.
+A shortened or masked output carries them in its marker instead.
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from __future__ import annotations
 import json
 
 from ..config import Settings
-from ..messages import Message
-from .base import Item, Turn
+from ..transcript import Item, Role
+from .base import Turn
 
 
 class QuotaInfo:
@@ -19,31 +20,26 @@ class QuotaInfo:
     async def __call__(self, turn: Turn, items: list[Item]) -> list[Item]:
         if not turn.ledger.on:
             return items
-        truncated = turn.notes.get("truncated", {})  # their marker already carries the figures
         out = []
         for item in items:
-            msg = item.message
-            if msg.get("role") == "tool" and item.seq is not None and item.seq not in truncated:
+            if item.role is Role.TOOL and item.seq is not None and item.ref is None:
                 figures = turn.ledger.figures(item.seq)
                 assert figures is not None
-                item = Item(_with_quota(msg, figures.as_dict(), figures.line()), item.seq)
+                item = _with_quota(turn, item, figures.as_dict(), figures.line())
             out.append(item)
         return out
 
 
-def _with_quota(msg: Message, info: dict[str, int], line: str) -> Message:
-    content = msg.get("content")
-    if isinstance(content, str):
+def _with_quota(turn: Turn, item: Item, info: dict[str, int], line: str) -> Item:
+    text = turn.codec.text(item)
+    if text is not None:
         try:
-            parsed = json.loads(content)
+            parsed = json.loads(text)
         except ValueError:
             parsed = None
         if isinstance(parsed, dict):
-            return {**msg, "content": json.dumps({**parsed, "_quota_info": info}, ensure_ascii=False)}
-        return {**msg, "content": f"{content}\n\n[{line}]"}
-    if isinstance(content, list):
-        return {**msg, "content": [*content, {"type": "text", "text": f"\n\n[{line}]"}]}
-    return msg
+            return turn.codec.with_text(item, json.dumps({**parsed, "_quota_info": info}, ensure_ascii=False))
+    return turn.codec.with_appended_text(item, f"\n\n[{line}]")
 
 
 def build(settings: Settings) -> QuotaInfo:

@@ -2,7 +2,7 @@
 summary) plus a marker naming its ref; the full output stays in the conversation log, readable
 through `read_tool_output`. Runs first, so one huge output cannot by itself trigger compaction.
 
-Stable: the preview and marker are a pure function of the message, its seq and the quota figures
+Stable: the preview and marker are a pure function of the item, its seq and the quota figures
 fixed at its first forwarding; a summary is made once and stored.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 
 from ..config import Settings
-from ..messages import text_of, tool_names_by_call_id
-from ..readback import READ_TOOL
-from .base import Item, Turn
+from ..tools.readback import READ_TOOL
+from ..transcript import Item, Role, tool_names
+from .base import Turn
 
 log = logging.getLogger("proxy.truncation")
 
@@ -28,33 +28,30 @@ class Truncation:
         names: dict[str, str] | None = None
         long_outputs: list[tuple[int, Item, str, str]] = []  # (position, item, text, tool name)
         for position, item in enumerate(items):
-            msg = item.message
-            if msg.get("role") != "tool" or item.seq is None:
+            if item.role is not Role.TOOL or item.seq is None:
                 continue
-            text = text_of(msg.get("content"))
+            text = turn.codec.text(item)
             if text is None or len(text) <= settings.max_tool_response_length:
                 continue
             if names is None:
-                names = tool_names_by_call_id([i.message for i in items])
-            tool = names.get(msg.get("tool_call_id"), "")
+                names = tool_names(items)
+            tool = names.get(item.answers or "", "")
             if settings.tools.get(tool, settings.default) != "keep":
                 long_outputs.append((position, item, text, tool))
         if not long_outputs:
             return items
 
-        summaries = await self._summaries(turn, [(i, text, tool) for _, i, text, tool in long_outputs if
-                                                 settings.tools.get(tool, settings.default) == "summarize"])
+        wanted = [(i, text, tool) for _, i, text, tool in long_outputs if settings.tools.get(tool, settings.default) == "summarize"]
+        summaries = await self._summaries(turn, wanted)
         out = list(items)
-        refs = turn.notes.setdefault("truncated", {})
         for position, item, text, _ in long_outputs:
             assert item.seq is not None
             ref = turn.refs.make(turn.key, item.seq)
             summary = summaries.get(item.seq)
             body = summary if summary is not None else text[: settings.preview_length]
             content = body + self._marker(turn, item.seq, ref, len(text), summary is not None)
-            out[position] = Item({**item.message, "content": content}, item.seq)
-            refs[item.seq] = ref
-            turn.notes["chars_saved_truncation"] = turn.notes.get("chars_saved_truncation", 0) + len(text) - len(content)
+            out[position] = turn.codec.with_text(item, content).but(ref=ref)
+            turn.report.saved("truncation", len(text) - len(content))
         return out
 
     def _marker(self, turn: Turn, seq: int, ref: str, total: int, summarized: bool) -> str:
@@ -83,7 +80,7 @@ class Truncation:
                 continue
             summary = await turn.summarizer.tool_output(text, tool, turn.model, turn.headers)
             if summary is None:
-                turn.notes["summaries_failed"] = turn.notes.get("summaries_failed", 0) + 1
+                turn.report.summaries_failed += 1
                 continue
             made[item.seq] = summary
         await turn.store.set_rewrites(turn.key, made)

@@ -8,7 +8,7 @@ transcript is the live messages in sequence order; the trajectory is every messa
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -98,10 +98,13 @@ class WriteHealth:
 
     def health(self, **facts: Any) -> StoreHealth:
         facts["write_failures"] = self.failures
-        if self.failure is None:
-            return StoreHealth(OK, None, facts)
-        state = next((name for cls, name in HEALTH_STATES.items() if isinstance(self.failure, cls)), "unavailable")
-        return StoreHealth(state, self.failure.message, facts)
+        return StoreHealth(OK, None, facts) if self.failure is None else failed_health(self.failure, **facts)
+
+
+def failed_health(exc: StoreError, **facts: Any) -> StoreHealth:
+    """The health of a store that just failed with `exc`."""
+    state = next((name for cls, name in HEALTH_STATES.items() if isinstance(exc, cls)), "unavailable")
+    return StoreHealth(state, exc.message, facts)
 
 
 @dataclass(slots=True)
@@ -200,11 +203,18 @@ class Store(Protocol):
         self,
         key: ConversationKey,
         changes: Mapping[int, str],
-        reply: tuple[Message, str, str] | None,
+        reply: Sequence[tuple[Message, str]],
+        reply_status: str,
         record: Mapping[str, Any] | None,
     ) -> int | None:
-        """End a turn in one atomic step: status changes, then the reply (message, hash, status)
-        appended, then the turn's record (what was sent upstream) kept. Returns the reply's seq."""
+        """End a turn in one atomic step: status changes, then the reply's items (message, hash)
+        appended with `reply_status`, then the turn's record (what was sent upstream) kept; a
+        record's `response_id` names the reply from then on (`response_owner`). Returns the seq of
+        the reply's first item (None without a reply)."""
+
+    async def response_owner(self, tenant: str, response_id: str) -> tuple[str, int] | None:
+        """The conversation id and the seq of the last item of the reply a turn record named by
+        `response_id` (kept by finish_turn when the record has one); None if unknown."""
 
     async def turn_records(self, key: ConversationKey, *, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
         """The records of finished turns, oldest first (each has `turn`, 1, 2, ...), after turn `after`."""

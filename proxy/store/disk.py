@@ -27,7 +27,7 @@ import secrets
 import sqlite3
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import asdict, replace
@@ -41,7 +41,6 @@ from ..identity import ConversationKey
 from ..messages import Message
 from .base import (
     FAILED,
-    HEALTH_STATES,
     LIVE,
     PENDING,
     STATUSES,
@@ -54,6 +53,7 @@ from .base import (
     StoreUnavailable,
     Summary,
     WriteHealth,
+    failed_health,
     now,
 )
 
@@ -141,6 +141,10 @@ def _turn_key(key: ConversationKey, turn: int) -> str:
 
 def _summary_key(key: ConversationKey, summary_id: int) -> str:
     return f"summary{SEP}{key.tenant}{SEP}{key.id}{SEP}{summary_id:08d}"
+
+
+def _response_key(tenant: str, response_id: str) -> str:
+    return f"response{SEP}{tenant}{SEP}{response_id}"
 
 
 def _index_page(scope: str, page: int) -> str:
@@ -281,6 +285,9 @@ class DiskStore:
             for summary_id in range(1, raw["summaries"] + 1):
                 self._cache.delete(_summary_key(key, summary_id))
             for turn in range(1, raw["turns"] + 1):
+                record = self._cache.get(_turn_key(key, turn))
+                if isinstance(record, dict) and record.get("response_id"):
+                    self._cache.delete(_response_key(key.tenant, record["response_id"]))
                 self._cache.delete(_turn_key(key, turn))
             self._cache.delete(_conv_key(key))
             self._snapshots.pop(key, None)
@@ -380,25 +387,41 @@ class DiskStore:
         self,
         key: ConversationKey,
         changes: Mapping[int, str],
-        reply: tuple[Message, str, str] | None,
+        reply: Sequence[tuple[Message, str]],
+        reply_status: str,
         record: Mapping[str, Any] | None,
     ) -> int | None:
-        if not set(changes.values()) <= STATUSES or (reply is not None and reply[2] not in STATUSES):
+        if not set(changes.values()) <= STATUSES or (reply and reply_status not in STATUSES):
             raise ValueError("unknown status")
-        return await self._write(self._finish_turn, key, dict(changes), reply, dict(record) if record else None)
+        return await self._write(
+            self._finish_turn, key, dict(changes), list(reply), reply_status, dict(record) if record else None
+        )
 
     def _finish_turn(
-        self, key: ConversationKey, changes: dict[int, str], reply: tuple[Message, str, str] | None, record: dict[str, Any] | None
+        self,
+        key: ConversationKey,
+        changes: dict[int, str],
+        reply: list[tuple[Message, str]],
+        reply_status: str,
+        record: dict[str, Any] | None,
     ) -> int | None:
         def end(raw: dict[str, Any]) -> int | None:  # one load and one save of the record per turn
             self._change_statuses(key, raw, changes)
-            seq = self._add_messages(key, raw, [reply[0]], [reply[1]], reply[2])[0] if reply is not None else None
+            seq = None
+            if reply:
+                seq = self._add_messages(key, raw, [m for m, _ in reply], [h for _, h in reply], reply_status)[0]
             if record is not None:
                 raw["turns"] += 1
                 self._cache.set(_turn_key(key, raw["turns"]), {**record, "turn": raw["turns"], "reply_seq": seq})
+                if seq is not None and record.get("response_id"):
+                    self._cache.set(_response_key(key.tenant, record["response_id"]), (key.id, seq + len(reply) - 1))
             return seq
 
         return self._update_record(key, end)
+
+    async def response_owner(self, tenant: str, response_id: str) -> tuple[str, int] | None:
+        found = await self._run(self._cache.get, _response_key(tenant, response_id))
+        return (found[0], int(found[1])) if found else None
 
     async def turn_records(self, key: ConversationKey, *, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
         return await self._run(self._turn_records, key, after, limit)
@@ -562,9 +585,7 @@ class DiskStore:
                 return self._check_health()
             return await self._run(self._check_health)
         except (StoreError, OSError) as exc:
-            error = exc if isinstance(exc, StoreError) else _store_error(exc)
-            state = next((name for cls, name in HEALTH_STATES.items() if isinstance(error, cls)), "unavailable")
-            return StoreHealth(state, error.message)
+            return failed_health(exc if isinstance(exc, StoreError) else _store_error(exc, self._path))
 
     def _check_health(self) -> StoreHealth:
         if self._health.failure is not None:  # does a write work again (room made, remounted)?

@@ -12,10 +12,12 @@ Layout (every key starts with `prefix`, "cp:" by default):
     {prefix}{<tenant>/<id>}:rw       hash seq -> rewritten content
     {prefix}{<tenant>/<id>}:sum      hash summary id -> JSON summary
     {prefix}{<tenant>/<id>}:turns    hash turn -> JSON {"turn", "reply_seq", "record"}
+    {prefix}{<tenant>/<id>}:resp     set of the response ids of the conversation's replies
     {prefix}{<tenant>/<id>}:pend     set of the seqs still pending (what a crash may leave)
     {prefix}convs:<tenant>           sorted set of conversation ids scored by creation order
     {prefix}all                      sorted set of "<tenant>/<id>" scored by creation order (admin)
     {prefix}tenants                  set of tenants
+    {prefix}responses:<tenant>       hash response id -> "<id>\0<seq of the reply's last item>"
     {prefix}pending                  set of "<tenant>/<id>" with pending messages
     {prefix}created                  the creation counter
     {prefix}secret, {prefix}lease:<name>, {prefix}lock:<tenant>/<id>
@@ -39,7 +41,7 @@ import logging
 import random
 import secrets
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import asdict, replace
 from typing import Any, ParamSpec, TypeVar
@@ -55,7 +57,6 @@ from ..identity import ConversationKey
 from ..messages import Message
 from .base import (
     FAILED,
-    HEALTH_STATES,
     LIVE,
     PENDING,
     STATUSES,
@@ -68,6 +69,7 @@ from .base import (
     StoreUnavailable,
     Summary,
     WriteHealth,
+    failed_health,
     now,
 )
 
@@ -76,7 +78,7 @@ log = logging.getLogger("proxy.store.redis")
 P = ParamSpec("P")
 T = TypeVar("T")
 
-CONVERSATION_PARTS = ("meta", "body", "hash", "status", "live", "fwd", "rw", "sum", "turns", "pend")
+CONVERSATION_PARTS = ("meta", "body", "hash", "status", "live", "fwd", "rw", "sum", "turns", "resp", "pend")
 NO_CONVERSATION = "no such conversation"
 NO_MESSAGE = "no such message"
 __all__ = ["RedisStore", "StoreUnavailable"]  # the latter still importable from here
@@ -136,7 +138,7 @@ WRITES = frozenset(
 # stamp; their own arguments start at ARGV[4].
 
 PRELUDE = """
-local meta, body, hashes, statuses, live, fwd, rw, sums, turns, pend, index, tenants, created, all, pending = unpack(KEYS)
+local meta, body, hashes, statuses, live, fwd, rw, sums, turns, resp, pend, index, tenants, created, all, responses, pending = unpack(KEYS)
 local tenant, id, stamp = ARGV[1], ARGV[2], ARGV[3]
 
 -- Create the conversation record if new, and list it (creation order from a counter, not a clock).
@@ -210,19 +212,28 @@ return 1
 """
 
 FINISH_TURN = PRELUDE + """
--- ARGV[4] = reply status ('' = no reply), ARGV[5], ARGV[6] = its body and hash,
--- ARGV[7] = the turn record's JSON ('' = none), ARGV[8..] = (seq, status) changes. Returns the reply's seq.
-local refused = check_statuses(8)
+-- ARGV[4] = reply status, ARGV[5] = n, the number of reply items, ARGV[6 .. 5+2n] = their (body, hash)
+-- pairs, then the reply's response id ('' = none), then the turn record's JSON ('' = none), then
+-- (seq, status) changes. Returns the reply's first seq.
+local n = tonumber(ARGV[5])
+local record_at = 7 + 2 * n
+local refused = check_statuses(record_at + 1)
 if refused then return refused end
-set_statuses(8)
+set_statuses(record_at + 1)
 local seq = false
-if ARGV[4] ~= '' then seq = append(ARGV[4], 5, 6) end
-if ARGV[7] ~= '' then
+if n > 0 then seq = append(ARGV[4], 6, record_at - 2) end
+local response_id = ARGV[record_at - 1]
+if seq and response_id ~= '' then
+  redis.call('HSET', responses, response_id, id .. '\0' .. (seq + n - 1))
+  redis.call('SADD', resp, response_id)
+end
+local record = ARGV[record_at]
+if record ~= '' then
   ensure()
   local turn = redis.call('HINCRBY', meta, 'turns', 1)
   local reply_seq = seq and tostring(seq) or 'null'
   -- Spliced, not re-encoded: cjson would turn the record's empty lists into objects.
-  redis.call('HSET', turns, turn, '{"turn":' .. turn .. ',"reply_seq":' .. reply_seq .. ',"record":' .. ARGV[7] .. '}')
+  redis.call('HSET', turns, turn, '{"turn":' .. turn .. ',"reply_seq":' .. reply_seq .. ',"record":' .. record .. '}')
 end
 return seq
 """
@@ -251,10 +262,10 @@ end
 return sid
 """
 
-# KEYS[16] = the conversation's lock: while a turn holds it (on any replica) its pending messages
-# are that turn's. Returns how many were marked failed, -1 when locked.
+# The conversation's lock is the last KEY: while a turn holds it (on any replica) its pending
+# messages are that turn's. Returns how many were marked failed, -1 when locked.
 FAIL_PENDING = PRELUDE + """
-if redis.call('EXISTS', KEYS[16]) == 1 then return -1 end
+if redis.call('EXISTS', KEYS[#KEYS]) == 1 then return -1 end
 local failed = 0
 for _, seq in ipairs(redis.call('SMEMBERS', pend)) do
   if redis.call('HGET', statuses, seq) == '""" + PENDING + """' then
@@ -369,8 +380,11 @@ class RedisStore:
         """The KEYS of every conversation script, in PRELUDE's order."""
         return [self._conv(key, part) for part in CONVERSATION_PARTS] + [
             self._index(key.tenant), self._global("tenants"), self._global("created"), self._global("all"),
-            self._global("pending"),
+            self._responses(key.tenant), self._global("pending"),
         ]
+
+    def _responses(self, tenant: str) -> str:
+        return f"{self._prefix}responses:{tenant}"
 
     def _lock_name(self, key: ConversationKey) -> str:
         return self._global(f"lock:{key.tenant}/{key.id}")
@@ -522,12 +536,16 @@ class RedisStore:
             return await self._delete_keys(key, atomic=False)
 
     async def _delete_keys(self, key: ConversationKey, *, atomic: bool) -> bool:
+        # The caller holds the conversation's lock: no turn adds a response id meanwhile.
         member = f"{key.tenant}/{key.id}"
+        response_ids = await self._redis.smembers(self._conv(key, "resp"))
         async with self._redis.pipeline(transaction=atomic) as pipe:
             pipe.exists(self._conv(key, "meta"))
             pipe.zrem(self._index(key.tenant), key.id)  # out of the lists first: never listed, half gone
             pipe.zrem(self._global("all"), member)
             pipe.srem(self._global("pending"), member)
+            if response_ids:
+                pipe.hdel(self._responses(key.tenant), *response_ids)
             pipe.unlink(*(self._conv(key, part) for part in CONVERSATION_PARTS))
             existed, *_ = await pipe.execute()
         return bool(existed)
@@ -558,19 +576,29 @@ class RedisStore:
         self,
         key: ConversationKey,
         changes: Mapping[int, str],
-        reply: tuple[Message, str, str] | None,
+        reply: Sequence[tuple[Message, str]],
+        reply_status: str,
         record: Mapping[str, Any] | None,
     ) -> int | None:
-        if not set(changes.values()) <= STATUSES or (reply is not None and reply[2] not in STATUSES):
+        if not set(changes.values()) <= STATUSES or (reply and reply_status not in STATUSES):
             raise ValueError("unknown status")
         stamp = now()
-        message, h, status = reply if reply is not None else (None, "", "")
-        body = _dumps({"t": stamp, "m": message}) if reply is not None else ""
+        items = [x for message, h in reply for x in (_dumps({"t": stamp, "m": message}), h)]
         pairs = [x for seq, st in changes.items() for x in (seq, st)]
-        args = self._args(key, status, body, h, _dumps(dict(record)) if record is not None else "", *pairs, stamp=stamp)
+        record_json = _dumps(dict(record)) if record is not None else ""
+        response_id = str((record or {}).get("response_id") or "")
+        args = self._args(key, reply_status, len(reply), *items, response_id, record_json, *pairs, stamp=stamp)
         with _missing_as_key_error(key):
             seq = await self._finish_turn(keys=self._keys(key), args=args)
         return None if seq is None else int(seq)
+
+    @_guarded
+    async def response_owner(self, tenant: str, response_id: str) -> tuple[str, int] | None:
+        found = await self._redis.hget(self._responses(tenant), response_id)
+        if found is None:
+            return None
+        conversation_id, _, seq = (found.decode() if isinstance(found, bytes) else found).partition("\0")
+        return conversation_id, int(seq)
 
     @_guarded
     async def turn_records(self, key: ConversationKey, *, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
@@ -687,8 +715,7 @@ class RedisStore:
         except StoreError as exc:
             if not isinstance(exc, StoreUnavailable):  # a failed probe: still full / read-only
                 return self._health.health()
-            state = next((name for cls, name in HEALTH_STATES.items() if isinstance(exc, cls)), "unavailable")
-            return StoreHealth(state, exc.message)
+            return failed_health(exc)
         return self._health.health()
 
     async def close(self) -> None:

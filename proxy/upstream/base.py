@@ -1,7 +1,7 @@
 """What the request handlers need from an upstream, whatever sits behind it.
 
-The raw HTTP passthrough implements this today; a litellm adapter implements the same protocol
-so the chat handler never knows which one answered.
+The raw HTTP passthrough implements it, and the litellm adapter implements the same protocol, so
+the engine never knows which one answered.
 """
 
 from __future__ import annotations
@@ -28,5 +28,9 @@ class UpstreamReply(Protocol):
 
 
 class Upstream(Protocol):
+    async def call(self, dialect: str, body: Mapping[str, Any], headers: Mapping[str, str]) -> UpstreamReply:
+        """Send one turn's request in the wire format named by `dialect` ("chat", ...); raises
+        UpstreamUnreachable / UpstreamTimeout if no status came back."""
+
     async def chat(self, body: Mapping[str, Any], headers: Mapping[str, str]) -> UpstreamReply:
-        """Send a chat completion; raises UpstreamUnreachable / UpstreamTimeout if no status came back."""
+        """Send a chat completion (`call("chat", ...)`): what the summarizer uses."""

@@ -30,6 +30,10 @@ HOP_BY_HOP = frozenset(
 _SEGMENT_SEPARATORS = re.compile(r"[/\\;]")
 
 
+# Where each managed wire format is sent, under base_url.
+ENDPOINTS = {"chat": "/chat/completions", "responses": "/responses"}
+
+
 def forwardable(headers: Mapping[str, str], drop: frozenset[str] = frozenset()) -> CIMultiDict[str]:
     """Copy headers minus hop-by-hop ones, those the `Connection` header names, and `drop`
     (lower-case names)."""
@@ -190,11 +194,16 @@ class HttpUpstream:
             headers["Authorization"] = self._basic_auth
         return headers
 
-    async def chat(self, body: Mapping[str, Any], headers: Mapping[str, str]) -> HttpReply:
+    async def call(self, dialect: str, body: Mapping[str, Any], headers: Mapping[str, str]) -> HttpReply:
+        path = ENDPOINTS.get(dialect)
+        if path is None:
+            raise ValueError(f"no upstream endpoint for the {dialect!r} wire format")
         out = self._auth(CIMultiDict(headers))
         out["Content-Type"] = "application/json"
-        data = orjson.dumps(body)
-        return await self.send("POST", "/chat/completions", out, data, limits=self.turn_limits)
+        return await self.send("POST", path, out, orjson.dumps(body), limits=self.turn_limits)
+
+    async def chat(self, body: Mapping[str, Any], headers: Mapping[str, str]) -> HttpReply:
+        return await self.call("chat", body, headers)
 
     async def send(
         self,

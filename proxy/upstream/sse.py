@@ -53,6 +53,7 @@ class ReplyAssembler:
         self.finish_reason: str | None = None
         self.done = False
         self.usage: dict[str, Any] | None = None
+        self.error: str | None = None  # an error event the upstream ended the stream with
 
     def feed(self, payload: bytes) -> dict[str, Any] | None:
         """Take one `data:` payload; returns it parsed (None for [DONE] or junk)."""
@@ -70,6 +71,8 @@ class ReplyAssembler:
         return None
 
     def feed_chunk(self, chunk: dict[str, Any]) -> None:
+        if isinstance(chunk.get("error"), dict):
+            self.error = str(chunk["error"].get("message") or "upstream error")
         if chunk.get("usage"):
             self.usage = chunk["usage"]
         for choice in chunk.get("choices") or ():

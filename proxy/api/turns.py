@@ -1,0 +1,149 @@
+"""The managed routes (`/v1/chat/completions`, ...): HTTP in, a TurnRequest to the engine, HTTP out.
+
+All a handler does is read the request (body, the proxy's own headers, the conversation the
+client names), hand it to the engine with a sink for streamed replies, and answer what the
+engine says. The turn itself is proxy/engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from aiohttp import web
+
+from ..config import ContextSettings, Profile, Settings
+from ..dialects.base import Dialect
+from ..dialects.chat import CHAT
+from ..dialects.responses import RESPONSES
+from ..engine import TurnReport, TurnRequest
+from ..errors import ERROR_SHAPE, InvalidRequest
+from ..identity import explicit_conversation_id, request_tenant
+from ..messages import MAX_DEPTH, too_deep
+from ..request_limits import check_message_count, parse_json
+from ..state import CONVERSATION, ENGINE, LOG_FIELDS, METRICS, SETTINGS
+from ..upstream import forwardable
+
+HISTORY_HEADER = "X-History"
+PROFILE_HEADER = "X-Context-Profile"
+COMPACTION_HEADER = "X-Compaction"
+# Our own request headers: meant for the proxy, never forwarded upstream.
+OWN_HEADERS = frozenset({"x-history", "x-context-profile", "x-compaction"})
+
+
+async def read_json_object(request: web.Request, transcript_key: str) -> dict[str, Any]:
+    raw = await request.read()  # bounded by the app's client_max_size: 413 above it
+    try:
+        body = await parse_json(raw, request.app[SETTINGS].server.max_messages)  # orjson, off the loop if large
+    except ValueError as exc:
+        raise InvalidRequest(f"Request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise InvalidRequest("Request body is nested too deeply", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("Request body must be a JSON object", code="invalid_json")
+    # The transcript is checked as it is validated (only its new items); here, the rest.
+    if too_deep({k: v for k, v in body.items() if k != transcript_key}, MAX_DEPTH):
+        raise InvalidRequest("Request body is nested too deeply", code="invalid_json")
+    return body
+
+
+def compaction_control(request: web.Request) -> str | None:
+    """`X-Compaction: force` compacts before this request; `skip` starts no compaction for it."""
+    control = request.headers.get(COMPACTION_HEADER)
+    if control is None:
+        return None
+    control = control.strip().lower()
+    if control not in ("force", "skip"):
+        raise InvalidRequest(f"{COMPACTION_HEADER} must be 'force' or 'skip'", param=COMPACTION_HEADER)
+    return control
+
+
+def history_mode(request: web.Request, default: str) -> str:
+    mode = request.headers.get(HISTORY_HEADER, default).strip().lower()
+    if mode not in ("full", "proxy"):
+        raise InvalidRequest(f"{HISTORY_HEADER} must be 'full' or 'proxy'", param=HISTORY_HEADER)
+    return mode
+
+
+def request_profile(request: web.Request, settings: Settings, model_name: str) -> Profile:
+    """`X-Context-Profile`, else the model's entry in `models:`, else the defaults; unknown is a 400."""
+    model = settings.models.get(model_name)
+    name = request.headers.get(PROFILE_HEADER) or (model.profile if model else None)
+    profile = settings.profile(name)
+    if profile is None:
+        raise InvalidRequest(f"Unknown context profile {name!r}", param=PROFILE_HEADER, code="unknown_profile")
+    if model is not None and model.history_token_limit is not None:
+        profile = profile.model_copy(update={"context": ContextSettings(history_token_limit=model.history_token_limit)})
+    return profile
+
+
+class ResponseSink:
+    """ClientSink over an aiohttp StreamResponse."""
+
+    def __init__(self, request: web.Request) -> None:
+        self.request = request
+        self.response: web.StreamResponse | None = None
+
+    async def open(self, status: int, headers: Mapping[str, str]) -> None:
+        self.response = web.StreamResponse(status=status, headers=headers)
+        await self.response.prepare(self.request)
+
+    async def write(self, data: bytes) -> None:
+        assert self.response is not None
+        await self.response.write(data)
+
+    async def close(self) -> None:
+        if self.response is not None:
+            await self.response.write_eof()
+
+
+def managed(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """The handler of one managed wire format."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        request[ERROR_SHAPE] = dialect.error_body  # errors from here on take this format's shape
+        app = request.app
+        settings = app[SETTINGS]
+        engine = app[ENGINE]
+        body = await read_json_object(request, dialect.transcript_key)
+        # A missing or malformed transcript is a 400 before anything else, too long a one a 413.
+        check_message_count(dialect.transcript(body), settings.server.max_messages, dialect.transcript_key)
+        turn = TurnRequest(
+            dialect=dialect,
+            body=body,
+            size=len(await request.read()),  # aiohttp keeps the bytes read
+            tenant=request_tenant(request, settings.conversation),
+            conversation_id=explicit_conversation_id(request, settings.conversation),
+            session_id=dialect.session_id(body, request.headers),
+            history=history_mode(request, settings.conversation.history),
+            profile=request_profile(request, settings, dialect.model(body)),
+            compaction=compaction_control(request),
+            headers=dict(forwardable(request.headers, drop=OWN_HEADERS | {settings.conversation.id_header.lower()})),
+        )
+        key = await engine.conversation_key(turn)
+        request[CONVERSATION] = key
+        report = TurnReport(key, dialect.name, dialect.model(body))
+        sink = ResponseSink(request)
+        try:
+            outcome = await engine.run(turn, key, report, sink)
+        finally:  # failed turns are measured and logged too
+            report.observe(app[METRICS])
+            request[LOG_FIELDS].update(report.log_fields())
+        if outcome.body is None:
+            assert sink.response is not None
+            return sink.response
+        return web.Response(body=outcome.body, status=outcome.status, headers=outcome.headers)
+
+    return handler
+
+
+chat_completions = managed(CHAT)
+responses = managed(RESPONSES)
+
+
+def add_routes(app: web.Application) -> None:
+    for prefix in ("", "/c/{conversation_id}"):
+        app.router.add_post(prefix + "/v1/chat/completions", chat_completions)
+        app.router.add_post(prefix + "/chat/completions", chat_completions)
+        app.router.add_post(prefix + "/v1/responses", responses)
+        app.router.add_post(prefix + "/responses", responses)

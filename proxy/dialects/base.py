@@ -1,0 +1,150 @@
+"""What a wire format must tell the engine: a dialect.
+
+A dialect turns a client's request into the engine's transcript (`Codec.items`) and the
+transcript back into an upstream request (`upstream_body`), reads the upstream's reply (JSON or
+a stream) into items to store, takes the proxy's own tool calls out of what the client sees,
+and knows its error shapes. The engine and the stages know only this interface.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..errors import ProxyError
+from ..transcript import Call, Codec, Item, Raw
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A tool the proxy offers and answers itself, in no wire format yet."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]  # a JSON schema
+
+
+@dataclass(slots=True)
+class ReplyRead:
+    """An upstream reply as the engine needs it."""
+
+    items: list[Raw]  # what joins the transcript (the assistant message; Responses: its output items)
+    calls: list[Call]  # the tool calls it makes, in order
+    usage: dict[str, Any] | None = None
+    response_id: str | None = None  # the upstream's id for this reply (Responses: resp_...)
+    complete: bool = True  # the reply came to its end (finish/stop reason, completed event)
+
+
+@dataclass(slots=True)
+class RoundEnd:
+    """One upstream stream, relayed: the whole reply of that round, the proxy's calls included."""
+
+    reply: ReplyRead
+    ours: list[Call] = field(default_factory=list)
+    theirs: list[Call] = field(default_factory=list)
+
+
+class StreamRelay(Protocol):
+    """Relays an upstream event stream to the client, across read-back rounds.
+
+    In a round that offers the proxy's tools, `filtering` is on: events of the proxy's own calls
+    are kept from the client (and anything that must not reach it before we know: a finish
+    event, a reasoning item that may belong to our call). The stream the client sees stays
+    well-formed across rounds (one start, contiguous indexes and sequence numbers, one end).
+    """
+
+    def begin_round(self, ours: frozenset[str]) -> None:
+        """A new upstream stream starts; `ours` names the proxy's tools in it (empty: none)."""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Upstream bytes in, the bytes to forward to the client now out (possibly empty)."""
+
+    def end_round(self) -> RoundEnd:
+        """After the round's stream ended: what it said (our calls and the client's apart)."""
+
+    def release(self) -> bytes:
+        """The last round is over: events held back while recognising our calls, made final."""
+
+    def closing(self) -> bytes:
+        """The stream's final event(s), sent only once the reply is stored (a client must not
+        take a reply for done that the store never got). Empty if the upstream sent none."""
+
+    def error_event(self, exc: ProxyError) -> bytes:
+        """An error event ending the stream, in this format."""
+
+    @property
+    def finished(self) -> bool:
+        """Whether the reply the client saw came to its end."""
+
+    def seen(self) -> list[Raw]:
+        """The reply the client saw, as items to store (empty if it saw nothing yet)."""
+
+    @property
+    def response_id(self) -> str | None:
+        """The reply's id as the client saw it (Responses), else None."""
+
+    @property
+    def upstream_error(self) -> str | None:
+        """The upstream's own error event, relayed to the client, if the stream ended in one."""
+
+    @property
+    def usage(self) -> dict[str, Any] | None: ...
+
+
+class Dialect(Protocol):
+    name: str  # "chat", "responses", "messages": also the conversation's stored format
+    codec: Codec
+    transcript_key: str  # the body field that holds the transcript ("messages", "input")
+
+    def transcript(self, body: dict[str, Any]) -> list[Raw]:
+        """The request's transcript items (raises InvalidRequest if absent or malformed at the top)."""
+
+    def validate(self, raws: Sequence[Raw], start: int) -> None:
+        """Check `raws[start:]` enough to store and forward them safely; InvalidRequest otherwise."""
+
+    def anchor(self, body: dict[str, Any]) -> str | None:
+        """The earlier reply this request continues, by the id the upstream gave it (Responses'
+        `previous_response_id`): the request then carries only its new items. None: no anchor."""
+
+    def detach_anchor(self, body: dict[str, Any]) -> dict[str, Any]:
+        """`body` without its anchor: the proxy sends the history itself."""
+
+    def session_id(self, body: dict[str, Any], headers: Mapping[str, str]) -> str | None:
+        """The session id a known client sends (Codex's `session-id`, Claude Code's
+        `X-Claude-Code-Session-Id`, ...), when it is a valid conversation id; else None."""
+
+    def identity_basis(self, body: dict[str, Any], raws: Sequence[Raw]) -> Any:
+        """What names an unmodified agent's run: its system prompt and first user message (JSON)."""
+
+    def model(self, body: dict[str, Any]) -> str: ...
+
+    def streaming(self, body: dict[str, Any]) -> bool: ...
+
+    def reply_reserve(self, body: dict[str, Any]) -> int:
+        """Tokens the request reserves for the reply (its max tokens), 0 if it sets none."""
+
+    def fixed_parts(self, body: dict[str, Any]) -> list[str]:
+        """Texts sent with every call besides the transcript (tool schemas, instructions): they
+        count against the token window."""
+
+    def has_tool(self, body: dict[str, Any], name: str) -> bool:
+        """Whether the client offers a tool of that name (then the proxy never adds its own)."""
+
+    def upstream_body(self, body: dict[str, Any], items: Sequence[Item], tools: Sequence[ToolSpec]) -> dict[str, Any]:
+        """The request to send upstream: the client's parameters, `items` as the transcript, and
+        the proxy's `tools` added to the client's."""
+
+    def tool_definition(self, tool: ToolSpec) -> dict[str, Any]:
+        """`tool` as this format declares tools (for counting it against the window)."""
+
+    def read_reply(self, data: bytes) -> ReplyRead | None:
+        """A JSON reply read; None when it has no reply to store (logged by the dialect)."""
+
+    def without_calls(self, data: bytes, reply: ReplyRead, keep: Sequence[Call]) -> tuple[bytes, ReplyRead]:
+        """The JSON reply with every call but `keep` taken out (a mixed reply: ours go)."""
+
+    def relay(self) -> StreamRelay: ...
+
+    def error_body(self, exc: ProxyError) -> dict[str, Any]:
+        """`exc` in this format's error shape."""

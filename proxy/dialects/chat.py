@@ -1,0 +1,171 @@
+"""Chat Completions (`POST /v1/chat/completions`): the first dialect.
+
+Items are chat messages; their tool-call units are an assistant message with `tool_calls` and
+the `tool` messages right after it. Replies are `chat.completion` JSON or `chat.completion.chunk`
+SSE events ending in `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from ..errors import InvalidRequest, ProxyError, error_body
+from ..messages import SYSTEM_ROLES, message_calls, message_hash, reply_message, text_of, validate_messages
+from ..tokens import counted_parts
+from ..transcript import Call, Item, Raw, Role
+from .base import ReplyRead, ToolSpec
+from .chat_stream import ChatRelay
+
+log = logging.getLogger("proxy.chat")
+
+ROLES = {"system": Role.SYSTEM, "developer": Role.SYSTEM, "user": Role.USER, "assistant": Role.ASSISTANT, "tool": Role.TOOL}
+
+
+class ChatCodec:
+    def items(self, raws: Sequence[Raw], seqs: Sequence[int | None], hashes: Sequence[str | None]) -> list[Item]:
+        out: list[Item] = []
+        in_unit = False  # the previous item is an assistant's calls or one of their results
+        for raw, seq, digest in zip(raws, seqs, hashes, strict=True):
+            role = ROLES.get(raw.get("role"), Role.OTHER)  # legacy `function` messages: kept as they are
+            if role is Role.TOOL:
+                out.append(Item(raw, role, seq, digest, answers=raw.get("tool_call_id"), joins=in_unit))
+                continue
+            calls = message_calls(raw) if role is Role.ASSISTANT else ()
+            out.append(Item(raw, role, seq, digest, calls=calls))
+            in_unit = bool(calls)
+        return out
+
+    def hash(self, raw: Raw) -> str:
+        return message_hash(raw)
+
+    def text(self, item: Item) -> str | None:
+        return text_of(item.raw.get("content"))
+
+    def with_text(self, item: Item, text: str) -> Item:
+        return item.but(raw={**item.raw, "content": text}, hash=None)
+
+    def with_appended_text(self, item: Item, text: str) -> Item:
+        content = item.raw.get("content")
+        if isinstance(content, str):
+            return item.but(raw={**item.raw, "content": content + text}, hash=None)
+        if isinstance(content, list):
+            return item.but(raw={**item.raw, "content": [*content, {"type": "text", "text": text}]}, hash=None)
+        return item
+
+    def counted_parts(self, raw: Raw) -> tuple[tuple[str, ...], int]:
+        return counted_parts(raw)
+
+    def system_note(self, text: str) -> Item:
+        return Item({"role": "system", "content": text}, Role.SYSTEM)
+
+    def tool_result(self, call: Call, text: str) -> Item:
+        return Item({"role": "tool", "tool_call_id": call.id, "content": text}, Role.TOOL, answers=call.id, joins=True)
+
+
+class ChatDialect:
+    name = "chat"
+    transcript_key = "messages"
+
+    def __init__(self) -> None:
+        self.codec = ChatCodec()
+
+    def transcript(self, body: dict[str, Any]) -> list[Raw]:
+        if "messages" not in body:
+            raise InvalidRequest("'messages' is a required property", param="messages")
+        messages = body["messages"]
+        if not isinstance(messages, list):
+            raise InvalidRequest("'messages' must be an array of message objects", param="messages")
+        return messages
+
+    def validate(self, raws: Sequence[Raw], start: int) -> None:
+        validate_messages(raws, start=start)
+
+    def anchor(self, body: dict[str, Any]) -> str | None:
+        return None  # chat requests carry their history (or X-History: proxy)
+
+    def detach_anchor(self, body: dict[str, Any]) -> dict[str, Any]:
+        return body
+
+    def session_id(self, body: dict[str, Any], headers: Mapping[str, str]) -> str | None:
+        return None  # chat clients name no session: the header, the path or a derived id
+
+    def identity_basis(self, body: dict[str, Any], raws: Sequence[Raw]) -> Any:
+        # Runs before the messages are validated: skip non-dicts. The leading system prompt only:
+        # later system notes don't rename a run.
+        dicts = [m for m in raws if isinstance(m, dict)]
+        system = []
+        for m in dicts:
+            if m.get("role") not in SYSTEM_ROLES:
+                break
+            system.append(m.get("content"))
+        first_user = next((m.get("content") for m in dicts if m.get("role") == "user"), None)
+        return [system, first_user]
+
+    def model(self, body: dict[str, Any]) -> str:
+        return str(body.get("model") or "")
+
+    def streaming(self, body: dict[str, Any]) -> bool:
+        return body.get("stream") is True
+
+    def reply_reserve(self, body: dict[str, Any]) -> int:
+        values = [body.get(key) for key in ("max_completion_tokens", "max_tokens")]
+        return max((v for v in values if isinstance(v, int) and not isinstance(v, bool) and v > 0), default=0)
+
+    def fixed_parts(self, body: dict[str, Any]) -> list[str]:
+        tools = body.get("tools")
+        return [orjson.dumps(tools).decode()] if isinstance(tools, list) and tools else []
+
+    def has_tool(self, body: dict[str, Any], name: str) -> bool:
+        tools = body.get("tools")
+        if not isinstance(tools, list):
+            return False
+        return any(isinstance(t, dict) and (t.get("function") or {}).get("name") == name for t in tools)
+
+    def tool_definition(self, tool: ToolSpec) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters},
+        }
+
+    def upstream_body(self, body: dict[str, Any], items: Sequence[Item], tools: Sequence[ToolSpec]) -> dict[str, Any]:
+        out = {**body, "messages": [item.raw for item in items]}
+        if tools:
+            out["tools"] = [*(body.get("tools") or ()), *(self.tool_definition(t) for t in tools)]
+        return out
+
+    def read_reply(self, data: bytes) -> ReplyRead | None:
+        try:
+            parsed = orjson.loads(data)
+            choice = parsed["choices"][0]
+            message = reply_message(choice["message"])
+        except (ValueError, KeyError, IndexError, TypeError):
+            log.warning("upstream 2xx reply without choices[0].message; nothing to persist")
+            return None
+        usage = parsed.get("usage") if isinstance(parsed.get("usage"), dict) else None
+        return ReplyRead([message], list(message_calls(message)), usage, complete=bool(choice.get("finish_reason")))
+
+    def without_calls(self, data: bytes, reply: ReplyRead, keep: Sequence[Call]) -> tuple[bytes, ReplyRead]:
+        parsed = orjson.loads(data)
+        choice = parsed["choices"][0]
+        raw_message = choice["message"]
+        kept_ids = {call.id for call in keep}
+        raw_message["tool_calls"] = [c for c in raw_message.get("tool_calls") or () if c.get("id") in kept_ids]
+        if not raw_message["tool_calls"]:  # only ours were left: the model has to answer in words
+            del raw_message["tool_calls"]
+            if choice.get("finish_reason") == "tool_calls":
+                choice["finish_reason"] = "stop"
+        message = reply_message(raw_message)
+        return orjson.dumps(parsed), ReplyRead([message], list(message_calls(message)), reply.usage)
+
+    def relay(self) -> ChatRelay:
+        return ChatRelay()
+
+    def error_body(self, exc: ProxyError) -> dict[str, Any]:
+        return error_body(exc.message, exc.type, exc.code, exc.param)
+
+
+CHAT = ChatDialect()

@@ -1,0 +1,159 @@
+"""Relaying a streamed chat completion (`chat.completion.chunk` SSE events) across read-back rounds.
+
+Without proxy tools in a round, the upstream's bytes go to the client as they came (the fast
+path), only the final `data: [DONE]` is held until the reply is stored. With them, each event is
+looked at: deltas of the proxy's calls are taken out, the client's calls renumbered from 0, and
+the finish event held while only our calls were seen (another round may follow).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+
+from ..errors import ProxyError, error_body
+from ..messages import message_calls
+from ..transcript import Raw
+from ..upstream.sse import ReplyAssembler, SSEParser
+from .base import ReplyRead, RoundEnd
+
+DONE = b"data: [DONE]"
+
+
+class ChatRelay:
+    def __init__(self) -> None:
+        self._seen = ReplyAssembler()  # what the client saw, across rounds
+        self._round = self._seen
+        self._parser = SSEParser()
+        self._filter: CallFilter | None = None
+        self._done_held: bytes | None = None
+        self._usage: dict[str, Any] | None = None
+
+    def begin_round(self, ours: frozenset[str]) -> None:
+        self._parser = SSEParser()
+        self._filter = CallFilter(ours) if ours else None
+        self._round = self._seen if self._filter is None else ReplyAssembler()
+
+    def feed(self, chunk: bytes) -> bytes:
+        if self._filter is None:  # the fast path: bytes out as they came in (but [DONE], held)
+            seen = self._seen
+            for payload in self._parser.feed(chunk):
+                seen.feed(payload)
+            if seen.done and self._done_held is None and (cut := chunk.find(DONE)) >= 0:
+                chunk, self._done_held = chunk[:cut], chunk[cut:]
+            return chunk
+        out = []
+        for payload in self._parser.feed(chunk):
+            parsed = self._round.feed(payload)
+            if payload == b"[DONE]":
+                continue  # held until we know no other round follows
+            kept = self._filter.feed(payload, parsed)
+            if kept is not None:
+                self._seen.feed(kept)
+                out.append(b"data: " + kept + b"\n\n")
+        return b"".join(out)
+
+    def end_round(self) -> RoundEnd:
+        self._usage = self._round.usage or self._usage
+        message = self._round.message()
+        calls = list(message_calls(message))
+        reply = ReplyRead([message], calls, self._round.usage, complete=self._round.complete)
+        ours = self._filter.ours if self._filter is not None else frozenset()
+        return RoundEnd(reply, [c for c in calls if c.name in ours], [c for c in calls if c.name not in ours])
+
+    def release(self) -> bytes:
+        out = b""
+        if self._filter is not None and self._filter.finish_held is not None:
+            # Only our calls were seen and no round follows: the client's reply ends without calls.
+            finish = orjson.loads(self._filter.finish_held)
+            for choice in finish.get("choices") or ():
+                if choice.get("finish_reason") == "tool_calls":
+                    choice["finish_reason"] = "stop"
+            payload = orjson.dumps(finish)
+            self._seen.feed(payload)
+            out = b"data: " + payload + b"\n\n"
+        if self._filter is not None and self._round.done:
+            self._done_held = DONE + b"\n\n"
+        return out
+
+    def closing(self) -> bytes:
+        return self._done_held or b""
+
+    def error_event(self, exc: ProxyError) -> bytes:
+        if self._seen.error is not None:
+            return b""  # the upstream's own error event went to the client already
+        return b"data: " + orjson.dumps(error_body(exc.message, exc.type, exc.code, exc.param)) + b"\n\n"
+
+    @property
+    def finished(self) -> bool:
+        return self._seen.complete or self._seen.done
+
+    def seen(self) -> list[Raw]:
+        return [] if self._seen.empty else [self._seen.message()]
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        return self._round.usage or self._usage
+
+    @property
+    def response_id(self) -> str | None:
+        return None
+
+    @property
+    def upstream_error(self) -> str | None:
+        return self._seen.error
+
+
+class CallFilter:
+    """Watches a streamed reply's chunks and takes the proxy's calls out of what the client sees.
+
+    `feed` returns the payload to forward (the original bytes when nothing of ours is in it), or
+    None to forward nothing. Client calls keep their order, renumbered from 0 without ours.
+    """
+
+    def __init__(self, ours: frozenset[str]) -> None:
+        self.ours = ours  # the names of the proxy's own tools
+        self._our_indexes: set[int] = set()
+        self._client_index: dict[int, int] = {}
+        self.finish_held: bytes | None = None  # the finish chunk, held while only our calls were seen
+
+    def feed(self, payload: bytes, chunk: dict[str, Any] | None) -> bytes | None:
+        if chunk is None:
+            return payload
+        choices = chunk.get("choices") or []
+        deltas = [c for c in choices if (c.get("delta") or {}).get("tool_calls")]
+        finishing = any(c.get("finish_reason") for c in choices)
+        if not deltas and not finishing:
+            return payload
+        changed = False
+        for choice in deltas:
+            kept = list(self._client_deltas(choice["delta"]["tool_calls"]))
+            if kept != choice["delta"]["tool_calls"]:
+                changed = True
+                if kept:
+                    choice["delta"]["tool_calls"] = kept
+                else:
+                    del choice["delta"]["tool_calls"]
+        if finishing and self._our_indexes and not self._client_index:
+            self.finish_held = payload if not changed else orjson.dumps(chunk)
+            return None
+        if changed:
+            if not any(c.get("delta") or c.get("finish_reason") for c in choices):
+                return None
+            return orjson.dumps(chunk)
+        return payload
+
+    def _client_deltas(self, deltas: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        for delta in deltas:
+            index = delta.get("index", 0)
+            if index not in self._our_indexes and index not in self._client_index:
+                if (delta.get("function") or {}).get("name") in self.ours:
+                    self._our_indexes.add(index)
+                else:
+                    self._client_index[index] = len(self._client_index)
+            if index in self._our_indexes:
+                continue
+            renumbered = self._client_index[index]
+            yield delta if renumbered == index else {**delta, "index": renumbered}

@@ -1,0 +1,155 @@
+"""The Responses API (`POST /v1/responses`): the Agents SDK's default, and Codex CLI's only format.
+
+Items and their units: responses_codec.py. A reply is a `response` object whose output items
+join the transcript; a stream is `event:`/`data:` SSE with contiguous `sequence_number`s
+(responses_stream.py).
+
+History: a client either resends everything (Codex: `store: false`, reasoning included), or
+sends `previous_response_id` with only the new items; the proxy then builds the input from its
+own store and never forwards the id, so the upstream needs no server-side state.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from ..errors import InvalidRequest, ProxyError, error_body
+from ..identity import session_conversation_id
+from ..messages import MAX_DEPTH, too_deep
+from ..transcript import Call, Item, Raw
+from .base import ReplyRead, ToolSpec
+from .responses_codec import CALLS, CODEC, MESSAGE_ROLES, RESULTS, item_type, reply_read, without_calls
+from .responses_stream import ResponsesRelay
+
+log = logging.getLogger("proxy.responses")
+
+
+class ResponsesDialect:
+    name = "responses"
+    transcript_key = "input"
+
+    def __init__(self) -> None:
+        self.codec = CODEC
+
+    def transcript(self, body: dict[str, Any]) -> list[Raw]:
+        given = body.get("input")
+        if isinstance(given, str):
+            return [{"role": "user", "content": given}]
+        if given is None:
+            raise InvalidRequest("Missing required parameter: 'input'.", param="input", code="missing_required_parameter")
+        if not isinstance(given, list):
+            raise InvalidRequest("'input' must be a string or an array of input items", param="input")
+        return given
+
+    def validate(self, raws: Sequence[Raw], start: int) -> None:
+        for i in range(start, len(raws)):
+            _validate_item(raws[i], f"input[{i}]")
+
+    def anchor(self, body: dict[str, Any]) -> str | None:
+        """The response this request continues (`previous_response_id`), if any."""
+        value = body.get("previous_response_id")
+        return value if isinstance(value, str) and value else None
+
+    def detach_anchor(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in body.items() if k != "previous_response_id"}
+
+    def session_id(self, body: dict[str, Any], headers: Mapping[str, str]) -> str | None:
+        # Codex names its session in a header and as the prompt cache key; both stay the same across resume.
+        return session_conversation_id(headers.get("session-id")) or session_conversation_id(body.get("prompt_cache_key"))
+
+    def identity_basis(self, body: dict[str, Any], raws: Sequence[Raw]) -> Any:
+        items = [r for r in raws if isinstance(r, dict)]
+        system = []
+        for raw in items:  # the leading system prompt only
+            if item_type(raw) != "message" or raw.get("role") not in ("system", "developer"):
+                break
+            system.append(raw.get("content"))
+        first_user = next((r.get("content") for r in items if item_type(r) == "message" and r.get("role") == "user"), None)
+        return ["responses", body.get("instructions"), system, first_user]
+
+    def model(self, body: dict[str, Any]) -> str:
+        return str(body.get("model") or "")
+
+    def streaming(self, body: dict[str, Any]) -> bool:
+        return body.get("stream") is True
+
+    def reply_reserve(self, body: dict[str, Any]) -> int:
+        value = body.get("max_output_tokens")
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+    def fixed_parts(self, body: dict[str, Any]) -> list[str]:
+        parts = []
+        if isinstance(body.get("instructions"), str) and body["instructions"]:
+            parts.append(body["instructions"])
+        tools = body.get("tools")
+        if isinstance(tools, list) and tools:
+            parts.append(orjson.dumps(tools).decode())
+        return parts
+
+    def has_tool(self, body: dict[str, Any], name: str) -> bool:
+        tools = body.get("tools")
+        return isinstance(tools, list) and any(isinstance(t, dict) and t.get("name") == name for t in tools)
+
+    def tool_definition(self, tool: ToolSpec) -> dict[str, Any]:
+        return {"type": "function", "name": tool.name, "description": tool.description,
+                "parameters": tool.parameters, "strict": False}
+
+    def upstream_body(self, body: dict[str, Any], items: Sequence[Item], tools: Sequence[ToolSpec]) -> dict[str, Any]:
+        out = {**body, "input": [item.raw for item in items]}
+        if tools:
+            out["tools"] = [*(body.get("tools") or ()), *(self.tool_definition(t) for t in tools)]
+        return out
+
+    def read_reply(self, data: bytes) -> ReplyRead | None:
+        try:
+            response = orjson.loads(data)
+            output = response["output"]
+            if not isinstance(output, list):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            log.warning("upstream 2xx reply without an output list; nothing to persist")
+            return None
+        return reply_read(response)
+
+    def without_calls(self, data: bytes, reply: ReplyRead, keep: Sequence[Call]) -> tuple[bytes, ReplyRead]:
+        response = orjson.loads(data)
+        response["output"] = without_calls(response["output"], {c.id for c in keep})
+        return orjson.dumps(response), reply_read(response)
+
+    def relay(self) -> ResponsesRelay:
+        return ResponsesRelay()
+
+    def error_body(self, exc: ProxyError) -> dict[str, Any]:
+        return error_body(exc.message, exc.type, exc.code, exc.param)
+
+
+def _validate_item(raw: Any, where: str) -> None:
+    if not isinstance(raw, dict):
+        raise InvalidRequest(f"Invalid type for '{where}': expected an object.", param=where)
+    kind = item_type(raw)
+    if not kind:
+        raise InvalidRequest(f"Missing required parameter: '{where}.type'.", param=f"{where}.type")
+    if kind == "message":
+        if raw.get("role") not in MESSAGE_ROLES:
+            raise InvalidRequest(f"Invalid value for '{where}.role': expected one of {sorted(MESSAGE_ROLES)}.", param=f"{where}.role")
+        content = raw.get("content")
+        if not isinstance(content, (str, list)) or (
+            isinstance(content, list) and not all(isinstance(p, dict) and isinstance(p.get("type"), str) for p in content)
+        ):
+            raise InvalidRequest(f"Invalid '{where}.content': a string or an array of typed parts.", param=f"{where}.content")
+    elif kind in CALLS:
+        if not isinstance(raw.get("call_id"), str) or not isinstance(raw.get("name"), str):
+            raise InvalidRequest(f"'{where}' needs a string 'call_id' and 'name'.", param=where)
+        if kind == "function_call" and not isinstance(raw.get("arguments"), str):
+            raise InvalidRequest(f"Invalid type for '{where}.arguments': expected a string.", param=f"{where}.arguments")
+    elif kind in RESULTS and (not isinstance(raw.get("call_id"), str) or not isinstance(raw.get("output"), (str, list))):
+        raise InvalidRequest(f"'{where}' needs a string 'call_id' and an 'output'.", param=where)
+    if too_deep(raw, MAX_DEPTH - 2):
+        raise InvalidRequest(f"{where} is nested too deeply", param=where, code="invalid_json")
+
+
+RESPONSES = ResponsesDialect()

@@ -1,0 +1,151 @@
+"""The turn engine: from a parsed request to an outcome, in every wire format.
+
+One turn, in order: find the conversation (named, or derived from the agent's system prompt and
+task), check only what is new in the request (the prefix it shares with the last request is
+known good), plan what is new and what goes upstream, and then, under the conversation's lock
+(one turn at a time per conversation): write the new items as pending, compact first if asked
+to, run the pipeline, call upstream (answering the proxy's own tool calls in read-back rounds),
+relay the reply, store it and the turn's record. Background compaction is scheduled after the
+reply, off the request's path.
+
+A turn's new items join the live transcript only once the upstream's reply has come back whole
+(or the client walked away from a stream the upstream was answering); a refusal or failure marks
+them failed, so the live transcript is as it was and the attempt stays in the trajectory.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+
+from ..compaction import CompactionJob
+from ..compaction.runner import CompactionRunner
+from ..config import Settings
+from ..errors import InvalidRequest
+from ..history import TurnPlan, plan_anchored, plan_appended, plan_full_history, plan_proxy_history
+from ..identity import ConversationKey, derived_conversation_id
+from ..metrics import Metrics
+from ..pipeline import Pipeline, Turn
+from ..prefix import PrefixCache
+from ..quota import QuotaLedger
+from ..refs import RefSigner
+from ..request_limits import validated_hashes
+from ..store import Conversation, Store
+from ..summarizer import Summarizer
+from ..tokens import TokenCounter
+from ..tools.readback import READ_TOOL_SPEC
+from ..turns import TurnWriter
+from ..upstream.router import UpstreamRouter
+from .exchange import Exchange
+from .report import TurnReport
+from .request import ClientSink, Outcome, TurnRequest
+
+log = logging.getLogger("proxy.engine")
+
+
+class Engine:
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        pipeline: Pipeline,
+        counter: TokenCounter,
+        refs: RefSigner,
+        summarizer: Summarizer,
+        compaction: CompactionRunner,
+        router: UpstreamRouter,
+        prefixes: PrefixCache,
+        metrics: Metrics,
+    ) -> None:
+        self.settings, self.store, self.pipeline, self.counter, self.refs = settings, store, pipeline, counter, refs
+        self.summarizer, self.compaction, self.router, self.prefixes, self.metrics = (
+            summarizer, compaction, router, prefixes, metrics,
+        )
+
+    async def conversation_key(self, request: TurnRequest) -> ConversationKey:
+        """The conversation a request belongs to, in this order: the one it names; the one that
+        produced the reply it continues (Responses' previous_response_id); the client's session;
+        else one derived from its run (system prompt and task)."""
+        tenant, dialect = request.tenant, request.dialect
+        anchor = dialect.anchor(request.body)
+        owner = await self.store.response_owner(tenant, anchor) if anchor is not None else None
+        if owner is not None and request.conversation_id in (None, owner[0]):
+            request.anchor_seq = owner[1]
+            return ConversationKey(tenant, owner[0])
+        if request.conversation_id is not None:
+            return ConversationKey(tenant, request.conversation_id)
+        if request.session_id is not None:
+            return ConversationKey(tenant, request.session_id)
+        if request.history == "proxy":
+            raise InvalidRequest(
+                f"X-History: proxy needs a conversation id ({self.settings.conversation.id_header} header "
+                "or a /c/<id>/v1 base URL)",
+                code="conversation_id_required",
+            )
+        basis = dialect.identity_basis(request.body, dialect.transcript(request.body))
+        return ConversationKey(tenant, derived_conversation_id(tenant, basis))
+
+    async def run(self, request: TurnRequest, key: ConversationKey, report: TurnReport, sink: ClientSink) -> Outcome:
+        """Run one turn; `report` is filled in as it goes (also when the turn fails)."""
+        dialect, codec, body = request.dialect, request.dialect.codec, request.body
+        raws = dialect.transcript(body)
+        # Items identical to the last request's need no checking or hashing again (see prefix.py).
+        known = self.prefixes.known_prefix(key, raws)
+        hashes = known + await validated_hashes(dialect.validate, codec.hash, raws, len(known), request.size)
+        self.prefixes.remember(key, raws, hashes, size=request.size)
+        model = dialect.model(body)
+        profile = request.profile
+
+        async with self.store.lock(key):
+            conversation = await self.store.get(key)
+            plan = await self._plan(request, key, raws, hashes, conversation)
+            writer = TurnWriter(self.store, key, plan, codec)
+            ledger = QuotaLedger(
+                profile.quota,
+                call_number=(conversation.llm_calls if conversation else 0) + 1,
+                first_forwarded=dict(conversation.first_forwarded) if conversation else {},
+            )
+            turn = Turn(
+                key, codec, model, self.store, profile, self.counter, self.refs, ledger, self.summarizer,
+                request.headers, report,
+                reply_reserve=dialect.reply_reserve(body),
+                fixed_tokens=self.counter.count_texts(dialect.fixed_parts(body), model),
+                proxy_tool_tokens=self.counter.count_texts([orjson.dumps(dialect.tool_definition(READ_TOOL_SPEC)).decode()], model),
+                body=body,
+            )
+            job = CompactionJob(
+                key, profile, self.summarizer.model_for(model), request.headers, ledger.figures(None),
+                force=request.compaction == "force",
+            )
+            if request.compaction == "force" or (request.compaction != "skip" and not profile.compaction.background):
+                await self.compaction.run_now(job)  # before forwarding: this request already uses the new summary
+            turn.summary = await self.compaction.current_summary(job)
+            upstream = self.router.for_model(model)
+            if request.anchor_seq is not None:
+                body = dialect.detach_anchor(body)  # the history goes from our store: the upstream needs none
+            exchange = Exchange(
+                turn, writer, dialect, body, dialect.streaming(body), self.pipeline, upstream, sink, self.metrics
+            )
+            try:
+                outcome = await exchange.run()
+            finally:
+                await writer.settled()  # the next turn of this conversation must see every write of this one
+        if request.compaction is None and profile.compaction.background and 200 <= outcome.status < 300:
+            self.compaction.schedule(job)  # after the reply: never on the request's critical path
+        return outcome
+
+    async def _plan(
+        self, request: TurnRequest, key: ConversationKey, raws: list, hashes: list[str], conversation: Conversation | None
+    ) -> TurnPlan:
+        if request.anchor_seq is not None and conversation is not None:  # continues a stored reply
+            live = await self.store.messages(key, live_only=True)
+            return plan_anchored(raws, hashes, live, request.anchor_seq)
+        if request.dialect.anchor(request.body) is not None:
+            # An anchor the proxy never stored (a reply from before it): the upstream holds that
+            # history, so the request goes as it came and its items are simply added.
+            return plan_appended(raws, hashes)
+        if request.history == "full":
+            return plan_full_history(raws, hashes, conversation)
+        live = await self.store.messages(key, live_only=True) if conversation else []
+        return plan_proxy_history(request.dialect.codec, raws, hashes, live)

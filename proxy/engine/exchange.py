@@ -1,0 +1,269 @@
+"""One turn's exchange with the upstream: run the pipeline, call upstream (with read-back rounds),
+relay the reply to the client, and tell the TurnWriter how the turn ended.
+
+The client sees exactly the upstream's reply, except that calls of the proxy's own tools
+(`read_tool_output`) are answered here and never reach it. Everything format-specific is asked
+of the dialect: how the transcript becomes a request body, how a reply or stream is read, how the
+proxy's calls are taken out of what the client sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from ..dialects.base import Dialect, ReplyRead, RoundEnd, StreamRelay
+from ..errors import ProxyError, UpstreamStreamBroken
+from ..pipeline import Pipeline, Turn
+from ..quota import QuotaExceeded
+from ..store import INCOMPLETE, LIVE
+from ..tools import ProxyTool, offered
+from ..tools.readback import split_calls
+from ..transcript import Call, Item
+from ..turns import TurnWriter
+from ..upstream import Upstream, UpstreamReply, forwardable
+from .request import ClientSink, Outcome
+
+if TYPE_CHECKING:
+    from ..metrics import Metrics
+
+log = logging.getLogger("proxy.exchange")
+
+# What a read-back answer's message adds around its text (role, call id, framing).
+ANSWER_OVERHEAD = 20
+
+
+class Exchange:
+    def __init__(
+        self,
+        turn: Turn,
+        writer: TurnWriter,
+        dialect: Dialect,
+        body: dict,
+        streaming: bool,
+        pipeline: Pipeline,
+        upstream: Upstream,
+        sink: ClientSink,
+        metrics: Metrics,
+    ) -> None:
+        self.turn, self.writer, self.dialect, self.body = turn, writer, dialect, body
+        self.streaming, self.pipeline, self.upstream, self.sink, self.metrics = streaming, pipeline, upstream, sink, metrics
+        self.report = turn.report
+        self.items: list[Item] = []  # what the pipeline made of the client's transcript
+        self.internal: list[Item] = []  # read-back rounds answered so far, sent after `items`
+        self.tools: dict[str, ProxyTool] = {}  # the proxy's own tools offered this turn, by name
+        self.internal_tokens = 0  # what the read-back rounds so far add to the prompt
+        self._call_started = 0.0
+
+    @property
+    def ours(self) -> frozenset[str]:
+        """Names of the proxy's tools in this call: their calls are answered here, never relayed."""
+        return frozenset(self.tools)
+
+    @property
+    def _rounds_left(self) -> bool:
+        return self.report.read_rounds < self.turn.profile.truncation.max_read_rounds
+
+    # -- the turn --------------------------------------------------------------------------------
+
+    async def run(self) -> Outcome:
+        await self.writer.begin()
+        try:
+            await self._rewrite()
+            reply = await self._call()
+        except BaseException:
+            await self.writer.fail()
+            raise
+        if not 200 <= reply.status < 300:
+            return await self._relay_refusal(reply)
+        if reply.is_event_stream:
+            return await self._relay_stream(reply)
+        return await self._relay_body(reply)
+
+    def _upstream_done(self) -> None:
+        self.report.upstream_s += time.perf_counter() - self._call_started
+
+    async def _rewrite(self) -> None:
+        items = await self.pipeline(self.turn, self.writer.plan.items(self.dialect.codec, self.writer.pending))
+        await self.turn.store.mark_forwarded(self.turn.key, self.turn.ledger.new_marks)
+        self.items = items
+        self.writer.report = self.report  # from now on the turn's record is kept with it
+        self.report.sent_seqs = [item.seq for item in items if item.seq is not None]
+        self.report.shortened = sum(1 for item in items if item.ref is not None and not item.masked)
+        tools = offered(self.turn, items, lambda name: self.dialect.has_tool(self.body, name))
+        self.tools = {tool.spec.name: tool for tool in tools}
+
+    async def _call(self) -> UpstreamReply:
+        """One upstream call: counted against the quota, refused past it when the quota says reject."""
+        ledger = self.turn.ledger
+        try:
+            ledger.check()
+        except QuotaExceeded:
+            self.metrics.quota_rejections.inc()
+            raise
+        if ledger.exhausted:
+            self.report.quota_warning = f"LLM call quota exhausted ({ledger.settings.max_llm_calls} calls)"
+        calls = await self.turn.store.count_llm_call(self.turn.key)
+        ledger.call_number = calls + 1
+        self.report.llm_calls = calls
+        self.report.llm_call_limit = ledger.settings.max_llm_calls
+        self.report.tokens_sent_total += (self.report.tokens_sent or 0) + self.internal_tokens
+        specs = [tool.spec for tool in self.tools.values()]
+        body = self.dialect.upstream_body(self.body, self.items + self.internal, specs)
+        self._call_started = time.perf_counter()
+        return await self.upstream.call(self.dialect.name, body, self.turn.headers)
+
+    async def _read_round(self, reply: ReplyRead, ours: list[Call]) -> UpstreamReply | None:
+        """Answer our calls, keep the round in the trajectory, and ask the upstream again.
+
+        The round counts against the turn's token budget (the window's limit): an answer that
+        would take the prompt past it is cut to fit, or refused with a short note (the tool), and
+        a round that does not fit at all is not made (None): the model's reply goes to the
+        client without our calls, as past the round limit."""
+        codec = self.dialect.codec
+        calls_made = codec.items(reply.items, [None] * len(reply.items), [None] * len(reply.items))
+        used = (self.report.tokens_sent or 0) + self.internal_tokens + sum(await self._count(calls_made))
+        answers = []
+        for call in ours:
+            room = None if self.report.token_budget is None else self.report.token_budget - used - ANSWER_OVERHEAD
+            answer = codec.tool_result(call, await self.tools[call.name].answer(call, room))
+            used += sum(await self._count([answer]))
+            answers.append(answer)
+        if self.report.token_budget is not None and used > self.report.token_budget:
+            log.info("read-back round over the token budget: not made", extra={"conversation": str(self.turn.key)})
+            return None
+        self.internal_tokens = used - (self.report.tokens_sent or 0)
+        round_items = [*calls_made, *answers]
+        await self.writer.internal([item.raw for item in round_items], [codec.hash(item.raw) for item in round_items])
+        self.internal += round_items
+        self.report.read_rounds += 1
+        return await self._call()
+
+    async def _count(self, items: list[Item]) -> list[int]:
+        return await self.turn.counter.count_many_async(
+            [i.raw for i in items], self.turn.model, parts=self.dialect.codec.counted_parts
+        )
+
+    # -- relaying --------------------------------------------------------------------------------
+
+    def _headers(self, reply: UpstreamReply) -> dict[str, str]:
+        return {**forwardable(reply.headers), **self.report.headers()}
+
+    async def _relay_refusal(self, reply: UpstreamReply) -> Outcome:
+        """The upstream's own 4xx/5xx goes back as it came; the turn is marked failed."""
+        try:
+            data = await reply.read()
+        finally:
+            reply.close()
+            self._upstream_done()
+            await self.writer.fail()
+        return Outcome(reply.status, self._headers(reply), data, self.report)
+
+    async def _relay_body(self, reply: UpstreamReply) -> Outcome:
+        try:
+            while True:
+                try:
+                    data = await reply.read()
+                finally:
+                    reply.close()
+                    self._upstream_done()
+                read = self.dialect.read_reply(data)
+                if read is not None and read.usage is not None:
+                    self.report.usage = read.usage
+                ours, theirs = split_calls(read.calls, self.ours) if read is not None else ([], [])
+                if ours and not theirs and self._rounds_left:
+                    next_reply = await self._read_round(read, ours)  # type: ignore[arg-type]
+                    if next_reply is not None:
+                        reply = next_reply
+                        if not 200 <= reply.status < 300:
+                            return await self._relay_refusal(reply)
+                        continue
+                if ours:  # mixed, or past the round limit: the client gets its own calls only
+                    data, read = self.dialect.without_calls(data, read, theirs)  # type: ignore[arg-type]
+                break
+        except BaseException:
+            await self.writer.fail()
+            raise
+        self.report.response_id = read.response_id if read is not None else None
+        await self.writer.accept(read.items if read is not None else [])
+        return Outcome(reply.status, self._headers(reply), data, self.report)
+
+    async def _relay_stream(self, reply: UpstreamReply) -> Outcome:
+        """Forward each chunk the moment it arrives, assembling the reply on the side (see the
+        dialect's StreamRelay for what is held back while the proxy's calls are recognised)."""
+        relay = self.dialect.relay()
+        broken: ProxyError | None = None
+        try:
+            await self.sink.open(reply.status, self._headers(reply))
+            while True:
+                filtering = bool(self.tools)
+                end = await self._stream_round(reply, relay, self.ours if filtering else frozenset())
+                last = not filtering or not end.ours or end.theirs or not end.reply.complete or not self._rounds_left
+                next_reply = None if last else await self._read_round(end.reply, end.ours)
+                if next_reply is None:
+                    tail = relay.release()
+                    if tail:
+                        await self.sink.write(tail)
+                    break
+                reply = next_reply
+                if not 200 <= reply.status < 300:
+                    reply.close()
+                    self._upstream_done()
+                    raise UpstreamStreamBroken(f"Upstream answered {reply.status} to a read_tool_output round")
+        except (ConnectionResetError, asyncio.CancelledError):
+            # The client went away (aiohttp cancels the handler when it notices). The upstream did
+            # accept the turn, so the request stays; the reply is kept whole if it was, else incomplete.
+            await self.writer.accept(relay.seen(), LIVE if relay.finished else INCOMPLETE)
+            if not relay.finished:
+                log.info("client went away mid-stream", extra={"conversation": str(self.turn.key)})
+            raise
+        except ProxyError as exc:
+            broken = exc
+        if broken is None and relay.upstream_error is not None:
+            broken = UpstreamStreamBroken(f"Upstream ended the stream with an error: {relay.upstream_error}")
+        if broken is None and not relay.finished:
+            broken = UpstreamStreamBroken("Upstream stream ended before the reply was complete")
+        self.report.response_id = relay.response_id
+        if broken is not None:  # one way for every broken stream: logged, counted, kept as incomplete
+            self.report.stream_error = broken.message
+            self.metrics.stream_errors.inc()
+            log.warning("streamed reply broke off: %s", broken.message, extra={"conversation": str(self.turn.key)})
+        try:
+            if broken is not None:
+                await self.writer.keep_partial(relay.seen())
+            else:
+                await self.writer.accept(relay.seen())
+        except ProxyError as exc:  # the store failed us (e.g. Redis down): say so in the stream
+            log.warning("streamed reply not stored: %s", exc.message, extra={"conversation": str(self.turn.key)})
+            broken = broken or exc
+        await self._write_quietly(relay.error_event(broken) if broken is not None else relay.closing())
+        try:
+            await self.sink.close()
+        except ConnectionResetError:
+            pass
+        return Outcome(reply.status, {}, None, self.report)
+
+    async def _stream_round(self, reply: UpstreamReply, relay: StreamRelay, ours: frozenset[str]) -> RoundEnd:
+        """Relay one upstream stream; returns the whole reply of this round (our calls included)."""
+        relay.begin_round(ours)
+        try:
+            async for chunk in reply.chunks():
+                out = relay.feed(chunk)
+                if out:
+                    await self.sink.write(out)
+        finally:
+            reply.close()
+            self._upstream_done()
+            self.report.usage = relay.usage or self.report.usage
+        return relay.end_round()
+
+    async def _write_quietly(self, data: bytes) -> None:
+        if not data:
+            return
+        try:
+            await self.sink.write(data)
+        except ConnectionResetError:
+            pass
+

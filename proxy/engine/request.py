@@ -1,0 +1,47 @@
+"""What the engine takes from an HTTP handler and gives back to it: no aiohttp in here."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..config import Profile
+from ..dialects.base import Dialect
+from .report import TurnReport
+
+
+@dataclass(slots=True)
+class TurnRequest:
+    """A client's request for one turn, parsed: everything the engine needs, in no HTTP terms."""
+
+    dialect: Dialect
+    body: dict[str, Any]  # the request body as received; nothing edits it
+    size: int  # bytes of the body
+    tenant: str
+    conversation_id: str | None  # named by the client (X-Conversation-ID, the /c/<id> path)
+    session_id: str | None  # the session a known client names (Codex, Claude Code)
+    history: str  # "full": the request carries the transcript; "proxy": only its new items
+    profile: Profile
+    compaction: str | None  # "force" | "skip" | None (X-Compaction)
+    headers: dict[str, str]  # what goes upstream with the request (credentials, betas, ...)
+    anchor_seq: int | None = None  # set by the engine: the stored reply the request continues
+
+
+@dataclass(slots=True)
+class Outcome:
+    status: int
+    headers: dict[str, str]
+    body: bytes | None  # None: the reply went to the client through the sink, as a stream
+    report: TurnReport
+
+
+class ClientSink(Protocol):
+    """Where a streamed reply goes: the client's open connection."""
+
+    async def open(self, status: int, headers: Mapping[str, str]) -> None: ...
+
+    async def write(self, data: bytes) -> None:
+        """Raises ConnectionResetError when the client is gone."""
+
+    async def close(self) -> None: ...

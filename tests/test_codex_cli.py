@@ -1,0 +1,110 @@
+"""Codex CLI through the proxy: a shell-tool loop and `exec resume`, against the strict fake.
+
+Codex (the npm package, installed by scripts/ensure-codex.sh) runs for real, with a custom
+Responses provider whose base URL is the proxy; nothing but loopback may be contacted. One
+session serves the module's tests: each Codex run takes seconds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.agents import codex_session
+from tests.conftest import ALICE
+from tests.fake_upstream import FakeUpstream, Recorded, Reply
+from tests.harness import LoopThread, ProxyServer, proxy_settings
+
+RECORDED = Path(__file__).parent / "samples" / "codex-session.json"
+TRANSPORT_HEADERS = {"host", "content-length"}
+
+
+def shape(body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+    """What a parser of Codex's requests relies on: header names, body keys, item kinds."""
+    return {
+        "headers": sorted(set(headers) - TRANSPORT_HEADERS),
+        "body": sorted(body),
+        "items": [(item.get("type"), item.get("role"), sorted(item)) for item in body["input"]],
+        "tools": [(tool["type"], tool.get("name")) for tool in body["tools"]],
+    }
+
+
+@pytest.fixture(scope="module")
+def codex_requests(
+    servers: LoopThread, _upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    """One Codex session through a proxy (`echo hello` through the shell tool, then a resume),
+    run once for the module's tests: what Codex saw, and what the upstream received."""
+    upstream = _upstream
+    upstream.reset()
+    tmp_path = tmp_path_factory.mktemp("codex")
+    proxy = ProxyServer(servers, proxy_settings(upstream.base_url, tmp_path / "data")).start()
+    upstream.enqueue(
+        Reply.tool_calls([("exec_command", json.dumps({"cmd": "echo hello"}))], reasoning="Run the command."),
+        Reply.text("It printed hello.", reasoning="The command succeeded."),
+        Reply.text("Still here."),
+    )
+    try:
+        with codex_session(proxy.base_url, ALICE, tmp_path) as codex:
+            first = codex.exec("Run `echo hello` in the shell, then say what it printed.")
+            resumed = codex.resume("Are you still there?")
+            attempts = list(codex.guard.attempts)
+        yield {"first": first, "resumed": resumed, "attempts": attempts, "records": list(upstream.requests),
+               "bodies": upstream.responses_requests()}
+    finally:
+        proxy.stop()
+        upstream.reset()
+
+
+def test_codex_runs_the_shell_tool_and_resumes(codex_requests: dict[str, Any]) -> None:
+    first, resumed = codex_requests["first"], codex_requests["resumed"]
+
+    assert first.completed, first.stderr[-3000:]
+    [command] = first.commands
+    assert "echo hello" in command["command"] and command["exit_code"] == 0
+    assert command["aggregated_output"].strip().endswith("hello")
+    assert first.messages == ["It printed hello."]
+    assert resumed.completed, resumed.stderr[-3000:]
+    assert resumed.messages == ["Still here."] and resumed.thread_id == first.thread_id
+
+
+def test_codex_contacts_nothing_but_the_proxy(codex_requests: dict[str, Any]) -> None:
+    assert codex_requests["attempts"] == []  # no CONNECT (or plain request) beyond loopback
+    records: list[Recorded] = codex_requests["records"]
+    assert [(r.method, r.path, r.status_sent) for r in records] == [("POST", "/v1/responses", 200)] * 3
+
+
+def test_the_upstream_receives_valid_requests_of_one_session(codex_requests: dict[str, Any]) -> None:
+    turn_1, continuation, resumed = codex_requests["bodies"]  # all three passed the strict fake
+    records: list[Recorded] = codex_requests["records"]
+
+    [output] = [item for item in continuation["input"] if item["type"] == "function_call_output"]
+    [call] = [item for item in continuation["input"] if item["type"] == "function_call"]
+    assert output["call_id"] == call["call_id"] and json.loads(call["arguments"]) == {"cmd": "echo hello"}
+    assert "Process exited with code 0" in output["output"] and output["output"].strip().endswith("hello")
+    # Everything resent: each request extends the one before it, byte for byte.
+    assert continuation["input"][: len(turn_1["input"])] == turn_1["input"]
+    assert resumed["input"][: len(continuation["input"])] == continuation["input"]
+    assert all(body["store"] is False and body["stream"] is True for body in (turn_1, continuation, resumed))
+    # One session across `exec resume`: the same cache key and session headers throughout.
+    session_id = turn_1["prompt_cache_key"]
+    assert {body["prompt_cache_key"] for body in (continuation, resumed)} == {session_id}
+    for name in ("session-id", "thread-id", "x-client-request-id"):
+        assert {record.headers[name] for record in records} == {session_id}
+    metadata = [json.loads(record.headers["x-codex-turn-metadata"]) for record in records]
+    assert [m["history_initialization"] for m in metadata] == ["new", "new", "cold_resume"]
+    assert metadata[0]["turn_id"] == metadata[1]["turn_id"] != metadata[2]["turn_id"]
+
+
+def test_codex_still_sends_what_the_recorded_sample_shows(codex_requests: dict[str, Any]) -> None:
+    """tests/samples/codex-session.json is what the Responses parser is built against: when a
+    Codex upgrade changes what it sends, re-record it (python -m tests.record_codex_session)."""
+    recorded = json.loads(RECORDED.read_text())
+    live = [shape(body, record.headers) for body, record in zip(codex_requests["bodies"], codex_requests["records"])]
+    expected = [shape(recorded[turn]["body"], recorded[turn]["headers"])
+                for turn in ("turn_1", "tool_continuation", "resumed_turn")]
+    assert live == expected

@@ -1,0 +1,223 @@
+"""The Responses API through the proxy: the same engine as chat completions, in its own format."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests.conftest import ALICE, live_messages, openai_client, trajectory
+from tests.fake_upstream import Reply
+
+REF = re.compile(r"out_\d+_[0-9a-f]{24}")
+BIG = "".join(f"line {i:05d}: some build log output\n" for i in range(1500))  # ~48k chars
+TOOLS = [{"type": "function", "name": "exec_command", "description": "Run a command.", "strict": False,
+          "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}]
+DEVELOPER = {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are a coding agent."}]}
+
+
+def user(text: str) -> dict:
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+def dump(items) -> list[dict]:
+    """Output items as a client resends them (what the Agents SDK and Codex do)."""
+    return [item.model_dump(exclude_none=True) for item in items]
+
+
+def test_a_text_turn_is_stored_and_answered(proxy, upstream, http):
+    client = openai_client(proxy, headers={"X-Conversation-ID": "resp-1"})
+    response = client.responses.create(model="gpt-4o-mini", input=[DEVELOPER, user("hello")])
+    assert response.output_text == "reply to: hello"
+    stored = live_messages(http, "resp-1")
+    assert [m.get("role") for m in stored] == ["developer", "user", "assistant"]
+    assert stored[-1]["content"][0]["text"] == "reply to: hello"
+    sent = upstream.responses_requests()[-1]
+    assert sent["input"] == [DEVELOPER, user("hello")]
+
+
+def test_streaming_is_relayed_and_stored(proxy, upstream, http):
+    client = openai_client(proxy, headers={"X-Conversation-ID": "resp-stream"})
+    events = list(client.responses.create(model="gpt-4o-mini", input="hi there", stream=True))
+    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[-1].response.output_text == "reply to: hi there"
+    assert live_messages(http, "resp-stream")[-1]["content"][0]["text"] == "reply to: hi there"
+
+
+def test_full_history_with_reasoning_is_deduped_and_replayed_byte_for_byte(proxy, upstream, http):
+    client = openai_client(proxy, headers={"X-Conversation-ID": "codexish"})
+    history = [DEVELOPER, user("run it")]
+    upstream.enqueue(Reply.tool_calls([("exec_command", '{"cmd": "ls"}')], reasoning="list first"))
+    first = client.responses.create(model="gpt-4o-mini", input=history, tools=TOOLS, store=False,
+                                    include=["reasoning.encrypted_content"])
+    history += dump(first.output)
+    call = history[-1]
+    history.append({"type": "function_call_output", "call_id": call["call_id"], "output": "a.txt\nb.txt"})
+    upstream.enqueue(Reply.text("two files", reasoning="done"))
+    second = client.responses.create(model="gpt-4o-mini", input=history, tools=TOOLS, store=False,
+                                     include=["reasoning.encrypted_content"])
+    assert second.output_text == "two files"
+    sent = upstream.responses_requests()[-1]["input"]
+    assert sent == history  # the reasoning's encrypted_content went back untouched
+    stored = live_messages(http, "codexish")
+    assert [m["type"] for m in stored] == ["message", "message", "reasoning", "function_call", "function_call_output", "reasoning", "message"]
+    assert len(trajectory(http, "codexish")) == len(stored)  # each item once
+
+
+def test_previous_response_id_is_served_from_the_proxy_store(proxy, upstream, http):
+    client = openai_client(proxy)
+    first = client.responses.create(model="gpt-4o-mini", input=[DEVELOPER, user("first")], store=False)
+    second = client.responses.create(model="gpt-4o-mini", input=[user("second")], previous_response_id=first.id, store=False)
+    assert second.output_text == "reply to: second"
+    sent = upstream.responses_requests()[-1]
+    assert "previous_response_id" not in sent
+    assert [i.get("role") for i in sent["input"]] == ["developer", "user", "assistant", "user"]
+    third = client.responses.create(model="gpt-4o-mini", input=[user("third")], previous_response_id=second.id)
+    assert [i.get("role") for i in upstream.responses_requests()[-1]["input"]][-2:] == ["assistant", "user"]
+    assert third.output_text == "reply to: third"
+
+
+def build_history(output: str = BIG) -> list[dict]:
+    call = {"type": "function_call", "id": "fc_build", "call_id": "call_build", "name": "exec_command",
+            "arguments": '{"cmd": "make"}', "status": "completed"}
+    return [DEVELOPER, user("build it"), call, {"type": "function_call_output", "call_id": "call_build", "output": output}]
+
+
+def read_call(ref: str, offset: int, length: int) -> tuple[str, str]:
+    return ("read_tool_output", json.dumps({"ref": ref, "offset": offset, "length": length}))
+
+
+def sent_output(upstream, index: int = -1) -> str:
+    return next(i for i in upstream.responses_requests()[index]["input"] if i.get("type") == "function_call_output")["output"]
+
+
+def test_a_long_function_call_output_goes_upstream_shortened(proxy, upstream, http):
+    client = openai_client(proxy, headers={"X-Conversation-ID": "trunc"})
+    client.responses.create(model="gpt-4o-mini", input=build_history(), tools=TOOLS)
+    shortened = sent_output(upstream)
+    assert shortened.startswith(BIG[:2000]) and len(shortened) < 3000 and REF.search(shortened)
+    tools = upstream.responses_requests()[-1]["tools"]
+    assert [t["name"] for t in tools] == ["exec_command", "read_tool_output"]
+    assert live_messages(http, "trunc")[3]["output"] == BIG  # stored whole
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_read_back_is_answered_by_the_proxy_and_hidden_from_the_client(proxy, upstream, http, stream):
+    client = openai_client(proxy, headers={"X-Conversation-ID": f"rb-{stream}"})
+    client.responses.create(model="gpt-4o-mini", input=build_history(), tools=TOOLS)
+    ref = REF.search(sent_output(upstream)).group(0)
+    history = build_history() + [user("what failed at line 1400?")]
+    upstream.enqueue(
+        Reply.tool_calls([read_call(ref, BIG.index("line 01400"), 60)], reasoning="read the log"),
+        Reply.text("Line 1400 is fine.", reasoning="it is fine"),
+    )
+    kwargs = dict(model="gpt-4o-mini", input=history, tools=TOOLS, include=["reasoning.encrypted_content"])
+    if stream:
+        events = list(client.responses.create(stream=True, **kwargs))
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        assert [e.type for e in events].count("response.created") == 1
+        assert [e.type for e in events].count("response.completed") == 1
+        added = [e for e in events if e.type == "response.output_item.added"]
+        assert [e.output_index for e in added] == list(range(len(added)))
+        assert [e.item.type for e in added] == ["reasoning", "message"]  # our call and its reasoning: hidden
+        final = events[-1].response
+        assert final.id == events[0].response.id
+    else:
+        final = client.responses.create(**kwargs)
+    assert [item.type for item in final.output] == ["reasoning", "message"]
+    assert final.output_text == "Line 1400 is fine."
+    second = upstream.responses_requests()[-1]["input"]
+    assert [i["type"] for i in second[len(history):]] == ["reasoning", "function_call", "function_call_output"]
+    assert "line 01400: some build log output" in second[-1]["output"]
+    stored = live_messages(http, f"rb-{stream}")
+    assert [m["type"] for m in stored[len(history):]] == ["reasoning", "message"]
+    statuses = [(m["type"], m["status"]) for m in trajectory(http, f"rb-{stream}")[-5:]]
+    assert statuses == [("reasoning", "internal"), ("function_call", "internal"), ("function_call_output", "internal"),
+                        ("reasoning", "live"), ("message", "live")]
+    # The client resends what it got: valid at the strict upstream (no orphaned reasoning).
+    history += dump(final.output) + [user("thanks")]
+    assert client.responses.create(model="gpt-4o-mini", input=history, tools=TOOLS).output_text == "reply to: thanks"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_mixed_reply_gives_the_client_only_its_own_calls(proxy, upstream, http, stream):
+    client = openai_client(proxy, headers={"X-Conversation-ID": f"mixed-{stream}"})
+    client.responses.create(model="gpt-4o-mini", input=build_history(), tools=TOOLS)
+    ref = REF.search(sent_output(upstream)).group(0)
+    upstream.enqueue(Reply.tool_calls([read_call(ref, 0, 10), ("exec_command", '{"cmd": "make clean"}')]))
+    kwargs = dict(model="gpt-4o-mini", input=build_history() + [user("again")], tools=TOOLS)
+    if stream:
+        events = list(client.responses.create(stream=True, **kwargs))
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        final = events[-1].response
+    else:
+        final = client.responses.create(**kwargs)
+    assert [(i.type, i.name) for i in final.output] == [("function_call", "exec_command")]
+    assert [m["name"] for m in live_messages(http, f"mixed-{stream}")[-1:]] == ["exec_command"]
+
+
+def test_quota_figures_ride_on_function_call_outputs(make_proxy, upstream):
+    proxy = make_proxy(quota={"max_llm_calls": 10})
+    history = build_history("exit 0")
+    openai_client(proxy).responses.create(model="gpt-4o-mini", input=history, tools=TOOLS)
+    assert sent_output(upstream) == "exit 0\n\n[You have 9 LLM calls remaining (used 1 of 10).]"
+
+
+def test_the_window_drops_reasoning_calls_and_outputs_together(make_proxy, upstream, http):
+    proxy = make_proxy(context={"history_token_limit": 600}, truncation={"enabled": False})
+    client = openai_client(proxy, headers={"X-Conversation-ID": "window"})
+    history = [DEVELOPER, user("start")]
+    for step in range(6):
+        upstream.enqueue(Reply.tool_calls([("exec_command", json.dumps({"cmd": f"step {step}"}))], reasoning=f"think {step}"))
+        reply = client.responses.create(model="gpt-4o-mini", input=history, tools=TOOLS, include=["reasoning.encrypted_content"])
+        history += dump(reply.output)
+        history.append({"type": "function_call_output", "call_id": history[-1]["call_id"], "output": "word " * 120})
+    client.responses.create(model="gpt-4o-mini", input=history, tools=TOOLS, include=["reasoning.encrypted_content"])
+    sent = upstream.responses_requests()[-1]["input"]
+    assert len(sent) < len(history)  # the window cut, and the strict upstream took it
+    kinds = [i.get("type") for i in sent]
+    assert kinds[:1] == ["message"] and kinds[1] in ("message", "reasoning")
+    for i, kind in enumerate(kinds):  # every reasoning item still has its call right after it
+        if kind == "reasoning":
+            assert kinds[i + 1] == "function_call"
+
+
+def test_codex_session_header_names_the_conversation(proxy, upstream, http):
+    client = openai_client(proxy, headers={"session-id": "01a23192-5f1f-7413-946a-4c10e4f96cf0"})
+    client.responses.create(model="gpt-4o-mini", input=[DEVELOPER, user("hello")])
+    assert live_messages(http, "01a23192-5f1f-7413-946a-4c10e4f96cf0")[-1]["role"] == "assistant"
+
+
+def test_bad_input_is_a_400_in_openai_shape_and_stores_nothing(proxy, upstream, http):
+    response = http.post("/v1/responses", json={"model": "m", "input": [{"type": "message", "role": "wizard", "content": "x"}]},
+                         headers={"Authorization": f"Bearer {ALICE}", "X-Conversation-ID": "bad"})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "input[0].role"
+    assert http.get("/v1/conversations/bad").status_code == 404
+    assert upstream.responses_requests() == []
+
+
+def test_the_agents_sdk_on_its_default_model_runs_its_tool_loop_through_the_proxy(proxy, upstream, http):
+    from agents import Agent, RunConfig, Runner, function_tool, set_tracing_disabled
+    from agents.models.openai_responses import OpenAIResponsesModel
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    ran: list[str] = []
+
+    @function_tool
+    def run_tests(path: str) -> str:
+        """Run the tests under a path."""
+        ran.append(path)
+        return f"{path}: 12 passed"
+
+    client = AsyncOpenAI(base_url=proxy.base_url, api_key=ALICE, max_retries=0, default_headers={"X-Conversation-ID": "sdk"})
+    agent = Agent(name="tester", instructions="Run the tests.", tools=[run_tests],
+                  model=OpenAIResponsesModel(model="gpt-4o-mini", openai_client=client))
+    upstream.enqueue(Reply.tool_calls([("run_tests", '{"path": "tests/"}')]), Reply.text("All 12 passed."))
+    result = Runner.run_sync(agent, "run the tests", run_config=RunConfig(tracing_disabled=True))
+    assert result.final_output == "All 12 passed." and ran == ["tests/"]
+    stored = live_messages(http, "sdk")
+    assert [m.get("type", "message") for m in stored] == ["message", "function_call", "function_call_output", "message"]
+    assert stored[2]["output"] == "tests/: 12 passed"
