@@ -136,6 +136,14 @@ class ContextSettings(Section):
     history_token_limit: int = Field(
         10000, ge=64, le=10_000_000, description="Token budget of the history sent upstream (system excluded)."
     )
+    window_refill: float = Field(
+        0.6,
+        gt=0,
+        le=1,
+        description="When the history no longer fits the limit, the window's start moves forward so that it fills "
+        "this share of it, and stays until the limit is reached again: between cuts each prompt extends the "
+        "previous one (prompt caches). 1 = slide every turn.",
+    )
 
 
 ToolHandling = Literal["truncate", "summarize", "keep"]
@@ -165,6 +173,11 @@ class QuotaSettings(Section):
 class CompactionSettings(Section):
     strategy: Literal["off", "mask", "turns", "budget"] = Field("off", description="How history is compacted.")
     keep_tool_outputs: int = Field(10, ge=0, description="mask: the newest N tool outputs stay whole.")
+    mask_batch: int = Field(
+        10, ge=1, le=1000,
+        description="mask: older outputs are masked this many at a time, so the prompt changes once per batch, "
+        "not every turn (prompt caches).",
+    )
     every_n_user_messages: int = Field(10, ge=1, description="turns: summarize after N new user messages.")
     max_history_summary_length: int = Field(
         40000, ge=1000, description="budget: summarize once the live history exceeds this many characters."

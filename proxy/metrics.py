@@ -42,6 +42,9 @@ class Metrics:
         self.stream_errors = Counter(
             "context_proxy_stream_errors", "Streamed replies that broke off (upstream error event, cut, limit)", registry=r
         )
+        self.store_failures = Counter(
+            "context_proxy_store_failures", "Replies the upstream gave that the store could not keep", registry=r
+        )
         self.compactions = Counter("context_proxy_compactions", "Compactions by outcome", ["outcome"], registry=r)
         self.read_rounds = Counter("context_proxy_read_rounds", "read_tool_output rounds the proxy answered", registry=r)
         self.quota_rejections = Counter("context_proxy_quota_rejections", "Requests refused by the LLM-call quota", registry=r)

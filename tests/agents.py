@@ -1,10 +1,15 @@
-"""Real agent CLIs in tests: Codex CLI, run against a base URL we give it and nothing else.
+"""Real agent CLIs in tests, run against a base URL we give them and nothing else.
+
+What every CLI harness needs (Codex here, Claude Code in `claude_agent`): an `EgressRecorder`, a
+loopback listener that HTTP(S)_PROXY points at and that records and refuses every connection, so
+anything a CLI tries to reach beyond loopback shows up in its `attempts` (NO_PROXY lets
+127.0.0.1 and localhost through); `loopback_environment`, a clean environment that says so; and
+`run_in_group`, which runs the CLI in a process group of its own and kills the group when it
+times out and when it ends.
 
 `CodexSession` gives one Codex session a temporary `CODEX_HOME` whose config names a custom
 Responses provider (the given `/v1` base URL, the key from an environment variable, no retries),
-a temporary working folder, and an `EgressGuard`: HTTP(S)_PROXY points at a loopback listener
-that records and refuses every connection, so anything Codex tries to reach beyond loopback shows
-up in `guard.attempts` (NO_PROXY lets 127.0.0.1 and localhost through). `exec` runs
+a temporary working folder and an egress recorder, `guard`. `exec` runs
 `codex exec --json --skip-git-repo-check <task>`, `resume` runs `codex exec resume --last <next>`
 in the same folder (both with `--strict-config`, so a config key Codex does not know fails the run
 instead of being ignored); both return the parsed `--json` events as a `CodexRun`, and kill the
@@ -30,7 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 CODEX = ROOT / ".tools" / "codex" / "node_modules" / ".bin" / "codex"
 CODEX_VERSION = "0.171.0"
-KEY_VARIABLE = "CONTEXT_PROXY_TEST_CODEX_KEY"
+KEY_VARIABLE = "CODEX_TEST_API_KEY"  # not CONTEXT_PROXY_*: that prefix is the proxy's settings
 PROVIDER = "context-proxy-test"
 
 # Without the two switches, Codex 0.171.0 syncs its curated plugins from github.com /
@@ -55,36 +60,89 @@ stream_max_retries = 0
 """
 
 
-class EgressGuard:
-    """A loopback HTTP proxy that answers every request with 403 and records its first line
-    (``CONNECT github.com:443 HTTP/1.1``): what a client tried to reach beyond loopback."""
+class EgressRecorder:
+    """A loopback listener that stands in as the HTTP(S) proxy: it records the request line of
+    every connection (`CONNECT github.com:443 HTTP/1.1` for HTTPS) and refuses it."""
 
     def __init__(self) -> None:
-        self.attempts: list[str] = []
-        guard = self
+        self._lock = threading.Lock()
+        self._attempts: list[str] = []
+        recorder = self
 
-        class Refuse(socketserver.StreamRequestHandler):
+        class Handler(socketserver.StreamRequestHandler):
             def handle(self) -> None:
-                line = self.rfile.readline(8192).decode("latin-1").strip()
-                guard.attempts.append(line)
+                line = self.rfile.readline(4096).decode("latin-1").strip()
+                with recorder._lock:
+                    recorder._attempts.append(line)
                 self.wfile.write(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
 
-        self._server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Refuse)
+        self._server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="egress-guard", daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="egress-recorder", daemon=True)
+        self._thread.start()
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
-    def start(self) -> EgressGuard:
-        self._thread.start()
-        return self
+    @property
+    def attempts(self) -> list[str]:
+        with self._lock:
+            return list(self._attempts)
 
-    def stop(self) -> None:
+    def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(5)
+
+
+def loopback_environment(home: Path, egress: EgressRecorder) -> dict[str, str]:
+    """A clean environment for a CLI: none of the developer's settings, profile or proxies; a
+    HOME of its own; every proxy variable pointing at `egress`, except for loopback."""
+    proxies = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        **{name: egress.url for name in proxies},
+        "NO_PROXY": "127.0.0.1,localhost",
+        "no_proxy": "127.0.0.1,localhost",
+    }
+
+
+class TimedOut(AssertionError):
+    """A CLI outlived its timeout; its process group was killed."""
+
+
+def run_in_group(
+    argv: list[str], cwd: Path, env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess[bytes]:
+    """Run `argv` with stdin closed in a process group of its own; kill the whole group when it
+    times out (raising `TimedOut` with the end of its stderr), and when it ends (the shells its
+    tools left behind)."""
+    process = subprocess.Popen(
+        argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(process.pid)
+        _, stderr = process.communicate()
+        raise TimedOut(
+            f"{Path(argv[0]).name} {' '.join(argv[1:3])} did not finish in {timeout} s; stderr:\n"
+            + stderr.decode(errors="replace")[-4000:]
+        ) from None
+    finally:
+        _kill_group(process.pid)
+    return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 @dataclass
@@ -122,7 +180,7 @@ class CodexSession:
     """One Codex CLI session in `workdir`, configured in `home`, talking to `base_url` only."""
 
     def __init__(
-        self, base_url: str, api_key: str, home: Path, workdir: Path, guard: EgressGuard,
+        self, base_url: str, api_key: str, home: Path, workdir: Path, guard: EgressRecorder,
         model: str = "mock-model", timeout: float = 60,
     ) -> None:
         self.home, self.workdir, self.guard, self.timeout = home, workdir, guard, timeout
@@ -144,56 +202,26 @@ class CodexSession:
         """The next turn of the newest session in this folder: `codex exec resume --last <task>`."""
         return self._run(["exec", "resume", "--last", "--json", "--skip-git-repo-check", "--strict-config", task])
 
-    def _environment(self) -> dict[str, str]:
-        # Only what Codex needs: none of the developer's OPENAI_* settings, profile or proxies.
-        proxies = {name: self.guard.url for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")}
-        return {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": str(self.home),
-            "LANG": "C.UTF-8",
-            "CODEX_HOME": str(self.codex_home),
-            KEY_VARIABLE: self._api_key,
-            **proxies,
-            **{name.lower(): url for name, url in proxies.items()},
-            "NO_PROXY": "127.0.0.1,localhost",
-            "no_proxy": "127.0.0.1,localhost",
-        }
-
     def _run(self, arguments: list[str]) -> CodexRun:
         if not CODEX.exists():
             raise RuntimeError(f"Codex CLI is not installed at {CODEX}: run scripts/ensure-codex.sh")
-        process = subprocess.Popen(
-            [str(CODEX), *arguments],
-            cwd=self.workdir,
-            env=self._environment(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,  # its own process group, to end the commands it started too
-        )
-        try:
-            stdout, stderr = process.communicate(timeout=self.timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            stdout, stderr = process.communicate()
-            raise AssertionError(
-                f"codex {' '.join(arguments[:2])} did not finish in {self.timeout} s; stderr:\n"
-                + stderr.decode(errors="replace")[-4000:]
-            ) from None
+        env = {**loopback_environment(self.home, self.guard), "CODEX_HOME": str(self.codex_home),
+               KEY_VARIABLE: self._api_key}
+        done = run_in_group([str(CODEX), *arguments], self.workdir, env, self.timeout)
         events, other = [], []
-        for line in stdout.decode(errors="replace").splitlines():
+        for line in done.stdout.decode(errors="replace").splitlines():
             try:
                 events.append(json.loads(line))
             except ValueError:
                 other.append(line)
-        return CodexRun(process.returncode, events, stderr.decode(errors="replace"), other)
+        return CodexRun(done.returncode, events, done.stderr.decode(errors="replace"), other)
 
 
 @contextmanager
 def codex_session(base_url: str, api_key: str, tmp_path: Path, **options: Any) -> Iterator[CodexSession]:
-    """A `CodexSession` under `tmp_path` with its egress guard running for the `with` block."""
-    guard = EgressGuard().start()
+    """A `CodexSession` under `tmp_path` with its egress recorder running for the `with` block."""
+    guard = EgressRecorder()
     try:
         yield CodexSession(base_url, api_key, tmp_path / "codex-home", tmp_path / "work", guard, **options)
     finally:
-        guard.stop()
+        guard.close()

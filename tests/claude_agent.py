@@ -3,22 +3,20 @@
 `ClaudeAgent(base_url, folder)` runs the `claude` that `scripts/ensure-claude.sh` installs in
 `.tools/claude/` with `claude -p "<task>" --output-format json --allowedTools Bash --max-turns 6`
 (`resume=` adds `--resume <session_id>`), in a temporary HOME and working folder under `folder`,
-with a clean environment: ANTHROPIC_BASE_URL, a test key, the switches that turn off its own
-traffic (telemetry, error reports, auto-update, non-essential calls), and HTTP(S)_PROXY pointing
-at an `EgressRecorder` -- so any attempt to reach past loopback is seen, and each run fails if
-one was made. A run that outlives its timeout has its whole process group killed.
+with a clean environment (`tests.agents.loopback_environment`): ANTHROPIC_BASE_URL, a test key,
+the switches that turn off its own traffic (telemetry, error reports, auto-update, non-essential
+calls), and HTTP(S)_PROXY pointing at an `EgressRecorder` -- so any attempt to reach past loopback
+is seen, and each run fails if one was made. A run that outlives its timeout has its whole process
+group killed.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socketserver
-import subprocess
-import threading
 from pathlib import Path
 from typing import Any
+
+from tests.agents import EgressRecorder, TimedOut, loopback_environment, run_in_group
 
 __all__ = ["CLAUDE", "TEST_KEY", "ClaudeAgent", "ClaudeFailed", "EgressRecorder"]
 
@@ -38,42 +36,6 @@ class ClaudeFailed(AssertionError):
     """Claude Code exited badly, timed out, printed no JSON, or tried to leave loopback."""
 
 
-class EgressRecorder:
-    """A loopback listener that stands in as the HTTP(S) proxy: it records the request line of
-    every connection (`CONNECT api.anthropic.com:443 ...` for HTTPS) and refuses it."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._attempts: list[str] = []
-        recorder = self
-
-        class Handler(socketserver.StreamRequestHandler):
-            def handle(self) -> None:
-                line = self.rfile.readline(4096).decode("latin-1").strip()
-                with recorder._lock:
-                    recorder._attempts.append(line)
-                self.wfile.write(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-
-        self._server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="egress-recorder", daemon=True)
-        self._thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    @property
-    def attempts(self) -> list[str]:
-        with self._lock:
-            return list(self._attempts)
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(5)
-
-
 class ClaudeAgent:
     """One Claude Code user: a HOME (its sessions live there, so `--resume` finds them) and a
     working folder, pointed at `base_url` (the proxy's root, or the fake's)."""
@@ -87,16 +49,11 @@ class ClaudeAgent:
             path.mkdir(parents=True, exist_ok=True)
         self.egress = EgressRecorder()
         self.env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": str(self.home),
+            **loopback_environment(self.home, self.egress),
             "TMPDIR": str(folder / "tmp"),
-            "LANG": "C.UTF-8",
             "ANTHROPIC_BASE_URL": base_url,
             "ANTHROPIC_API_KEY": api_key,
             **OFFLINE,
-            **{name: self.egress.url for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")},
-            "NO_PROXY": "127.0.0.1,localhost",
-            "no_proxy": "127.0.0.1,localhost",
         }
 
     def __enter__(self) -> ClaudeAgent:
@@ -114,18 +71,11 @@ class ClaudeAgent:
         command = [str(CLAUDE), "-p", task, "--output-format", "json", "--allowedTools", "Bash", "--max-turns", "6"]
         if resume is not None:
             command += ["--resume", resume]
-        proc = subprocess.Popen(
-            command, cwd=self.work, env=self.env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-        )
         try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc.pid)
-            stdout, stderr = proc.communicate()
-            raise ClaudeFailed(f"claude timed out after {timeout}s; stderr: {stderr.decode(errors='replace')[-2000:]}")
-        finally:
-            _kill_group(proc.pid)  # shells its Bash tool left behind
+            done = run_in_group(command, self.work, self.env, timeout)
+        except TimedOut as exc:
+            raise ClaudeFailed(str(exc)) from None
+        stdout, stderr = done.stdout, done.stderr
         attempts = self.egress.attempts
         if attempts:
             raise ClaudeFailed(f"claude tried to reach past loopback: {attempts}")
@@ -133,13 +83,7 @@ class ClaudeAgent:
             return json.loads(stdout)  # also after a failed turn: its JSON says `is_error`
         except ValueError:
             raise ClaudeFailed(
-                f"claude exited {proc.returncode} without JSON; stdout: {stdout.decode(errors='replace')[-2000:]}; "
+                f"claude exited {done.returncode} without JSON; stdout: {stdout.decode(errors='replace')[-2000:]}; "
                 f"stderr: {stderr.decode(errors='replace')[-2000:]}"
             ) from None
 
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass

@@ -125,7 +125,7 @@ class ResponsesAPI:
         include_encrypted = "reasoning.encrypted_content" in (body.get("include") or [])
         output, issued = output_items(reply, include_encrypted)
         response = response_object(body, output, self._usage(body, chain, reply))
-        completes = reply.fail_after_events is None and not reply.never_ends
+        completes = reply.error_after_chunks is None and not reply.never_ends
         if completes and body.get("store") is not False:
             with self._lock:
                 self._reasoning.update(issued)

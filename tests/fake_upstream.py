@@ -1,5 +1,6 @@
-"""A scripted, strict, OpenAI-compatible server used as the test upstream: Chat Completions
-here, the Responses API (``POST /v1/responses``) in ``fake_responses``.
+"""A scripted, strict server used as the test upstream: Chat Completions here, the Responses API
+(``POST /v1/responses``) in ``fake_responses``, Anthropic Messages (``/v1/messages``) in
+``fake_anthropic``, all three from the same script.
 
 Strict: it refuses (HTTP 400, OpenAI error shape) every request the real API refuses per
 /work/shared/OPENAI-RULES.md (and RESPONSES-RULES.md), so a proxy that leaks its own fields or
@@ -9,9 +10,6 @@ Scripted: tests ``enqueue`` replies (text, tool calls, reasoning, errors, hangs,
 streams that never end or fail midway) or set a ``responder``; one queue serves every format. The
 scripting API is thread-safe, so tests may drive a server whose event loop runs in another thread
 (see ``running_in_thread``).
-
-The same server answers Anthropic Messages (``/v1/messages``) from the same script: see
-``tests.fake_anthropic``.
 """
 
 from __future__ import annotations
@@ -697,18 +695,17 @@ class Reply:
     # Streaming: stop after this many SSE events (0 = right after the headers) until release().
     # Non-streaming: any value holds the whole body back until release().
     pause_after_chunks: int | None = None
-    # Streaming, Messages fake: after this many events an `error` event carrying `body` ends the
-    # stream; while paused, a `ping` every `keepalive_every_s`. The chat fake ignores both.
+    # Streaming: after this many events an error event ends the stream (Messages: an `error` event
+    # carrying `body`; chat: a server_error data event; Responses: `failure`). Non-streaming (chat,
+    # Responses): a 500. Set with failing_after() or fake_anthropic.error_mid_stream().
     error_after_chunks: int | None = None
-    keepalive_every_s: float | None = None
-    # Streaming: send every event but the closing ones, then hold the stream open, parked like a
-    # hang. Non-streaming: a hang. Set with never_ending().
-    never_ends: bool = False
-    # Streaming: after this many events, an error event instead of the rest, then the end of the
-    # stream. Non-streaming: a 500. Set with failing_after().
-    fail_after_events: int | None = None
     # Which error event a Responses stream carries: `response.failed`, or a bare `error` event.
     failure: Literal["response.failed", "error"] = "response.failed"
+    # Streaming, Messages fake: while paused, a `ping` every `keepalive_every_s`.
+    keepalive_every_s: float | None = None
+    # Streaming, chat and Responses: send every event but the closing ones, then hold the stream
+    # open, parked like a hang. Non-streaming: a hang. Set with never_ending().
+    never_ends: bool = False
     # Set when the pause point (or the hang) is reached, for tests to synchronise on.
     reached: threading.Event = field(default_factory=threading.Event, repr=False)
     # Set when the client went away while this reply was being served. Certain while parked
@@ -778,7 +775,7 @@ class Reply:
         self, events: int, failure: Literal["response.failed", "error"] = "response.failed"
     ) -> Reply:
         """This reply, broken off by an error event after ``events`` events."""
-        self.fail_after_events, self.failure = events, failure
+        self.error_after_chunks, self.failure = events, failure
         return self
 
     @property
@@ -917,7 +914,7 @@ def _sse_event(data: dict[str, Any] | str) -> bytes:
 @dataclass(frozen=True)
 class SseScript:
     """A reply's stream: its events, how many of the last ones are its end (withheld by
-    ``never_ends``), and the error event that ``fail_after_events`` sends after n events."""
+    ``never_ends``), and the error event that ``error_after_chunks`` sends after n events."""
 
     events: list[bytes]
     closing: int
@@ -1000,16 +997,15 @@ class FakeUpstream:
         self._chat_bodies: list[dict] = []
         self._responses_bodies: list[dict] = []
         self._responder: Callable[[dict], Reply] = default_responder
-        from tests.fake_anthropic import AnthropicMessages  # here: that module builds on this one
-
-        self.anthropic = AnthropicMessages(self)
         self._runner: web.AppRunner | None = None
         self._parked: set[asyncio.Task[Any]] = set()  # handlers in a pause or hang
         self._closing = False
         self.port: int = 0
-        # Imported here: the Responses fake builds on this module's replies and refusals.
+        # Imported here: those modules build on this one's replies and refusals.
+        from tests.fake_anthropic import AnthropicMessages
         from tests.fake_responses import ResponsesAPI
 
+        self.anthropic = AnthropicMessages(self)  # POST /v1/messages, and what it issued
         self.responses = ResponsesAPI()  # POST /v1/responses, and what it stored
 
     # -- lifecycle --
@@ -1059,6 +1055,7 @@ class FakeUpstream:
     def messages_requests(self) -> list[dict]:
         """Bodies of the Anthropic `/v1/messages` requests that passed validation, in order."""
         return self.anthropic.requests()
+
     def responses_requests(self) -> list[dict]:
         """Bodies of the Responses requests that passed validation, in order."""
         with self._lock:
@@ -1135,7 +1132,7 @@ class FakeUpstream:
             return await self._stream(request, record, reply, wire.reply_stream(body, reply))
         if reply.pause_after_chunks is not None:
             await self._park(reply, reply.gate.wait())
-        if reply.fail_after_events is not None:
+        if reply.error_after_chunks is not None:
             return _json(record, server_error_body(), 500)
         return _json(record, wire.reply_body(body, reply), 200)
 
@@ -1172,11 +1169,11 @@ class FakeUpstream:
         self, request: web.Request, record: Recorded, reply: Reply, script: SseScript
     ) -> web.StreamResponse:
         """Send the events one by one, misbehaving as ``reply`` is scripted to: a pause at
-        ``pause_after_chunks``; an error event in place of the rest (``fail_after_events``); or
+        ``pause_after_chunks``; an error event in place of the rest (``error_after_chunks``); or
         (``never_ends``) the end held back and the stream held open."""
         events = script.events
-        if reply.fail_after_events is not None:
-            kept = min(reply.fail_after_events, len(events))
+        if reply.error_after_chunks is not None:
+            kept = min(reply.error_after_chunks, len(events))
             events = events[:kept] + [script.failure(kept)]
         elif reply.never_ends:
             events = events[: len(events) - script.closing]
@@ -1192,7 +1189,7 @@ class FakeUpstream:
                     await self._park(reply, reply.gate.wait())
                 if sent < len(events):
                     await response.write(events[sent])  # written (flushed) one by one
-            if not (reply.never_ends and reply.fail_after_events is None):
+            if not (reply.never_ends and reply.error_after_chunks is None):
                 await response.write_eof()
                 return response
             await self._park(reply, reply.gate.wait())

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.agents import codex_session
@@ -29,7 +30,7 @@ def shape(body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
         "headers": sorted(set(headers) - TRANSPORT_HEADERS),
         "body": sorted(body),
         "items": [(item.get("type"), item.get("role"), sorted(item)) for item in body["input"]],
-        "tools": [(tool["type"], tool.get("name")) for tool in body["tools"]],
+        "tools": [(tool["type"], tool.get("name")) for tool in body["tools"] if tool.get("name") != "read_tool_output"],
     }
 
 
@@ -42,19 +43,26 @@ def codex_requests(
     upstream = _upstream
     upstream.reset()
     tmp_path = tmp_path_factory.mktemp("codex")
-    proxy = ProxyServer(servers, proxy_settings(upstream.base_url, tmp_path / "data")).start()
+    # Codex caps a command's output itself (~10,000 characters): the proxy's limit sits below it.
+    settings = proxy_settings(upstream.base_url, tmp_path / "data", truncation={"max_tool_response_length": 4000})
+    proxy = ProxyServer(servers, settings).start()
     upstream.enqueue(
-        Reply.tool_calls([("exec_command", json.dumps({"cmd": "echo hello"}))], reasoning="Run the command."),
+        Reply.tool_calls([("exec_command", json.dumps({"cmd": "echo hello; seq 1 4000"}))], reasoning="Run the command."),
         Reply.text("It printed hello.", reasoning="The command succeeded."),
         Reply.text("Still here."),
     )
     try:
         with codex_session(proxy.base_url, ALICE, tmp_path) as codex:
-            first = codex.exec("Run `echo hello` in the shell, then say what it printed.")
+            first = codex.exec("Run `echo hello; seq 1 4000` in the shell, then say what it printed.")
             resumed = codex.resume("Are you still there?")
             attempts = list(codex.guard.attempts)
+        bodies = upstream.responses_requests()
+        session = bodies[0]["prompt_cache_key"]
+        with httpx.Client(base_url=proxy.url, timeout=30) as admin:
+            stored = admin.get(f"/v1/conversations/{session}/messages", params={"limit": 1000}).json()
+            trajectory = admin.get(f"/v1/conversations/{session}/trajectory", params={"limit": 1000}).json()
         yield {"first": first, "resumed": resumed, "attempts": attempts, "records": list(upstream.requests),
-               "bodies": upstream.responses_requests()}
+               "bodies": bodies, "stored": stored, "trajectory": trajectory}
     finally:
         proxy.stop()
         upstream.reset()
@@ -66,7 +74,7 @@ def test_codex_runs_the_shell_tool_and_resumes(codex_requests: dict[str, Any]) -
     assert first.completed, first.stderr[-3000:]
     [command] = first.commands
     assert "echo hello" in command["command"] and command["exit_code"] == 0
-    assert command["aggregated_output"].strip().endswith("hello")
+    assert command["aggregated_output"].strip().endswith("4000")
     assert first.messages == ["It printed hello."]
     assert resumed.completed, resumed.stderr[-3000:]
     assert resumed.messages == ["Still here."] and resumed.thread_id == first.thread_id
@@ -84,9 +92,9 @@ def test_the_upstream_receives_valid_requests_of_one_session(codex_requests: dic
 
     [output] = [item for item in continuation["input"] if item["type"] == "function_call_output"]
     [call] = [item for item in continuation["input"] if item["type"] == "function_call"]
-    assert output["call_id"] == call["call_id"] and json.loads(call["arguments"]) == {"cmd": "echo hello"}
-    assert "Process exited with code 0" in output["output"] and output["output"].strip().endswith("hello")
-    # Everything resent: each request extends the one before it, byte for byte.
+    assert output["call_id"] == call["call_id"] and json.loads(call["arguments"]) == {"cmd": "echo hello; seq 1 4000"}
+    assert "Process exited with code 0" in output["output"] and "\nhello\n1\n2\n" in output["output"]
+    # Everything resent, and the proxy's rewrites stable: each request extends the one before it.
     assert continuation["input"][: len(turn_1["input"])] == turn_1["input"]
     assert resumed["input"][: len(continuation["input"])] == continuation["input"]
     assert all(body["store"] is False and body["stream"] is True for body in (turn_1, continuation, resumed))
@@ -108,3 +116,18 @@ def test_codex_still_sends_what_the_recorded_sample_shows(codex_requests: dict[s
     expected = [shape(recorded[turn]["body"], recorded[turn]["headers"])
                 for turn in ("turn_1", "tool_continuation", "resumed_turn")]
     assert live == expected
+
+
+def test_both_runs_land_in_one_stored_conversation_with_the_long_output_shortened(codex_requests: dict[str, Any]) -> None:
+    """`exec` and `exec resume` are one conversation, named by Codex's session id; every item is
+    stored once; the long command output went upstream shortened, and is stored whole."""
+    stored = codex_requests["stored"]["data"]
+    resumed = codex_requests["bodies"][-1]
+    kinds = [item.get("type") for item in stored]
+    assert kinds == [item.get("type") for item in resumed["input"]] + ["message"]
+    assert len(codex_requests["trajectory"]["data"]) == len(stored)  # nothing stored twice, nothing failed
+    [output] = [item for item in stored if item.get("type") == "function_call_output"]
+    [sent] = [item for item in resumed["input"] if item.get("type") == "function_call_output"]
+    assert len(output["output"]) > 8_000 and output["output"].endswith("4000\n")
+    assert len(sent["output"]) < 3_000 and "read_tool_output" in sent["output"]
+    assert "read_tool_output" in [tool.get("name") for tool in resumed["tools"]]

@@ -121,7 +121,7 @@ def test_budget_window_is_expanded_so_a_call_never_splits_from_its_result(make_p
 
 
 def test_mask_replaces_old_tool_outputs_with_readable_placeholders(make_proxy, upstream):
-    agent = Agent(make_proxy(compaction={"strategy": "mask", "keep_tool_outputs": 2}), "mask")
+    agent = Agent(make_proxy(compaction={"strategy": "mask", "keep_tool_outputs": 2, "mask_batch": 1}), "mask")
     agent.say("task")
     for n in range(4):
         agent.tool_round(n, f"output number {n}")
@@ -129,6 +129,23 @@ def test_mask_replaces_old_tool_outputs_with_readable_placeholders(make_proxy, u
     assert [m["content"].startswith("[context-proxy: older tool output omitted") for m in sent] == [True, True, False, False]
     assert "read_tool_output" in [t["function"]["name"] for t in agent_requests(upstream)[-1]["tools"]]
     assert summary_requests(upstream) == []  # mask needs no LLM
+
+
+def test_mask_masks_in_batches_so_prompts_extend_between_them(make_proxy, upstream):
+    agent = Agent(make_proxy(compaction={"strategy": "mask", "keep_tool_outputs": 2, "mask_batch": 3}), "batches")
+    agent.say("task")
+    masked_counts, prompts = [], []
+    for n in range(12):
+        agent.tool_round(n, f"output number {n}")
+        sent = agent_requests(upstream)[-1]["messages"]
+        prompts.append([json.dumps(m, sort_keys=True) for m in sent])
+        masked_counts.append(sum(m["role"] == "tool" and m["content"].startswith("[context-proxy: older") for m in sent))
+    # Never more than keep + batch - 1 whole outputs, never fewer than keep; masking moves in steps.
+    whole = [n + 1 - masked for n, masked in enumerate(masked_counts)]
+    assert all(min(n + 1, 2) <= w <= 4 for n, w in enumerate(whole))
+    assert masked_counts == sorted(masked_counts) and len(set(masked_counts)) <= 5
+    extends = [b[: len(a)] == a for a, b in zip(prompts, prompts[1:])]
+    assert extends.count(False) == len(set(masked_counts)) - 1  # the prompt changes only when a batch is masked
 
 
 def test_lost_identifiers_come_back_as_key_facts(make_proxy, upstream):

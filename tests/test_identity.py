@@ -98,3 +98,27 @@ def test_a_key_cannot_read_or_extend_another_keys_conversation(proxy, upstream, 
         "my secret plan", "reply to: my secret plan",
     ]
     assert len(trajectory(http, "alice-private", ALICE)) == 2
+
+
+def test_a_new_run_of_the_same_agent_and_task_is_a_new_conversation(proxy, upstream, http):
+    client = openai_client(proxy)
+    task = [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "fix issue 7"}]
+
+    def turn(history: list[dict]) -> tuple[str, list[dict]]:
+        raw = client.chat.completions.with_raw_response.create(model="m", messages=history)
+        reply = raw.parse().choices[0].message
+        return raw.headers["X-Conversation-ID"], [*history, {"role": "assistant", "content": reply.content}]
+
+    first_id, first = turn(task)
+    first_id_again, first = turn([*first, {"role": "user", "content": "and test it"}])
+    assert first_id_again == first_id and first_id.startswith("auto-")
+    second_id, second = turn(task)  # the same agent, started again on the same task
+    assert second_id == f"{first_id}.2"
+    assert [m["status"] for m in trajectory(http, first_id)] == ["live"] * 5  # the first run is intact
+    back_id, _ = turn([*first, {"role": "user", "content": "one more thing"}])  # the first run goes on
+    assert back_id == first_id
+    again_id, _ = turn([*second, {"role": "user", "content": "continue"}])
+    assert again_id == second_id
+    third_id, _ = turn(task)
+    assert third_id == f"{first_id}.3"
+    assert len(live_messages(http, first_id)) == 7 and len(live_messages(http, second_id)) == 5

@@ -167,8 +167,8 @@ def test_derived_conversation_ids_differ_per_tenant(processes, upstream):
     http = client(proc)
     same = [SYSTEM, {"role": "user", "content": "the same first message"}]
     ids = {}
-    for key in (ALICE, BOB, ALICE):
-        response = http.post("/v1/chat/completions", json={"model": "m", "messages": same}, headers=auth(key))
+    for key, messages in ((ALICE, same), (BOB, same), (ALICE, [*same, {"role": "assistant", "content": "reply to: the same first message"}, {"role": "user", "content": "next"}])):
+        response = http.post("/v1/chat/completions", json={"model": "m", "messages": messages}, headers=auth(key))
         assert response.status_code == 200
         ids.setdefault(key, set()).add(response.headers["X-Conversation-ID"])
     assert len(ids[ALICE]) == 1 and ids[ALICE] != ids[BOB]  # stable per tenant, different across tenants

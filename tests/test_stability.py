@@ -32,3 +32,30 @@ def test_thirty_turns_resend_identical_bytes_for_the_seen_part(make_proxy, upstr
     rewritten = [m for m in upstream.chat_requests()[-1]["messages"] if m["role"] == "tool"]
     assert sum("out_" in m["content"] for m in rewritten) == 10
     assert sum("_quota_info" in m["content"] for m in rewritten) == 10
+
+
+def test_between_two_cuts_of_the_window_every_prompt_extends_the_last(make_proxy, upstream):
+    """With a window that cuts in steps, twenty and more turns in a row send the previous prompt's
+    bytes first; a cut happens only when the limit is reached, and then the window is refilled
+    only halfway."""
+    proxy = make_proxy(context={"history_token_limit": 4000, "window_refill": 0.5})
+    client = openai_client(proxy, headers={"X-Conversation-ID": "steps"})
+    history: list[dict] = [{"role": "system", "content": "agent"}, {"role": "user", "content": "task"}]
+    prompts: list[list[bytes]] = []
+    for turn in range(70):
+        call_id = f"call_{turn}"
+        history.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": "run", "arguments": "{}"}}]})
+        history.append({"role": "tool", "tool_call_id": call_id, "content": f"output {turn} " * 40})
+        reply = client.chat.completions.create(model="gpt-4o-mini", messages=history, tools=TOOLS)
+        history.append({"role": "assistant", "content": reply.choices[0].message.content})
+        prompts.append([json.dumps(m, sort_keys=True).encode() for m in upstream.chat_requests()[-1]["messages"]])
+    extends = [later[: len(earlier)] == earlier for earlier, later in zip(prompts, prompts[1:])]
+    runs, run = [], 0
+    for extended in extends:
+        run = run + 1 if extended else 0
+        runs.append(run)
+    cuts = extends.count(False)
+    assert 2 <= cuts <= 5  # the limit was reached a few times, not every turn
+    assert max(runs) >= 20
+    assert sum(extends) / len(extends) >= 0.9

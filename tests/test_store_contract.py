@@ -230,6 +230,16 @@ async def test_a_reply_of_several_items_is_named_by_its_response_id_until_delete
     assert await store.response_owner(A.tenant, "resp_1") is None
 
 
+async def test_marks_are_kept_on_the_conversation_and_set_one_by_one(store):
+    await add(store, A, ["m"])
+    assert (await store.get(A)).marks == {}
+    await store.set_marks(A, {"window_start": 5})
+    await store.set_marks(A, {"mask_through": 3})
+    await store.set_marks(A, {"window_start": 9})
+    assert (await store.get(A)).marks == {"window_start": 9, "mask_through": 3}
+    assert (await store.get(B)) is None
+
+
 async def test_pending_messages_a_crash_left_are_marked_failed_once(store):
     await add(store, A, ["live"])
     await add(store, A, ["cut", "short"], PENDING)  # a turn that never ended

@@ -162,13 +162,15 @@ def test_limit_is_capped_by_the_context_window() -> None:
 # -- the stage --------------------------------------------------------------------------------------
 
 
-def turn(model: str = "gpt-4o-mini", limit: int = 10_000, **body: Any) -> SimpleNamespace:
-    """What the stage reads of a Turn."""
-    profile = Profile(context=ContextSettings(history_token_limit=limit))
+def turn(
+    model: str = "gpt-4o-mini", limit: int = 10_000, refill: float = 1.0, marks: dict | None = None, **body: Any
+) -> SimpleNamespace:
+    """What the stage reads of a Turn (by default a window that slides, for the rules' tests)."""
+    profile = Profile(context=ContextSettings(history_token_limit=limit, window_refill=refill))
     report = TurnReport(ConversationKey("t", "c"), "chat", model)
     return SimpleNamespace(
         model=model, profile=profile, counter=COUNTER, codec=CHAT.codec, report=report,
-        reply_reserve=CHAT.reply_reserve(body), fixed_tokens=0,
+        reply_reserve=CHAT.reply_reserve(body), fixed_tokens=0, proxy_tool_tokens=0, marks=marks or {},
     )
 
 
@@ -338,3 +340,35 @@ def test_a_long_conversation_counts_only_its_window() -> None:
     t.counter = counter
     run(TokenWindow(), t, msgs)
     assert counter.encodes < 200  # the window's reach, not the 1,600 messages
+
+
+# -- cuts in steps ----------------------------------------------------------------------------------
+
+
+def test_the_window_cuts_in_steps_and_keeps_its_start_until_the_limit_is_reached_again() -> None:
+    """Between cuts each prompt extends the previous one; a cut fills only `refill` of the limit."""
+    msgs = agent_run(60, "line of output\n" * 20)
+    marks: dict[str, int] = {}
+    starts, cuts = [], 0
+    for end in range(42, len(msgs) - 1, 4):  # the conversation grows by one agent step a turn
+        transcript = [*msgs[:end], user(f"turn {end}")]
+        t = turn(limit=3000, refill=0.5, marks=dict(marks))
+        out = run(TokenWindow(), t, transcript)
+        history = out[1:]
+        assert sum(COUNTER.count(i.raw, "gpt-4o-mini") for i in history) <= 3000
+        if t.report.marks:  # a cut: the new start fills about half the limit
+            cuts += 1
+            marks.update(t.report.marks)
+            assert sum(COUNTER.count(i.raw, "gpt-4o-mini") for i in history) <= 1500 + COUNTER.count(transcript[-1], "gpt-4o-mini")
+        starts.append(history[0].seq)
+        assert validate_chat_request({"model": "gpt-4o-mini", "messages": [i.raw for i in out]}) is None
+    # The start moves only at cuts, and then forward.
+    assert cuts >= 2 and len(set(starts)) == cuts + (starts[0] == 1)
+    assert starts == sorted(starts)
+
+
+def test_a_start_that_is_gone_is_cut_again() -> None:
+    msgs = agent_run(30, "line of output\n" * 20)
+    t = turn(limit=2000, refill=0.5, marks={"window_start": 10_000})  # beyond the transcript (a rewound branch)
+    out = run(TokenWindow(), t, msgs)
+    assert t.report.marks["window_start"] == out[1].seq

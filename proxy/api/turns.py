@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..config import ContextSettings, Profile, Settings
+from ..config import Profile, Settings
 from ..dialects.base import Dialect
 from ..dialects.chat import CHAT
 from ..dialects.responses import RESPONSES
@@ -73,7 +73,8 @@ def request_profile(request: web.Request, settings: Settings, model_name: str) -
     if profile is None:
         raise InvalidRequest(f"Unknown context profile {name!r}", param=PROFILE_HEADER, code="unknown_profile")
     if model is not None and model.history_token_limit is not None:
-        profile = profile.model_copy(update={"context": ContextSettings(history_token_limit=model.history_token_limit)})
+        context = profile.context.model_copy(update={"history_token_limit": model.history_token_limit})
+        profile = profile.model_copy(update={"context": context})
     return profile
 
 

@@ -139,10 +139,11 @@ def _add_content(value: Any, texts: list[str]) -> None:
 
 def canonical(raw: Raw) -> Raw:
     """What an item means, for dedupe: no status or item id (except reasoning's, which with its
-    encrypted_content is what it is), string content as the one text part it stands for, and
-    no empty annotations or logprobs."""
+    encrypted_content is what it is), no null fields, string content as the one text part it
+    stands for, and no empty annotations or logprobs."""
     kind = item_type(raw)
-    out: Raw = {k: v for k, v in raw.items() if k not in UNHASHED or kind == "reasoning"}
+    # An absent key and a null one are the same (Codex resends a reasoning item with "content": null).
+    out: Raw = {k: v for k, v in raw.items() if v is not None and (k not in UNHASHED or kind == "reasoning")}
     out["type"] = kind
     if kind == "message":
         out["content"] = _canonical_content(raw.get("content"), raw.get("role"))

@@ -23,7 +23,7 @@ from ..compaction import CompactionJob
 from ..compaction.runner import CompactionRunner
 from ..config import Settings
 from ..errors import InvalidRequest
-from ..history import TurnPlan, plan_anchored, plan_appended, plan_full_history, plan_proxy_history
+from ..history import TurnPlan, is_fresh_start, plan_anchored, plan_appended, plan_full_history, plan_proxy_history
 from ..identity import ConversationKey, derived_conversation_id
 from ..metrics import Metrics
 from ..pipeline import Pipeline, Turn
@@ -42,6 +42,19 @@ from .report import TurnReport
 from .request import ClientSink, Outcome, TurnRequest
 
 log = logging.getLogger("proxy.engine")
+
+RUNS_MARK = "runs"  # on a derived conversation: how many runs of that agent and task there were
+MAX_RUNS_SEARCHED = 8  # older runs a continuing request is matched against
+
+
+def _shared(stored: list[str], sent: list[str]) -> int:
+    """How many leading hashes two transcripts share."""
+    n = 0
+    for a, b in zip(stored, sent, strict=False):
+        if a != b:
+            break
+        n += 1
+    return n
 
 
 class Engine:
@@ -83,8 +96,40 @@ class Engine:
                 "or a /c/<id>/v1 base URL)",
                 code="conversation_id_required",
             )
-        basis = dialect.identity_basis(request.body, dialect.transcript(request.body))
-        return ConversationKey(tenant, derived_conversation_id(tenant, basis))
+        raws = dialect.transcript(request.body)
+        base = ConversationKey(tenant, derived_conversation_id(tenant, dialect.identity_basis(request.body, raws)))
+        return await self._run_of(base, request, raws)
+
+    async def _run_of(self, base: ConversationKey, request: TurnRequest, raws: list) -> ConversationKey:
+        """Which run of an unmodified agent a request belongs to. Runs of one agent with one task
+        share a derived id; a request that starts over (its system prompt and task, nothing more)
+        while the latest run has moved on is a new run, `<id>.2`, `<id>.3`, ...: the old one stays
+        intact. A request that continues an older run goes back to it."""
+        first = await self.store.get(base)
+        if first is None or not all(isinstance(r, dict) for r in raws):
+            return base  # a new agent (or a malformed request: validation answers it)
+        codec = request.dialect.codec
+        runs = first.marks.get(RUNS_MARK, 1)
+
+        def run(n: int) -> ConversationKey:
+            return base if n == 1 else ConversationKey(base.tenant, f"{base.id}.{n}")
+
+        latest = first if runs == 1 else await self.store.get(run(runs))
+        hashes = [codec.hash(r) for r in raws]
+        if is_fresh_start(codec, raws, hashes):
+            if latest is not None and len(latest.live) > len(raws) and latest.live_hashes[: len(raws)] == hashes:
+                await self.store.set_marks(base, {RUNS_MARK: runs + 1})
+                return run(runs + 1)
+            return run(runs)
+        # The run it shares the most history with (the newest of equals): runs of a deterministic
+        # agent can share their first turns, so the longest match decides.
+        best, best_shared = runs, _shared(latest.live_hashes if latest else [], hashes)
+        for n in range(runs - 1, max(runs - MAX_RUNS_SEARCHED, 0), -1):
+            older = first if n == 1 else await self.store.get(run(n))
+            shared = _shared(older.live_hashes if older else [], hashes)
+            if shared > best_shared:
+                best, best_shared = n, shared
+        return run(best)
 
     async def run(self, request: TurnRequest, key: ConversationKey, report: TurnReport, sink: ClientSink) -> Outcome:
         """Run one turn; `report` is filled in as it goes (also when the turn fails)."""
@@ -113,6 +158,7 @@ class Engine:
                 fixed_tokens=self.counter.count_texts(dialect.fixed_parts(body), model),
                 proxy_tool_tokens=self.counter.count_texts([orjson.dumps(dialect.tool_definition(READ_TOOL_SPEC)).decode()], model),
                 body=body,
+                marks=dict(conversation.marks) if conversation else {},
             )
             job = CompactionJob(
                 key, profile, self.summarizer.model_for(model), request.headers, ledger.figures(None),
@@ -131,6 +177,8 @@ class Engine:
                 outcome = await exchange.run()
             finally:
                 await writer.settled()  # the next turn of this conversation must see every write of this one
+                if report.marks:  # a cut moved: the next turns start from it
+                    await self.store.set_marks(key, report.marks)
         if request.compaction is None and profile.compaction.background and 200 <= outcome.status < 300:
             self.compaction.schedule(job)  # after the reply: never on the request's critical path
         return outcome

@@ -187,8 +187,16 @@ class Exchange:
             await self.writer.fail()
             raise
         self.report.response_id = read.response_id if read is not None else None
-        await self.writer.accept(read.items if read is not None else [])
-        return Outcome(reply.status, self._headers(reply), data, self.report)
+        headers = self._headers(reply)
+        try:
+            await self.writer.accept(read.items if read is not None else [])
+        except ProxyError as exc:
+            # The store failed after the upstream answered (a full disk, Redis down): the reply is
+            # paid for, so it still goes to the client, saying it was not kept.
+            self.metrics.store_failures.inc()
+            log.error("reply not stored: %s", exc.message, extra={"conversation": str(self.turn.key)})
+            headers["X-Context-Store-Error"] = exc.message
+        return Outcome(reply.status, headers, data, self.report)
 
     async def _relay_stream(self, reply: UpstreamReply) -> Outcome:
         """Forward each chunk the moment it arrives, assembling the reply on the side (see the
@@ -235,8 +243,11 @@ class Exchange:
                 await self.writer.keep_partial(relay.seen())
             else:
                 await self.writer.accept(relay.seen())
-        except ProxyError as exc:  # the store failed us (e.g. Redis down): say so in the stream
-            log.warning("streamed reply not stored: %s", exc.message, extra={"conversation": str(self.turn.key)})
+        except ProxyError as exc:
+            # The store failed us (a full disk, Redis down): the client has the text, and an error
+            # event instead of the stream's end tells it the reply was not kept.
+            self.metrics.store_failures.inc()
+            log.error("streamed reply not stored: %s", exc.message, extra={"conversation": str(self.turn.key)})
             broken = broken or exc
         await self._write_quietly(relay.error_event(broken) if broken is not None else relay.closing())
         try:

@@ -39,6 +39,7 @@ class TurnReport:
     upstream_s: float = 0.0  # waiting on the upstream, every call together
     usage: dict[str, Any] | None = None  # what the upstream reported for the last call
     response_id: str | None = None  # the reply's id as the client saw it (Responses)
+    marks: dict[str, int] = field(default_factory=dict)  # cuts a stage moved this turn, to keep
     stream_error: str | None = None  # why a streamed reply broke off, if it did
 
     def saved(self, stage: str, chars: int) -> None:

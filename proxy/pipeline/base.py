@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..config import Profile
@@ -39,6 +39,7 @@ class Turn:
     fixed_tokens: int = 0  # tokens sent with every call besides the transcript (tool schemas, instructions)
     proxy_tool_tokens: int = 0  # what the proxy's read_tool_output definition adds when it is offered
     summary: Summary | None = None  # the conversation's current compaction summary, if any
+    marks: dict[str, int] = field(default_factory=dict)  # where the cuts stood after the last turn (see Conversation)
     body: dict[str, Any] | None = None  # the request as received (for custom stages); never edited
 
 

@@ -4,7 +4,8 @@
   upstream as an instruction of the proxy's own right after the client's system prompt. The first
   user item (the task) is pinned: always sent, right after the summary.
 - `mask` (no LLM): tool outputs older than the newest `keep_tool_outputs` become a one-line
-  placeholder naming their ref, still readable through read_tool_output.
+  placeholder naming their ref, still readable through read_tool_output; they are masked in
+  batches of `mask_batch`, so the prompt changes once a batch instead of every turn.
 
 The summaries themselves are made by proxy/compaction (after the reply, by default).
 """
@@ -16,6 +17,7 @@ from ..tools.readback import READ_TOOL
 from ..transcript import Item, Role, first_user, leading_system_count
 from .base import Turn
 
+MASK_MARK = "mask_through"  # outputs up to this seq go as placeholders
 SUMMARY_HEADER = "Summary of the earlier part of this conversation (older messages are not shown):\n\n"
 
 
@@ -44,9 +46,17 @@ class Compaction:
         return [*items[:n_system], summary, *head, *kept]
 
     def _mask(self, turn: Turn, items: list[Item]) -> list[Item]:
-        keep = turn.profile.compaction.keep_tool_outputs
+        """Outputs up to the mask mark are placeholders; once `keep + batch` outputs are past it,
+        the mark moves so that only the newest `keep` stay whole (in batches: cache-friendly)."""
+        settings = turn.profile.compaction
+        keep = settings.keep_tool_outputs
         tool_positions = [i for i, it in enumerate(items) if it.role is Role.TOOL and it.seq is not None]
-        older = tool_positions[: max(len(tool_positions) - keep, 0)]
+        through = turn.marks.get(MASK_MARK, 0)
+        unmasked = [i for i in tool_positions if items[i].seq > through]  # type: ignore[operator]
+        if len(unmasked) >= keep + settings.mask_batch:
+            through = items[unmasked[len(unmasked) - keep - 1]].seq  # type: ignore[assignment]
+            turn.report.marks[MASK_MARK] = through
+        older = [i for i in tool_positions if items[i].seq <= through]  # type: ignore[operator]
         if not older:
             return items
         out = list(items)

@@ -9,6 +9,11 @@ units that fits the rest of the budget and starts on a user item, where one fits
 longest that fits and does not start on a tool result. So a user's follow-up after a long tool
 loop still comes with the end of that loop, not alone.
 
+The window cuts in steps (`context.window_refill`): while the history from the last cut still
+fits, the window starts there, so each prompt extends the previous one byte for byte (provider
+prompt caches bill that shared prefix at a tenth); once it does not, the start moves forward so
+the history fills only part of the limit, and the new start is kept with the conversation.
+
 The limit is the profile's `context.history_token_limit` minus what every call sends besides the
 transcript (tool schemas, instructions; the proxy's read tool while a shortened output may go
 along), never more than the model's context window minus the
@@ -46,7 +51,7 @@ class TokenWindow:
         limit = max(limit - sum(head_counts[n_system:]), 0)
         counts, scan_from = await self._tail_counts(turn, items, head, limit)
         counts[:head] = head_counts
-        kept = select_window(items, counts, limit, scan_from=scan_from)
+        kept = self._stepped(turn, items, counts, limit, head, scan_from)
         if not any(items[i].ref is not None for i in kept):
             fixed = turn.fixed_tokens  # no shortened output left in the prompt: no read tool either
         turn.report.tokens_sent = fixed + sum(counts[i] for i in kept)
@@ -54,6 +59,22 @@ class TokenWindow:
         turn.report.token_budget = turn.report.tokens_sent + limit - sum(counts[i] for i in kept[head:])
         turn.report.messages_left_out += len(items) - len(kept)  # added to: compaction may have left some out
         return [items[i] for i in kept]
+
+    @staticmethod
+    def _stepped(turn: Turn, items: list[Item], counts: list[int], limit: int, head: int, scan_from: int) -> list[int]:
+        """The window, cut in steps: the last cut's start stays while the history from it fits the
+        limit; once it does not, a new cut fills `window_refill` of the limit, and is kept."""
+        refill = turn.profile.context.window_refill
+        if refill >= 1:
+            return select_window(items, counts, limit, scan_from=scan_from)
+        start = _start_index(items, head, turn.marks.get(WINDOW_MARK))
+        if start is not None and sum(counts[start:]) <= limit:
+            return [*range(head), *range(start, len(items))]
+        kept = select_window(items, counts, int(limit * refill), scan_from=scan_from)
+        first = next((items[i].seq for i in kept[head:] if items[i].seq is not None), None)
+        if first is not None and first != turn.marks.get(WINDOW_MARK):
+            turn.report.marks[WINDOW_MARK] = first
+        return kept
 
     @staticmethod
     async def _count(turn: Turn, items: Sequence[Item]) -> list[int]:
@@ -75,6 +96,19 @@ class TokenWindow:
             if start == head or sum(tail) > limit:
                 return [limit + 1] * start + tail, start
             size *= 2
+
+
+WINDOW_MARK = "window_start"  # the seq the window starts at since its last cut
+
+
+def _start_index(items: Sequence[Item], head: int, start_seq: int | None) -> int | None:
+    """Where the window starts now: the first history item at or after the last cut (the first
+    one when there was none), moved back to its unit's start; None if the cut's item is gone."""
+    for i in range(head, len(items)):
+        seq = items[i].seq
+        if start_seq is None or (seq is not None and seq >= start_seq):
+            return unit_start(items, i, head)
+    return None
 
 
 def build(settings: Settings) -> TokenWindow:

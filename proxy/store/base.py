@@ -166,6 +166,9 @@ class Conversation:
     # Compaction: live messages up to `boundary` go upstream as summary `summary_id` instead.
     boundary: int = 0
     summary_id: int | None = None
+    # Where the pipeline's cuts stand between turns (the window's start, mask's boundary), so each
+    # prompt extends the previous one until the next cut: name -> seq.
+    marks: dict[str, int] = field(default_factory=dict)
 
     @property
     def live_hashes(self) -> list[str]:
@@ -241,6 +244,9 @@ class Store(Protocol):
 
     async def mark_forwarded(self, key: ConversationKey, marks: Mapping[int, int]) -> None:
         """Record, for messages forwarded for the first time, the call count at that moment."""
+
+    async def set_marks(self, key: ConversationKey, marks: Mapping[str, int]) -> None:
+        """Set named marks on the conversation record (others stay as they are)."""
 
     async def set_rewrites(self, key: ConversationKey, rewrites: Mapping[int, str]) -> None:
         """Store the forwarded form of messages (by seq), so every later turn sends the same bytes."""

@@ -466,6 +466,10 @@ class DiskStore:
         if marks:
             await self._write(self._update_record, key, lambda raw: raw["first_forwarded"].update(marks))
 
+    async def set_marks(self, key: ConversationKey, marks: Mapping[str, int]) -> None:
+        if marks:
+            await self._write(self._update_record, key, lambda raw: raw.setdefault("marks", {}).update(marks))
+
     async def set_rewrites(self, key: ConversationKey, rewrites: Mapping[int, str]) -> None:
         if rewrites:
             await self._write(self._set_rewrites, key, dict(rewrites))
@@ -631,7 +635,7 @@ def _conversation(key: ConversationKey, raw: dict[str, Any]) -> Conversation:
     return Conversation(
         key, raw["created_at"], raw["updated_at"], raw["next_seq"], [tuple(x) for x in raw["live"]],
         raw["llm_calls"], dict(raw["first_forwarded"]), frozenset(raw["rewritten"]),
-        raw["boundary"], raw["summary_id"],
+        raw["boundary"], raw["summary_id"], dict(raw.get("marks") or {}),
     )
 
 

@@ -78,6 +78,7 @@ log = logging.getLogger("proxy.store.redis")
 P = ParamSpec("P")
 T = TypeVar("T")
 
+MARK = "mark:"  # meta fields holding the conversation's marks (Conversation.marks)
 CONVERSATION_PARTS = ("meta", "body", "hash", "status", "live", "fwd", "rw", "sum", "turns", "resp", "pend")
 NO_CONVERSATION = "no such conversation"
 NO_MESSAGE = "no such message"
@@ -129,7 +130,7 @@ def _guarded(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
 # (Not delete: it works on a full store by design, so its success says nothing of writes.)
 WRITES = frozenset(
     {"append", "set_statuses", "finish_turn", "count_llm_call", "mark_forwarded", "set_rewrites", "add_summary",
-     "fail_pending", "secret", "_take_lock"}
+     "fail_pending", "secret", "_take_lock", "set_marks"}
 )
 
 
@@ -243,10 +244,10 @@ ensure()
 return redis.call('HINCRBY', meta, 'llm_calls', 1)
 """
 
-# ARGV[4] names the hash (fwd or rw: the caller's choice of key), then (field, value) pairs.
+# ARGV[4] names the hash (fwd, rw or meta: the caller's choice of key), then (field, value) pairs.
 SET_FIELDS = PRELUDE + """
 ensure()
-local target = ({fwd = fwd, rw = rw})[ARGV[4]]
+local target = ({fwd = fwd, rw = rw, meta = meta})[ARGV[4]]
 for i = 5, #ARGV, 2 do redis.call('HSET', target, ARGV[i], ARGV[i + 1]) end
 return 1
 """
@@ -640,6 +641,12 @@ class RedisStore:
             await self._set_fields(keys=self._keys(key), args=self._args(key, "fwd", *pairs))
 
     @_guarded
+    async def set_marks(self, key: ConversationKey, marks: Mapping[str, int]) -> None:
+        if marks:
+            pairs = [x for name, seq in marks.items() for x in (MARK + name, int(seq))]
+            await self._set_fields(keys=self._keys(key), args=self._args(key, "meta", *pairs))
+
+    @_guarded
     async def set_rewrites(self, key: ConversationKey, rewrites: Mapping[int, str]) -> None:
         if rewrites:
             pairs = [x for seq, content in rewrites.items() for x in (seq, content)]
@@ -736,6 +743,7 @@ def _conversation(
         [(int(seq), h) for seq, h in pairs], int(meta["llm_calls"]),
         {int(seq): int(calls) for seq, calls in fwd.items()}, frozenset(int(seq) for seq in rewritten),
         int(meta["boundary"]), int(meta["summary_id"]) if "summary_id" in meta else None,
+        {name[len(MARK) :]: int(value) for name, value in meta.items() if name.startswith(MARK)},
     )
 
 
