@@ -24,6 +24,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -65,8 +66,8 @@ class GuardPolicy:
         )
 
     def host_allowed(self, host: str) -> bool:
-        name = hostname(host)
-        return self.any_host or name in self.allowed_hosts or is_loopback_name(name)
+        name, loopback = _host_facts(host)
+        return self.any_host or loopback or name in self.allowed_hosts
 
     def cors_allowed(self, origin: str) -> bool:
         return self.any_origin or origin.lower().rstrip("/") in self.cors_origins
@@ -143,14 +144,17 @@ async def _cors_headers(request: web.Request, response: web.StreamResponse) -> N
 
 def _check_header_encoding(request: web.Request) -> None:
     """aiohttp keeps undecodable header bytes as surrogates; they must not reach a hash or the upstream."""
-    for name, value in request.headers.items():
-        if not value.isascii():
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                if name.lower() == "authorization":
-                    raise Unauthorized("The Authorization header is not valid UTF-8") from None
-                raise InvalidRequest(f"Header {name} is not valid UTF-8", param=name, code="invalid_header") from None
+    raw = request.raw_headers
+    if b"".join(value for _, value in raw).isascii():  # the common case: one C call
+        return
+    for name, value in raw:
+        try:
+            value.decode("utf-8")
+        except UnicodeDecodeError:
+            header = name.decode("latin-1")
+            if header.lower() == "authorization":
+                raise Unauthorized("The Authorization header is not valid UTF-8") from None
+            raise InvalidRequest(f"Header {header} is not valid UTF-8", param=header, code="invalid_header") from None
 
 
 def split_host(host: str) -> tuple[str, int | None]:
@@ -168,6 +172,12 @@ def split_host(host: str) -> tuple[str, int | None]:
 
 def hostname(host: str) -> str:
     return split_host(host)[0]
+
+
+@lru_cache(maxsize=1024)  # Host values come from clients: bounded; parsing an address is slow
+def _host_facts(host: str) -> tuple[str, bool]:
+    """(the host name of a Host value, whether it names this machine's loopback)."""
+    return hostname(host), is_loopback_name(host)
 
 
 def is_loopback_name(name: str) -> bool:
