@@ -15,12 +15,18 @@ from .base import (
     ConversationExists,
     Store,
     StoredMessage,
+    StoreError,
+    StoreFull,
+    StoreHealth,
+    StoreReadOnly,
+    StoreUnavailable,
     Summary,
 )
 
 __all__ = [
     "FAILED", "INCOMPLETE", "INTERNAL", "LIVE", "PENDING", "SUPERSEDED", "Conversation", "ConversationDump",
-    "ConversationExists", "Store", "StoredMessage", "Summary", "open_store",
+    "ConversationExists", "Store", "StoreError", "StoreFull", "StoreHealth", "StoreReadOnly", "StoreUnavailable",
+    "StoredMessage", "Summary", "open_store",
 ]
 
 
@@ -29,7 +35,7 @@ def open_store(settings: StorageSettings) -> Store:
     if settings.backend == "diskcache":
         from .disk import DiskStore
 
-        return DiskStore(settings.path)
+        return DiskStore(settings.path, reserve_bytes=int(settings.reserve_mb * 1024 * 1024))
     if settings.backend == "redis":
         from .redis import RedisStore
 
