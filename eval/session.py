@@ -7,6 +7,7 @@ model's replies (temperature 0, a fixed seed) decide the rest. The client is the
 
 from __future__ import annotations
 
+import inspect
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -155,7 +156,9 @@ class Agent:
             raw = await self.client.chat.completions.with_raw_response.create(**params)
             request.status = raw.status_code
             self._take_headers(request, raw.headers)
-            parsed = await raw.parse()
+            parsed = raw.parse()
+            if inspect.isawaitable(parsed):  # openai's async responses parse with or without await
+                parsed = await parsed
             message = await (_assemble(parsed, request) if request.stream else _message(parsed, request))
         except openai.APIStatusError as exc:
             request.status = exc.status_code
