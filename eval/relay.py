@@ -247,8 +247,8 @@ class _Events:
         self.call.tool_calls = [f"{name}({args[:120]})" for name, args in self.calls.values()]
 
 
-# A reply that is nothing but {"name": ..., "arguments": {...}}, maybe in a ``` fence.
-UNTAGGED_CALL = re.compile(r"^\s*(?:```(?:json)?\s*)?(\{.*\})\s*(?:```)?\s*$", re.DOTALL)
+# A reply that is nothing but {"name": ..., "arguments": {...}} objects, maybe in ``` fences.
+FENCE = re.compile(r"```(?:json)?")
 
 
 def _offered_tools(data: bytes) -> set[str]:
@@ -259,21 +259,26 @@ def _offered_tools(data: bytes) -> set[str]:
     return {(t.get("function") or {}).get("name") for t in tools if isinstance(t, dict)} - {None}
 
 
-def untagged_call(content: str | None, offered: set[str]) -> dict[str, Any] | None:
-    """The function call a reply's whole text spells out, if it names an offered tool."""
-    match = UNTAGGED_CALL.match(content or "")
-    if match is None:
-        return None
-    try:
-        spelled = json.loads(match.group(1))
-    except ValueError:
-        return None
-    if not isinstance(spelled, dict) or spelled.get("name") not in offered:
-        return None
-    arguments = spelled.get("arguments", {})
-    if not isinstance(arguments, str):
-        arguments = json.dumps(arguments)
-    return {"name": spelled["name"], "arguments": arguments}
+def untagged_calls(content: str | None, offered: set[str]) -> list[dict[str, Any]]:
+    """The function calls a reply's whole text spells out, if each names an offered tool; else []."""
+    text = FENCE.sub(" ", content or "").strip()
+    decoder, position, calls = json.JSONDecoder(), 0, []
+    while position < len(text):
+        try:
+            spelled, position = decoder.raw_decode(text, position)
+        except ValueError:
+            return []
+        if not isinstance(spelled, dict) or spelled.get("name") not in offered:
+            return []
+        arguments = spelled.get("arguments", {})
+        calls.append({"name": spelled["name"], "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)})
+        while position < len(text) and text[position].isspace():
+            position += 1
+    return calls
+
+
+def _tool_calls(call: UpstreamCall, functions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"index": i, "id": f"call_{call.index}_{i}", "type": "function", "function": f} for i, f in enumerate(functions)]
 
 
 def _rewrite_body(call: UpstreamCall, body: bytes, offered: set[str]) -> bytes:
@@ -283,12 +288,12 @@ def _rewrite_body(call: UpstreamCall, body: bytes, offered: set[str]) -> bytes:
         message = choice["message"]
     except (ValueError, KeyError, IndexError, TypeError):
         return body
-    function = None if message.get("tool_calls") else untagged_call(message.get("content"), offered)
-    if function is None:
+    functions = [] if message.get("tool_calls") else untagged_calls(message.get("content"), offered)
+    if not functions:
         return body
     call.rewrote_untagged_call = True
-    choice["message"] = {"role": "assistant", "content": None,
-                         "tool_calls": [{"id": f"call_{call.index}_0", "type": "function", "function": function}]}
+    calls = [{k: v for k, v in c.items() if k != "index"} for c in _tool_calls(call, functions)]
+    choice["message"] = {"role": "assistant", "content": None, "tool_calls": calls}
     choice["finish_reason"] = "tool_calls"
     return json.dumps(parsed).encode()
 
@@ -303,15 +308,15 @@ def _rewrite_stream(call: UpstreamCall, stream: bytes, offered: set[str]) -> byt
                 return stream
     content = "".join((c.get("delta") or {}).get("content") or "" for e in events for c in e.get("choices") or [])
     has_calls = any((c.get("delta") or {}).get("tool_calls") for e in events for c in e.get("choices") or [])
-    function = None if has_calls or not events else untagged_call(content, offered)
-    if function is None:
+    functions = [] if has_calls or not events else untagged_calls(content, offered)
+    if not functions:
         return stream
     call.rewrote_untagged_call = True
     head = {k: events[0][k] for k in ("id", "object", "created", "model") if k in events[0]}
-    delta = {"index": 0, "id": f"call_{call.index}_0", "type": "function", "function": function}
     out = [
         head | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}]},
-        head | {"choices": [{"index": 0, "delta": {"tool_calls": [delta]}, "finish_reason": None}]},
+        *(head | {"choices": [{"index": 0, "delta": {"tool_calls": [delta]}, "finish_reason": None}]}
+          for delta in _tool_calls(call, functions)),
         head | {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
     ]
     out += [head | {"choices": [], "usage": e["usage"]} for e in events if e.get("usage")]

@@ -74,7 +74,7 @@ def figures(run: dict[str, Any], ctx_size: int) -> dict[str, Any]:
                             for c in calls if not c["ok"]],
         "probes": {"found": sum(p["found"] for p in session["probes"]), "asked": len(session["probes"])},
         "seconds": {"session": session["seconds"], "model_load": run["model_load_seconds"],
-                    "request_median": statistics.median([r["seconds"] for r in requests]) if requests else None},
+                    "request_median": round(statistics.median([r["seconds"] for r in requests]), 1) if requests else None},
         "targets": {
             "no_request_refused_for_length": not any(c["refused_for_length"] for c in calls),
             "no_summarizer_call_retried_on_consecutive_turns": summarizer_retries(summarizer) == 0,

@@ -20,8 +20,9 @@ from .tools import TOOL_DEFINITIONS, Tools
 from .workspace import LAST_ERROR_ORDER, MOST_COMMON_ERROR, TICKET
 
 SYSTEM = (
-    "You are a coding agent working in a small Python project. Use the tools to look at files, run "
-    "commands and edit files; never guess a file's content. Keep your answers short."
+    "You are a coding agent working in a small Python project. When the user asks you to list, read, "
+    "write or run something, call the tool for it; never describe what you would do, and never guess "
+    "a file's content. After the tool answers, reply to the user in one or two short sentences."
 )
 
 
