@@ -54,6 +54,8 @@ def figures(run: dict[str, Any], ctx_size: int) -> dict[str, Any]:
             "failed": sum(not c["ok"] for c in summarizer),
             "retried_on_consecutive_turns": summarizer_retries(summarizer),
             "summaries_stored": len(run["proxy"]["summaries"]),
+            "cut_at_server_cap": sum(c["finish_reason"] == "length" for c in summarizer),
+            "most_completion_tokens": max((c["completion_tokens"] or 0 for c in summarizer), default=0),
             "proxy_compactions": {k.split('"')[1]: v for k, v in metrics.items() if k.startswith("context_proxy_compactions_total")},
         },
         "read_back": {
@@ -122,6 +124,8 @@ def print_report(run: dict[str, Any]) -> None:
         ["summarizer calls (ok / failed)", f"{s['calls']} ({s['ok']} / {s['failed']})"],
         ["summarizer calls retried on consecutive turns", s["retried_on_consecutive_turns"]],
         ["summaries stored", s["summaries_stored"]],
+        ["summaries cut at the server's 1,024-token cap (longest)", f"{s['cut_at_server_cap']} ({s['most_completion_tokens']})"],
+        ["agent replies rewritten from untagged calls", sum(c["rewrote_untagged_call"] for c in calls)],
         ["read-back rounds (relay / proxy metric)", f"{rb['rounds']} / {rb['proxy_metric']}"],
         ["read_tool_output offered (without a shortened output)", f"{rb['offered']} ({rb['offered_without_shortened_output']})"],
         ["failed requests (proxy / upstream / client)", f"{fr['total']} ({fr['by']['proxy']} / {fr['by']['upstream']} / {fr['by']['client']})"],

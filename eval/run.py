@@ -54,6 +54,10 @@ def llama_server(model: Path, port: int, ctx_size: int, log: Path) -> Proc:
         # prompt is processed in batches, on all cores.
         "--threads", "1", "--threads-batch", str(os.cpu_count() or 1),
         "--seed", str(SEED), "--temp", "0",  # also for the summarizer's requests, which set neither
+        # A cap for requests that set no max_tokens (as hosted APIs cap output): the summarizer's
+        # carry none today, and a looping 0.5B summary at ~3 tokens/s otherwise holds the one slot
+        # until the context is full. The report counts summaries the cap cut.
+        "--n-predict", "1024",
         "--fit", "off", "--no-webui",
     ]
     return Proc("llama-server", argv, port, "/health", log)
@@ -104,7 +108,7 @@ async def run_strategy(strategy: str, args: argparse.Namespace, run_dir: Path) -
         result = await agent.run(TURNS[: args.turns], args.minutes)
         await client.close()
         # Background summaries may still be running: let them finish before reading the figures.
-        await _settle(relay)
+        await _settle(relay, timeout_s=120 if args.minutes is not None else 600)
         proxy_side = await _proxy_figures(proxy_url, result.conversation_id)
         return {
             "strategy": strategy, "model_load_seconds": load_seconds, "load_average": os.getloadavg(), "server_props": await _props(server.port),
@@ -174,7 +178,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ctx-size", type=int, default=8192, help="llama-server's --ctx-size = the proxy's context_window")
     parser.add_argument("--history-token-limit", type=int, default=3000)
     parser.add_argument("--turns", type=int, default=len(TURNS), help=f"user turns to run (at most {len(TURNS)})")
-    parser.add_argument("--minutes", type=float, default=None, help="start no new user turn after this many minutes")
+    parser.add_argument("--minutes", type=float, default=None,
+                        help="start no new user turn after this many minutes (and give up a request 8 minutes later)")
     args = parser.parse_args(argv)
     build = install.install_server()
     install.install_model(args.model)

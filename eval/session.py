@@ -7,6 +7,7 @@ model's replies (temperature 0, a fixed seed) decide the rest. The client is the
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import time
@@ -101,19 +102,31 @@ class Agent:
         self.conversation_id: str | None = None
         self.started = time.monotonic()
 
-    async def run(self, turns: tuple[UserTurn, ...] = TURNS, minutes: float | None = None) -> SessionResult:
-        """Every turn in order; with `minutes`, no new turn starts once they have passed."""
-        probes = []
+    async def run(self, turns: tuple[UserTurn, ...] = TURNS, minutes: float | None = None,
+                  grace_minutes: float = 8) -> SessionResult:
+        """Every turn in order. With `minutes`, no new turn starts once they have passed, and a
+        request still under way `grace_minutes` later is given up (counted as failed by the client)."""
+        self.probes: list[dict[str, Any]] = []
+        if minutes is None:
+            await self._turns(turns, None)
+        else:
+            try:
+                await asyncio.wait_for(self._turns(turns, minutes), (minutes + grace_minutes) * 60)
+            except TimeoutError:
+                request = self.requests[-1]
+                request.error, request.failed_by = "given up at the eval's time limit", "client"
+        return SessionResult(self.requests, self.probes, self.conversation_id, round(time.monotonic() - self.started, 1))
+
+    async def _turns(self, turns: tuple[UserTurn, ...], minutes: float | None) -> None:
         for number, turn in enumerate(turns, 1):
             if minutes is not None and time.monotonic() - self.started > minutes * 60:
-                break
+                return
             self.relay.turn = number
             self.messages.append({"role": "user", "content": turn.text})
             answer = await self._turn(number)
             if turn.expect is not None:
-                probes.append({"turn": number, "expect": turn.expect,
-                               "found": turn.expect.lower() in answer.lower(), "answer": answer[:300]})
-        return SessionResult(self.requests, probes, self.conversation_id, round(time.monotonic() - self.started, 1))
+                self.probes.append({"turn": number, "expect": turn.expect,
+                                    "found": turn.expect.lower() in answer.lower(), "answer": answer[:300]})
 
     async def _turn(self, number: int) -> str:
         """Requests until the model answers without tool calls (or `max_steps`); returns its last text."""
