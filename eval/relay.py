@@ -260,18 +260,21 @@ def _offered_tools(data: bytes) -> set[str]:
 
 
 def untagged_calls(content: str | None, offered: set[str]) -> list[dict[str, Any]]:
-    """The function calls a reply's whole text spells out, if each names an offered tool; else []."""
+    """The calls of offered tools that a reply's text spells out from its first character: calls of
+    tools it invented are left out, and so is what follows the last whole object (a reply cut at
+    `max_tokens` mid-object). [] when the text does not start with such an object."""
     text = FENCE.sub(" ", content or "").strip()
     decoder, position, calls = json.JSONDecoder(), 0, []
     while position < len(text):
         try:
             spelled, position = decoder.raw_decode(text, position)
         except ValueError:
-            return []
-        if not isinstance(spelled, dict) or spelled.get("name") not in offered:
-            return []
+            break
+        if not isinstance(spelled, dict) or not isinstance(spelled.get("name"), str):
+            break
         arguments = spelled.get("arguments", {})
-        calls.append({"name": spelled["name"], "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)})
+        if spelled["name"] in offered:
+            calls.append({"name": spelled["name"], "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)})
         while position < len(text) and text[position].isspace():
             position += 1
     return calls
