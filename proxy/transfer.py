@@ -12,7 +12,6 @@ target store's.
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
 from .identity import CONVERSATION_ID, ConversationKey
@@ -66,7 +65,7 @@ def dump_to_json(dump: ConversationDump) -> dict[str, Any]:
         ],
         "first_forwarded": {str(seq): calls for seq, calls in sorted(c.first_forwarded.items())},
         "rewrites": {str(seq): content for seq, content in sorted(dump.rewrites.items())},
-        "summaries": [asdict(s) for s in dump.summaries],
+        "summaries": [s.to_record() for s in dump.summaries],
         "turns": dump.turns,
         "responses": dump.responses,
     }
@@ -89,9 +88,10 @@ def dump_from_json(doc: Any) -> ConversationDump:
         rewrites = {_key(seq): _str(content) for seq, content in _object(doc["rewrites"]).items()}
         summaries = []
         for raw in _list(doc["summaries"]):
-            if set(_object(raw)) != set(SUMMARY_FIELDS):
-                raise InvalidExport(f"a summary must have exactly the fields {sorted(SUMMARY_FIELDS)}")
-            summaries.append(Summary(**{name: check(raw[name]) for name, check in SUMMARY_FIELDS.items()}))
+            if set(_object(raw)) - set(SUMMARY_PARTS) != set(SUMMARY_FIELDS):
+                raise InvalidExport(f"a summary must have exactly the fields {sorted(SUMMARY_FIELDS)} (and {sorted(SUMMARY_PARTS)})")
+            fields = {name: check(raw[name]) for name, check in (SUMMARY_FIELDS | SUMMARY_PARTS).items() if name in raw}
+            summaries.append(Summary.from_record(fields))
         conversation = Conversation(
             key,
             created_at=_number(doc["created_at"]),
@@ -172,3 +172,29 @@ SUMMARY_FIELDS = {
     "text": _str, "first_seq": _int, "last_seq": _int, "strategy": _str, "model": _str,
     "tokens_in": _int, "tokens_out": _int, "created_at": _number, "id": _int,
 }  # Summary's fields, each with its check
+
+
+def _records(fields: dict[str, Any]) -> Any:
+    """A check of a list of objects with exactly `fields` (name -> check)."""
+
+    def check(value: Any) -> list[dict[str, Any]]:
+        out = []
+        for item in _list(value):
+            if set(_object(item)) != set(fields):
+                raise InvalidExport(f"expected objects with exactly the fields {sorted(fields)}")
+            out.append({name: part(item[name]) for name, part in fields.items()})
+        return out
+
+    return check
+
+
+def _optional_str(value: Any) -> str | None:
+    return None if value is None else _str(value)
+
+
+# A summary's parts kept as data; an export written before them has none.
+SUMMARY_PARTS = {
+    "facts": _records({"value": _str, "named": _int, "seen": _int, "last_seq": _int}),
+    "user_messages": _records({"seq": _int, "text": _str, "chars": _int, "ref": _optional_str}),
+    "user_messages_omitted": _int,
+}

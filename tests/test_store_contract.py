@@ -20,6 +20,8 @@ from proxy.store import (
     SUPERSEDED,
     ConversationDump,
     ConversationExists,
+    KeyFact,
+    QuotedMessage,
     Store,
     Summary,
     open_store,
@@ -177,6 +179,19 @@ async def test_summaries_are_all_kept_and_the_boundary_only_moves_forward(store)
     assert [s.text for s in await store.summaries(A)] == ["first", "second", "late and stale"]
     assert (await store.summary(A, stale.id)).last_seq == 6
     assert await store.summaries(B) == []
+
+
+async def test_a_summary_keeps_its_parts_as_data(store):
+    await add(store, A, ["task", "keep src/a.py", "x"])
+    made = Summary(
+        text="the summarizer's text", first_seq=1, last_seq=3, strategy="turns", model="m", tokens_in=5, tokens_out=1,
+        facts=[KeyFact("src/a.py", 2, 1, 2), KeyFact("PROJ-9", 1, 0, 3)],
+        user_messages=[QuotedMessage(2, "keep src/a.py", 13), QuotedMessage(3, "x" * 10, 900, ref="out_3_" + "0" * 24)],
+        user_messages_omitted=4,
+    )
+    stored = await store.add_summary(A, made)
+    for read in (await store.summary(A, stored.id), (await store.summaries(A))[0]):
+        assert read == stored and read.facts[0] == KeyFact("src/a.py", 2, 1, 2) and read.user_messages[1].shortened
 
 
 async def test_leases_are_exclusive_until_released_or_expired(store):

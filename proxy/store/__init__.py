@@ -13,6 +13,8 @@ from .base import (
     Conversation,
     ConversationDump,
     ConversationExists,
+    KeyFact,
+    QuotedMessage,
     Store,
     StoredMessage,
     StoreError,
@@ -25,7 +27,7 @@ from .base import (
 
 __all__ = [
     "FAILED", "INCOMPLETE", "INTERNAL", "LIVE", "PENDING", "SUPERSEDED", "Conversation", "ConversationDump",
-    "ConversationExists", "Store", "StoreError", "StoreFull", "StoreHealth", "StoreReadOnly", "StoreUnavailable",
+    "ConversationExists", "KeyFact", "QuotedMessage", "Store", "StoreError", "StoreFull", "StoreHealth", "StoreReadOnly", "StoreUnavailable",
     "StoredMessage", "Summary", "open_store",
 ]
 

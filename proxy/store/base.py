@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from ..errors import ProxyError
@@ -123,8 +123,36 @@ class StoredMessage:
 
 
 @dataclass(slots=True)
+class KeyFact:
+    """An identifier a summary keeps verbatim (a path, URL, id, sha, number), with its salience."""
+
+    value: str
+    named: int  # messages in which the user, the assistant or a tool call's arguments named it
+    seen: int  # tool outputs it appeared in
+    last_seq: int  # the newest message that mentions it
+
+
+@dataclass(slots=True)
+class QuotedMessage:
+    """A user message a summary carries verbatim ("What the user said"), or its head and a ref."""
+
+    seq: int
+    text: str  # the whole text, or only its head when `ref` is set
+    chars: int  # the length of the whole text
+    ref: str | None = None  # set when shortened: read_tool_output reads the whole message by it
+
+    @property
+    def shortened(self) -> bool:
+        return self.ref is not None
+
+
+@dataclass(slots=True)
 class Summary:
-    """A compaction summary: what the live history up to `last_seq` was, for the agent."""
+    """A compaction summary: what the live history up to `last_seq` was, for the agent.
+
+    Its parts are kept apart: `text` is the summarizer's, `facts` and `user_messages` the proxy's
+    own (carried forward from summary to summary). proxy/compaction/render.py makes them the one
+    system message the upstream sees."""
 
     text: str
     first_seq: int  # the window of live messages it covers (with the previous summary folded in)
@@ -135,12 +163,31 @@ class Summary:
     tokens_out: int
     created_at: float = field(default_factory=lambda: now())
     id: int = 0  # set by the store: 1, 2, ... per conversation
+    facts: list[KeyFact] = field(default_factory=list)  # most salient first
+    user_messages: list[QuotedMessage] = field(default_factory=list)  # oldest first
+    user_messages_omitted: int = 0  # older user messages past every budget: counted, not shown
+
+    def to_record(self) -> dict[str, Any]:
+        """The JSON-safe form both store backends keep."""
+        return asdict(self)
+
+    @classmethod
+    def from_record(cls, raw: Mapping[str, Any]) -> Summary:
+        """The inverse of `to_record`; a record written before facts and user messages were kept
+        as data reads with none."""
+        fields = dict(raw)
+        fields["facts"] = [KeyFact(**f) for f in fields.get("facts") or ()]
+        fields["user_messages"] = [QuotedMessage(**m) for m in fields.get("user_messages") or ()]
+        return cls(**fields)
 
     def to_api(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "object": "conversation.summary",
             "text": self.text,
+            "key_facts": [f.value for f in self.facts],
+            "user_messages": [asdict(m) for m in self.user_messages],
+            "user_messages_omitted": self.user_messages_omitted,
             "first_seq": self.first_seq,
             "last_seq": self.last_seq,
             "strategy": self.strategy,

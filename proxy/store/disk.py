@@ -30,7 +30,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -506,7 +506,7 @@ class DiskStore:
         def change(raw: dict[str, Any]) -> Summary:
             raw["summaries"] += 1
             stored = replace(summary, id=raw["summaries"])
-            self._cache.set(_summary_key(key, stored.id), asdict(stored))
+            self._cache.set(_summary_key(key, stored.id), stored.to_record())
             if summary.last_seq > raw["boundary"]:
                 raw["boundary"], raw["summary_id"] = summary.last_seq, stored.id
             return stored
@@ -526,7 +526,7 @@ class DiskStore:
 
     def _summary(self, key: ConversationKey, summary_id: int) -> Summary | None:
         raw = self._cache.get(_summary_key(key, summary_id))
-        return None if raw is None else Summary(**raw)
+        return None if raw is None else Summary.from_record(raw)
 
     async def import_conversation(self, dump: ConversationDump, *, replace: bool = False) -> None:
         dump.check()
@@ -552,7 +552,7 @@ class DiskStore:
             for seq, content in dump.rewrites.items():
                 self._cache.set(_rewrite_key(key, seq), content)
             for summary in dump.summaries:
-                self._cache.set(_summary_key(key, summary.id), asdict(summary))
+                self._cache.set(_summary_key(key, summary.id), summary.to_record())
             for turn in dump.turns:
                 self._cache.set(_turn_key(key, turn["turn"]), dict(turn))
             for response_id, seq in dump.responses.items():

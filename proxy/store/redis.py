@@ -43,7 +43,7 @@ import secrets
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any, ParamSpec, TypeVar
 
 import redis.asyncio as aioredis
@@ -709,7 +709,7 @@ class RedisStore:
 
     @_guarded
     async def add_summary(self, key: ConversationKey, summary: Summary) -> Summary:
-        data = asdict(summary)
+        data = summary.to_record()
         del data["id"]  # the store assigns it; it is the field name in the hash
         sid = await self._add_summary(keys=self._keys(key), args=self._args(key, _dumps(data), summary.last_seq))
         return replace(summary, id=int(sid))
@@ -717,12 +717,12 @@ class RedisStore:
     @_guarded
     async def summaries(self, key: ConversationKey) -> list[Summary]:
         raw = await self._redis.hgetall(self._conv(key, "sum"))
-        return [Summary(**json.loads(raw[sid]), id=int(sid)) for sid in sorted(raw, key=int)]
+        return [Summary.from_record({**json.loads(raw[sid]), "id": int(sid)}) for sid in sorted(raw, key=int)]
 
     @_guarded
     async def summary(self, key: ConversationKey, summary_id: int) -> Summary | None:
         raw = await self._redis.hget(self._conv(key, "sum"), str(summary_id))
-        return None if raw is None else Summary(**json.loads(raw), id=summary_id)
+        return None if raw is None else Summary.from_record({**json.loads(raw), "id": summary_id})
 
     # -- import --------------------------------------------------------------------------------
 
@@ -743,7 +743,7 @@ class RedisStore:
         for seq, content in dump.rewrites.items():
             args += [seq, content]
         for summary in dump.summaries:
-            data = asdict(summary)
+            data = summary.to_record()
             args += [data.pop("id"), _dumps(data)]
         for record in dump.turns:
             rest = {k: v for k, v in record.items() if k not in ("turn", "reply_seq")}
