@@ -186,7 +186,7 @@ class CompactionSettings(Section):
     )
     every_n_user_messages: int = Field(10, ge=1, description="turns: summarize after N new user messages.")
     max_history_summary_length: int = Field(
-        40000, ge=1000, description="budget: summarize once the live history exceeds this many characters."
+        40000, ge=1000, description="budget: summarize once the summary plus the live history exceed this many characters."
     )
     compaction_percent: int = Field(50, ge=1, le=100, description="budget: share of the history a window takes.")
     recent_context_messages: int = Field(6, ge=0, le=100, description="budget: messages after the window shown to the summarizer.")
@@ -194,10 +194,29 @@ class CompactionSettings(Section):
     max_summarizer_input_tokens: int = Field(
         60000, ge=1000, description="Larger windows are summarized in chunks of this size."
     )
-    max_key_facts: int = Field(40, ge=0, le=500, description="Most identifiers appended when a summary lost them.")
+    max_summary_tokens: int = Field(
+        1024, ge=64, le=32768, description="The summarizer's max_tokens; a longer answer is cut to it."
+    )
+    max_key_facts: int = Field(100, ge=0, le=500, description="Most identifiers kept as key facts.")
+    key_facts_chars: int = Field(
+        3000, ge=0, le=100_000, description="Characters of the key facts list; the least salient go first past it."
+    )
+    user_messages_chars: int = Field(
+        12000, ge=500, le=200_000,
+        description="Characters of the user's own messages a summary carries; past it the oldest are shortened to a head and a ref.",
+    )
+    retry_backoff_s: float = Field(
+        60, ge=0, le=86400, description="After a failed summary, wait this long (doubling per failure) and at least one turn."
+    )
     compactor_class: str | None = Field(
         "proxy.compaction.llm.LLMCompactor", description="Dotted path of the compactor class (turns/budget)."
     )
+
+    @field_validator("strategy", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        # YAML 1.1 reads an unquoted `off` (and `no`, `false`) as false.
+        return "off" if value is False or (isinstance(value, str) and value.strip().lower() == "false") else value
 
 
 class Profile(Section):
@@ -222,6 +241,11 @@ class ProfileOverrides(Section):
 class SummarizerSettings(Section):
     model: str | None = Field(None, description="Model that writes summaries; null = the request's own model.")
     timeout_s: float = Field(120, gt=0, le=3600, description="Longest a summary may take before it counts as failed.")
+    yield_to_agent: bool = Field(
+        False,
+        description="Queue summaries behind the agent's requests to the same upstream and stop one when an agent "
+        "request starts (a local model serving one request at a time).",
+    )
 
 
 class ModelSettings(Section):
