@@ -20,7 +20,7 @@ from proxy.transfer import SUMMARY_FIELDS, SUMMARY_PARTS
 from tests.conftest import ALICE, BOB, openai_client
 from tests.fake_upstream import Reply, default_responder
 from tests.harness import ROOT, write_config
-from tests.test_compaction import SUMMARIZER_MARK
+from tests.responders import SUMMARIZER_MARK
 
 REF = re.compile(r"out_\d+_[0-9a-f]{24}")
 BIG = "".join(f"tests/test_io.py::case_{i:04d} PASSED\n" for i in range(600))  # ~22k characters

@@ -16,21 +16,29 @@ from ..store import StoredMessage
 MARKER_CHARS = 300
 
 
-def turns_window(after_boundary: list[StoredMessage], settings: CompactionSettings, force: bool) -> list[StoredMessage]:
+def turns_window(
+    after_boundary: list[StoredMessage], settings: CompactionSettings, force: bool, counted: int = 0
+) -> list[StoredMessage]:
     """turns: once N user messages came since the last summary, everything before the newest user
-    message (the current turn stays verbatim)."""
+    message (the current turn stays verbatim). `counted`: how many of the first user messages after
+    the boundary the last summary already counted (the one that triggered it stays after it)."""
     users = [i for i, m in enumerate(after_boundary) if m.message.get("role") == "user"]
-    if not users or (len(users) < settings.every_n_user_messages and not force):
+    if not users or (len(users) - counted < settings.every_n_user_messages and not force):
         return []
     return _big_enough(after_boundary[: users[-1]])
 
 
 def budget_window(
-    after_boundary: list[StoredMessage], settings: CompactionSettings, truncation: TruncationSettings, force: bool
+    after_boundary: list[StoredMessage],
+    settings: CompactionSettings,
+    truncation: TruncationSettings,
+    force: bool,
+    summary_chars: int = 0,
 ) -> list[StoredMessage]:
-    """budget: once the live history is over `max_history_summary_length` characters (counted as it
-    goes upstream, shortened tool outputs included), its first `compaction_percent`."""
-    if not force and history_chars(after_boundary, truncation) <= settings.max_history_summary_length:
+    """budget: once the current summary (`summary_chars`, as sent) plus the live history are over
+    `max_history_summary_length` characters (counted as they go upstream, shortened tool outputs
+    included), the history's first `compaction_percent`."""
+    if not force and summary_chars + history_chars(after_boundary, truncation) <= settings.max_history_summary_length:
         return []
     end = math.ceil(len(after_boundary) * settings.compaction_percent / 100)
     return _big_enough(after_boundary[: block_end(after_boundary, end)])

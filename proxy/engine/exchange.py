@@ -114,7 +114,7 @@ class Exchange:
         specs = [tool.spec for tool in self.tools.values()]
         body = self.dialect.upstream_body(self.body, self.items + self.internal, specs)
         self._call_started = time.perf_counter()
-        return await self.upstream.call(self.dialect.name, body, self.turn.headers)
+        return await self.turn.summarizer.inflight.agent_call(self.upstream, self.dialect.name, body, self.turn.headers)
 
     async def _read_round(self, reply: ReplyRead, ours: list[Call]) -> UpstreamReply | None:
         """Answer our calls, keep the round in the trajectory, and ask the upstream again.
