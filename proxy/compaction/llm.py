@@ -35,10 +35,11 @@ from .windows import budget_window, history_chars, turns_window
 
 log = logging.getLogger("proxy.compaction")
 
-# A message's text as the summarizer sees it: long tool outputs are cut (their full text stays
-# readable through read_tool_output; the summary needs the gist, and key facts catch the ids),
-# and so is any message longer than a chunk could hold.
-RENDER_TOOL_CHARS = 4000
+# A message's text as the summarizer sees it: long tool outputs are cut to what the agent saw of
+# them (truncation's default preview; the full text stays readable through read_tool_output, the
+# summary needs the gist, and key facts come from the whole stored output), and so is any message
+# longer than a chunk could hold.
+RENDER_TOOL_CHARS = 2000
 RENDER_MAX_CHARS = 24000
 # Share of the summarizer's context window a request may fill: tiktoken counts OpenAI's models
 # exactly; another tokenizer and chat template can take a good third more tokens for the same text.
