@@ -87,7 +87,8 @@ class Summarizer:
     async def history(self, user: str, model: str, headers: dict[str, str], max_tokens: int, source: str) -> Completion:
         """A history summary; `source` is the part of `user` it must not merely copy (the messages:
         repeating the previous summary is no echo)."""
-        return await self.complete(prompt("history"), user, model, headers, max_tokens, source)
+        system = prompt("history").replace("{max_words}", str(max_tokens * 3 // 4))  # about 0.75 words a token
+        return await self.complete(system, user, model, headers, max_tokens, source)
 
     async def complete(
         self, system: str, user: str, model: str, headers: dict[str, str], max_tokens: int, source: str | None = None

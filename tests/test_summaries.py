@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 
+from proxy.compaction.quotes import quote
+from proxy.compaction.render import QUOTES_HEADER, SUMMARY_HEADER, render_summary
+from proxy.config import CompactionSettings
 from proxy.state import COMPACTION
 from proxy.store import KeyFact, QuotedMessage, Summary
 from proxy.tokens import TokenCounter
@@ -143,7 +146,7 @@ def test_a_thousand_word_summary_is_cut_to_max_summary_tokens(make_proxy, upstre
     for text in ("task", "two", "three", "four"):
         agent.say(text)
     [request] = summary_requests(upstream)
-    assert request["max_tokens"] == 120  # asked for ...
+    assert request["max_tokens"] == 120 and "Stay under\n90 words" in request["messages"][0]["content"]  # asked for ...
     [summary] = agent.trajectory()["summaries"]
     tokens = TokenCounter().count({"role": "user", "content": summary["text"]}, "gpt-4o-mini")
     assert 60 < tokens <= 120  # ... and held to, though the model ignored it
@@ -184,3 +187,22 @@ def test_the_summarizer_request_is_the_agents_model_unless_named(make_proxy, ups
     for text in ("task", "two", "three", "four"):
         agent.say(text)
     assert [r["model"] for r in upstream.chat_requests() if is_summary_request(r)] == ["gpt-4o"]
+
+
+def test_the_render_function_takes_the_windows_left_out_user_messages_within_the_same_budget():
+    settings = CompactionSettings(user_messages_chars=500)
+    summary = Summary("Did things.", 1, 4, "turns", "m", 1, 1, facts=[KeyFact("src/a.py", 1, 0, 3)],
+                      user_messages=[QuotedMessage(3, "use src/a.py", 12)])
+    alone = render_summary(summary, settings)
+    assert alone.text == (
+        SUMMARY_HEADER + "Did things.\n\nKey facts (kept verbatim from the summarized messages):\n- src/a.py\n\n"
+        + QUOTES_HEADER + "\n\n- use src/a.py"
+    ) and alone.refs == {}
+    assert render_summary(summary, settings) == alone  # a pure function: the same bytes every turn
+    left_out = [quote(9, {"role": "user", "content": "x" * 600}), quote(12, {"role": "user", "content": "newest"})]
+    both = render_summary(summary, settings, left_out_user_messages=left_out, ref_for=lambda seq: f"out_{seq}_{'0' * 24}")
+    assert both.refs == {9: "out_9_" + "0" * 24}  # the older long one, shortened to a head and its ref
+    assert both.text.index("- use src/a.py") < both.text.index("- " + "x" * 240) < both.text.index("- newest")
+    assert len(both.text) < len(alone.text) + 500
+    without_summary = render_summary(None, settings, left_out_user_messages=left_out[1:], ref_for=str)
+    assert without_summary.text.endswith("- newest") and render_summary(None, settings) is None
