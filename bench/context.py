@@ -20,7 +20,11 @@ tiktoken over messages and tool schemas):
 - prefix: the share of consecutive agent prompts that extend the previous one byte for byte,
   over the pairs with no new summary between them;
 - facts: of the planted facts whose message left the prompt, the share that still reaches the
-  upstream in the last prompt, by kind.
+  upstream in the last prompt, by kind;
+- max prompt, over limit: the largest agent prompt without its system messages (tool schemas and
+  read-back rounds included), and how many were over the default history_token_limit;
+- refused: upstream requests the strict fake refused as the real API would; failed: steps the
+  client got no 200 for (the run then goes on as scripted).
 
 The client side and the reading of the upstream's requests sit behind `Wire` (one per wire
 format; Chat Completions here), so the same run can go over the Responses and Messages APIs.
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import statistics
 import tempfile
 from collections import defaultdict
@@ -74,6 +79,7 @@ class Prompt:
     tools: list[dict[str, Any]]
     summary: bool  # a summarizer's request, not the agent's
     output: str = ""  # what the upstream answered (for a summarizer call: what it cost to write)
+    refused: bool = False  # the strict fake refused it as the real API would (4xx)
 
 
 class Wire(Protocol):
@@ -104,9 +110,13 @@ class ChatWire:
 
     def prompts(self, upstream: FakeUpstream) -> list[Prompt]:
         out = []
-        for body in upstream.chat_requests():
+        for record in upstream.requests:
+            body = record.body
+            if not record.path.endswith("/chat/completions") or not isinstance(body, dict) or "messages" not in body:
+                continue
             summary = is_summary_request(body) or is_tool_summary_request(body)
-            out.append(Prompt(body["messages"], body.get("tools") or [], summary, SUMMARY_TEXT if summary else ""))
+            refused = 400 <= record.status_sent < 500
+            out.append(Prompt(body["messages"], body.get("tools") or [], summary, SUMMARY_TEXT if summary else "", refused))
         return out
 
 
@@ -282,6 +292,7 @@ def figures(result: Result, pricing: Pricing, naive_cost: float, limit: int) -> 
         "max_prompt": max(history),
         "over_limit": sum(1 for h in history if h > limit),
         "failed": result.failed,
+        "refused": sum(1 for p in result.prompts if p.refused),
         "requests": len(agent),
         "breaks": dict(breaks),
     }
@@ -299,17 +310,17 @@ def table(rows: list[dict[str, Any]], naive: dict[str, Any], run: Run, steps: in
         f"default limits, summarizer keeps nothing.",
         "",
         f"| configuration | tokens | cost (cached at {CACHED_PRICE:g}) | vs naive | prefix kept | facts kept | {kinds} "
-        "| summaries | max prompt | over limit | failed |",
+        "| summaries | max prompt | over limit | refused | failed |",
         "|" + " --- |" * (11 + len(KINDS)),
         f"| naive (whole transcript) | {naive['tokens']:,} | {naive['cost']:,.0f} | 100% | 100% | — |"
-        + " — |" * len(KINDS) + " — | — | — | — |",
+        + " — |" * len(KINDS) + " — | — | — | — | — |",
     ]
     for r in rows:
         by_kind = " | ".join(f"{sum(v)}/{len(v)}" if v else "—" for v in (r["by_kind"][k] for k in KINDS))
         lines.append(
             f"| {r['name']} | {r['tokens']:,} | {r['cost']:,.0f} | {100 * r['cost_share']:.1f}% | {100 * r['prefix']:.0f}% "
-            f"| {'—' if r['facts'] is None else format(r['facts'], '.0%')} | {by_kind} | {r['summarizer_calls']} | {r['max_prompt']:,} | {r['over_limit']} "
-            f"| {r['failed']} |"
+            f"| {'—' if r['facts'] is None else format(r['facts'], '.0%')} | {by_kind} | {r['summarizer_calls']} "
+            f"| {r['max_prompt']:,} | {r['over_limit']} | {r['refused']} | {r['failed']} |"
         )
     lines.append("")
     for r in rows:
@@ -329,6 +340,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--only", default="", help="comma-separated configuration names")
     args = parser.parse_args(argv)
+    logging.getLogger("proxy").setLevel(logging.ERROR)  # the table says what failed; warnings would bury it
     run = generate_run(args.steps, args.seed)
     names = [n for n in CONFIGS if not args.only or n in args.only.split(",")]
     loop = LoopThread()
