@@ -23,8 +23,9 @@ tiktoken over messages and tool schemas):
   upstream in the last prompt, by kind;
 - max prompt, over limit: the largest agent prompt without its system messages (tool schemas and
   read-back rounds included), and how many were over the default history_token_limit;
-- refused: upstream requests the strict fake refused as the real API would; failed: steps the
-  client got no 200 for (the run then goes on as scripted).
+- refused: upstream requests the strict fake refused as the real API would (left out of the
+  figures above: not billed, nothing cached); failed: steps the client got no 200 for (the run
+  then goes on as scripted).
 
 The client side and the reading of the upstream's requests sit behind `Wire` (one per wire
 format; Chat Completions here), so the same run can go over the Responses and Messages APIs.
@@ -196,7 +197,7 @@ def run_config(loop: LoopThread, upstream: FakeUpstream, wire: Wire, name: str, 
 def retention(run: Run, result: Result, transcript: list[Message], carriers: dict[int, int]) -> dict[str, list[bool]]:
     """For each planted fact whose message (the user's, for a decision; else the model's) is not in
     the last agent prompt as it was written: is its value in that prompt?"""
-    last = next(p for p in reversed(result.prompts) if not p.summary)
+    last = next(p for p in reversed(result.prompts) if not p.summary and not p.refused)
     everything = json.dumps(last.messages, ensure_ascii=False)  # none of the planted values has a character JSON escapes
     out: dict[str, list[bool]] = defaultdict(list)
     for plant in run.plants:
@@ -261,8 +262,9 @@ def _why(before: Prompt, after: Prompt) -> str:
 
 
 def figures(result: Result, pricing: Pricing, naive_cost: float, limit: int) -> dict[str, Any]:
-    agent = [p for p in result.prompts if not p.summary]
-    summaries = [p for p in result.prompts if p.summary]
+    # A request the API refuses is not billed and caches nothing: it is counted apart.
+    agent = [p for p in result.prompts if not p.summary and not p.refused]
+    summaries = [p for p in result.prompts if p.summary and not p.refused]
     tokens, cost = pricing.cost([(p.messages, p.tools) for p in agent])
     summary_tokens = sum(sum(pricing.tokens(p.messages, [])) + pricing.counter.count({"role": "assistant", "content": p.output}, MODEL) for p in summaries)
     extends = pairs = 0
