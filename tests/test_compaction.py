@@ -295,16 +295,23 @@ def stored(seq: int, role: str, **fields) -> StoredMessage:
     return StoredMessage(seq, {"role": role, "content": fields.pop("content", f"m{seq}"), **fields}, "h", "live", 0.0)
 
 
+def as_entries(messages: list[StoredMessage]) -> list:
+    from proxy.compaction.windows import entries
+    from proxy.dialects.chat import CHAT
+
+    return entries(CHAT.codec, messages)
+
+
 def test_budget_window_expands_forward_past_a_calls_results():
     from proxy.compaction.windows import budget_window
     from proxy.config import CompactionSettings, TruncationSettings
 
     call = {"tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}], "content": None}
-    messages = [
+    messages = as_entries([
         stored(1, "user"), stored(2, "assistant", **call), stored(3, "tool", tool_call_id="c"),
         stored(4, "tool", tool_call_id="c"), stored(5, "tool", tool_call_id="c"), stored(6, "assistant"),
         stored(7, "user"), stored(8, "assistant"),
-    ]
+    ])
     settings = CompactionSettings(strategy="budget", compaction_percent=40)  # 40% of 8 = 4: inside the results
     window = budget_window(messages, settings, TruncationSettings(), force=True)
     assert [m.seq for m in window] == [1, 2, 3, 4, 5]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 from proxy.compaction.facts import carried_facts, identifiers, key_facts, window_facts
+from proxy.compaction.windows import Entry, entries
+from proxy.dialects.chat import CHAT
 from proxy.store import KeyFact, StoredMessage
 
 WINDOW = (
@@ -15,8 +17,9 @@ WINDOW = (
 )
 
 
-def stored(seq: int, role: str, content: str | None = None, **fields) -> StoredMessage:
-    return StoredMessage(seq, {"role": role, "content": content, **fields}, "h", "live", 0.0)
+def stored(seq: int, role: str, content: str | None = None, **fields) -> Entry:
+    """A stored chat message, as compaction reads it."""
+    return entries(CHAT.codec, [StoredMessage(seq, {"role": role, "content": content, **fields}, "h", "live", 0.0)])[0]
 
 
 def call(path: str) -> dict:

@@ -221,3 +221,31 @@ def test_the_agents_sdk_on_its_default_model_runs_its_tool_loop_through_the_prox
     stored = live_messages(http, "sdk")
     assert [m.get("type", "message") for m in stored] == ["message", "function_call", "function_call_output", "message"]
     assert stored[2]["output"] == "tests/: 12 passed"
+
+
+def test_compaction_reads_a_responses_conversation_through_its_codec(make_proxy, upstream, http):
+    """The summarizer sees the items' texts and calls, and the user's words are quoted verbatim,
+    whatever the wire format."""
+    proxy = make_proxy(compaction={"strategy": "turns", "every_n_user_messages": 2, "background": False})
+    prompts: list[str] = []
+
+    def responder(body: dict) -> Reply:
+        messages = body.get("messages") or []
+        if messages and "summar" in str(messages[0].get("content", "")).lower():  # the summarizer (chat)
+            prompts.append(messages[-1]["content"])
+            return Reply.text("The agent ran make.")
+        return Reply.text("ok")
+
+    upstream.responder = responder
+    client = openai_client(proxy, headers={"X-Conversation-ID": "resp-compact"})
+    history = [DEVELOPER, user("build the project"), *build_history("exit 0")[2:]]
+    for text in ("never touch legacy/ please", "then run the tests", "and report", "and commit", "done?"):
+        history.append(user(text))
+        reply = client.responses.create(model="gpt-4o-mini", input=history, tools=TOOLS)
+        history += dump(reply.output)
+    assert prompts, "no summary was made"
+    assert "-> calls exec_command" in prompts[0] and any("never touch legacy/ please" in p for p in prompts)
+    sent = upstream.responses_requests()[-1]["input"]
+    note = sent[1]["content"][0]["text"]
+    assert sent[1]["role"] == "system" and "The agent ran make." in note
+    assert "never touch legacy/ please" in note  # the user's own words, carried by the proxy

@@ -199,7 +199,7 @@ def test_the_render_function_takes_the_windows_left_out_user_messages_within_the
         + QUOTES_HEADER + "\n\n- use src/a.py"
     ) and alone.refs == {}
     assert render_summary(summary, settings) == alone  # a pure function: the same bytes every turn
-    left_out = [quote(9, {"role": "user", "content": "x" * 600}), quote(12, {"role": "user", "content": "newest"})]
+    left_out = [quote(9, "x" * 600), quote(12, "newest")]
     both = render_summary(summary, settings, left_out_user_messages=left_out, ref_for=lambda seq: f"out_{seq}_{'0' * 24}")
     assert both.refs == {9: "out_9_" + "0" * 24}  # the older long one, shortened to a head and its ref
     assert both.text.index("- use src/a.py") < both.text.index("- " + "x" * 240) < both.text.index("- newest")

@@ -20,8 +20,9 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from ..messages import text_of
-from ..store import KeyFact, StoredMessage
+from ..store import KeyFact
+from ..transcript import Role
+from .windows import Entry
 
 # Spans that are never facts, blanked before identifiers are looked for, so that no part of them
 # ("46.403" of "12:04:46.403") survives either.
@@ -92,12 +93,12 @@ def identifiers(text: str, *, numbers: bool = True) -> list[str]:
     return sorted(kept, key=kept.__getitem__)
 
 
-def window_facts(window: Sequence[StoredMessage]) -> dict[str, KeyFact]:
+def window_facts(window: Sequence[Entry]) -> dict[str, KeyFact]:
     """Every identifier of the window with its salience, counted once per message, in order of
     first appearance."""
     facts: dict[str, KeyFact] = {}
     for stored in window:
-        named, seen = _mentions(stored.message)
+        named, seen = _mentions(stored)
         for value in [*named, *(v for v in seen if v not in named)]:
             fact = facts.get(value)
             if fact is None:
@@ -110,16 +111,15 @@ def window_facts(window: Sequence[StoredMessage]) -> dict[str, KeyFact]:
     return facts
 
 
-def _mentions(message: dict[str, Any]) -> tuple[dict[str, None], dict[str, None]]:
-    """(identifiers the message names, identifiers it only shows), each in order: a tool output
+def _mentions(entry: Entry) -> tuple[dict[str, None], dict[str, None]]:
+    """(identifiers the item names, identifiers it only shows), each in order: a tool output
     shows, the rest names."""
-    role = message.get("role")
-    text = text_of(message.get("content")) or ""
-    if role == "tool":
+    text = entry.text or ""
+    if entry.role is Role.TOOL:
         return {}, dict.fromkeys(identifiers(text, numbers=False))
-    named = dict.fromkeys(identifiers(text)) if role in ("user", "assistant") else {}
-    for call in message.get("tool_calls") or ():
-        for value in _argument_strings((call.get("function") or {}).get("arguments")):
+    named = dict.fromkeys(identifiers(text)) if entry.role in (Role.USER, Role.ASSISTANT) else {}
+    for call in entry.item.calls:
+        for value in _argument_strings(call.arguments):
             named.update(dict.fromkeys(identifiers(value, numbers=False)))  # JSON numbers are offsets and limits
     return named, {}
 
@@ -142,7 +142,7 @@ def _argument_strings(arguments: Any) -> Iterator[str]:
 
 
 def carried_facts(
-    window: Sequence[StoredMessage],
+    window: Sequence[Entry],
     previous: Iterable[KeyFact],
     previous_text: str,
     previous_last_seq: int,

@@ -22,16 +22,16 @@ from dataclasses import replace
 
 from ..config import CompactionSettings, TruncationSettings
 from ..identity import ConversationKey
-from ..messages import SYSTEM_ROLES, text_of
 from ..refs import RefSigner
-from ..store import KeyFact, Store, StoredMessage, Summary
+from ..store import KeyFact, Store, Summary
 from ..summarizer import PromptTooLong, Summarizer, prompt
 from ..tokens import TokenCounter, encoding_name
+from ..transcript import Role
 from .base import CompactionJob
 from .facts import carried_facts, key_facts
 from .quotes import fit_quotes, quotes_of
 from .render import rendered_chars
-from .windows import budget_window, history_chars, turns_window
+from .windows import Entry, budget_window, entries, history_chars, turns_window
 
 log = logging.getLogger("proxy.compaction")
 
@@ -65,8 +65,9 @@ class LLMCompactor:
         conversation = await self.store.get(job.key)
         if conversation is None:
             return None
-        after = await self.store.messages(job.key, live_only=True, after=conversation.boundary)
-        after = [m for m in after if m.message.get("role") not in SYSTEM_ROLES]  # the client resends those
+        stored = await self.store.messages(job.key, live_only=True, after=conversation.boundary)
+        # Read through the conversation's codec; system items aside: the client resends those.
+        after = [e for e in entries(job.codec, stored) if e.role is not Role.SYSTEM]
         previous = await self.get_summary(job.key)
         if settings.strategy == "turns":
             # The user message that triggered a turns summary stays after it: already counted.
@@ -100,16 +101,16 @@ class LLMCompactor:
         self,
         job: CompactionJob,
         settings: CompactionSettings,
-        window: list[StoredMessage],
+        window: list[Entry],
         previous: Summary | None,
-        recent: list[StoredMessage],
+        recent: list[Entry],
     ) -> Summary:
         text, tokens_in, tokens_out = await self._summary_text(job, settings, window, previous, recent)
         ref_for = await self._ref_maker(job.key)
         task_seq = _task_seq(window) if previous is None else None
         quotes, omitted = fit_quotes(
             previous.user_messages if previous is not None else (),
-            quotes_of([(m.seq, m.message) for m in window], task_seq),
+            quotes_of(window, task_seq),
             settings.user_messages_chars,
             ref_for,
             previous.user_messages_omitted if previous is not None else 0,
@@ -130,7 +131,7 @@ class LLMCompactor:
         )
 
     @staticmethod
-    def _candidates(window: list[StoredMessage], previous: Summary | None) -> list[KeyFact]:
+    def _candidates(window: list[Entry], previous: Summary | None) -> list[KeyFact]:
         if previous is None:
             return carried_facts(window, (), "", 0)
         # What the previous summary showed (its text and the user's words) may be dropped by the
@@ -142,9 +143,9 @@ class LLMCompactor:
         self,
         job: CompactionJob,
         settings: CompactionSettings,
-        window: list[StoredMessage],
+        window: list[Entry],
         previous: Summary | None,
-        recent_messages: list[StoredMessage],
+        recent_messages: list[Entry],
     ) -> tuple[str, int, int]:
         """The summarizer's text for the window folded into `previous`, chunk by chunk, cut to
         `max_summary_tokens`; and the tokens spent on it (in, out)."""
@@ -185,7 +186,7 @@ class LLMCompactor:
         summary: Summary,
         settings: CompactionSettings,
         truncation: TruncationSettings,
-        rest: list[StoredMessage],
+        rest: list[Entry],
         key: ConversationKey,
     ) -> Summary:
         """budget: shrink the summary so that it and the history it leaves stay under the trigger
@@ -288,9 +289,9 @@ class LLMCompactor:
         return "\n\n---\n\n".join(parts)
 
 
-def _task_seq(window: list[StoredMessage]) -> int | None:
+def _task_seq(window: list[Entry]) -> int | None:
     """The task: the conversation's first user message (pinned by the pipeline, never quoted)."""
-    return next((m.seq for m in window if m.message.get("role") == "user"), None)
+    return next((m.seq for m in window if m.role is Role.USER), None)
 
 
 def _split(chunk: list[str]) -> list[list[str]]:
@@ -302,19 +303,19 @@ def _split(chunk: list[str]) -> list[list[str]]:
     return [[text[: len(text) // 2]], [text[len(text) // 2 :]]]
 
 
-def render(stored: StoredMessage) -> str:
-    msg = stored.message
-    role = msg.get("role")
-    text = text_of(msg.get("content")) or ""
-    limit = RENDER_TOOL_CHARS if role == "tool" else RENDER_MAX_CHARS
+def render(entry: Entry) -> str:
+    """An item as the summarizer reads it: its role and text, its calls; long texts cut."""
+    role = entry.role
+    text = entry.text or ""
+    limit = RENDER_TOOL_CHARS if role is Role.TOOL else RENDER_MAX_CHARS
     if len(text) > limit:
         text = text[:limit] + f"\n[... {len(text) - limit} more characters]"
-    if role == "tool":
-        return f"[tool result {msg.get('tool_call_id')}]\n{text}"
-    lines = [f"[{role}]"] + ([text] if text else [])
-    for call in msg.get("tool_calls") or ():
-        fn = call.get("function") or {}
-        lines.append(f"-> calls {fn.get('name')}({fn.get('arguments')}) as {call.get('id')}")
+    if role is Role.TOOL:
+        return f"[tool result {entry.item.answers}]\n{text}"
+    label = role.value if role is not Role.OTHER else str(entry.item.raw.get("type") or "item")
+    lines = [f"[{label}]"] + ([text] if text else [])
+    for call in entry.item.calls:
+        lines.append(f"-> calls {call.name}({call.arguments}) as {call.id}")
     return "\n".join(lines)
 
 

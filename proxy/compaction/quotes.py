@@ -11,20 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from ..messages import Message, text_of
 from ..store import QuotedMessage
+from ..transcript import Role
+from .windows import Entry
 
 HEAD_CHARS = 240  # what a shortened message keeps: enough for the gist of an instruction
 NON_TEXT = "[a message without text: images or files]"
 
 
-def quote(seq: int, message: Message) -> QuotedMessage:
-    """A user message as a summary carries it: its whole text."""
-    content = message.get("content")
-    text = text_of(content)
-    if text is None:
-        text = NON_TEXT if content else ""
-    return QuotedMessage(seq, text, len(text))
+def quote(seq: int, text: str | None) -> QuotedMessage:
+    """A user message as a summary carries it: its whole text (None: it has none, e.g. images)."""
+    shown = NON_TEXT if text is None else text
+    return QuotedMessage(seq, shown, len(shown))
 
 
 def quoted_chars(message: QuotedMessage) -> int:
@@ -69,9 +67,9 @@ def fit_quotes(
     return quotes[dropped:], omitted + dropped
 
 
-def quotes_of(window: Sequence[tuple[int, Message]], task_seq: int | None) -> list[QuotedMessage]:
-    """The user messages of `window` ((seq, message) pairs), the task excepted: it is pinned."""
-    return [quote(seq, m) for seq, m in window if m.get("role") == "user" and seq != task_seq]
+def quotes_of(window: Sequence[Entry], task_seq: int | None) -> list[QuotedMessage]:
+    """The user messages of `window`, the task excepted: it is pinned."""
+    return [quote(e.seq, e.text) for e in window if e.role is Role.USER and e.seq != task_seq]
 
 
 __all__ = ["HEAD_CHARS", "entry_text", "fit_quotes", "quote", "quoted_chars", "quotes_of"]

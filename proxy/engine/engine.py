@@ -161,7 +161,7 @@ class Engine:
                 marks=dict(conversation.marks) if conversation else {},
             )
             job = CompactionJob(
-                key, profile, self.summarizer.model_for(model), request.headers, ledger.figures(None),
+                key, profile, self.summarizer.model_for(model), request.headers, ledger.figures(None), codec,
                 force=request.compaction == "force",
             )
             if request.compaction == "force" or (request.compaction != "skip" and not profile.compaction.background):
