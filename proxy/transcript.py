@@ -13,8 +13,9 @@ with its call, a Responses function_call with the reasoning before it). A unit i
 of such items; the window and compaction cut only between units, so a call never splits from its
 result and a reasoning item never loses the item it belongs to.
 
-The shared facts stages leave on items: `pinned` (compaction: the task, always sent), `ref` (a
-shortened or masked tool output, readable through read_tool_output), `masked`.
+The shared facts stages leave on items: `pinned` (the task, always sent), `ref` (a shortened or
+masked tool output, readable through read_tool_output), `masked`, `origin` (a note of the
+proxy's own, e.g. the summary).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class Item:
     pinned: bool = False
     ref: str | None = None
     masked: bool = False
+    origin: str | None = None  # a note of the proxy's own: what it is ("summary"); None for the client's items
 
     def but(self, **changes: Any) -> Item:
         return replace(self, **changes)
