@@ -31,11 +31,21 @@ OUTPUT = "x" * 900  # a tool output well under the truncation threshold: no read
 
 
 def chat_transcript(rounds: int) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "fix it"}]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "fix it"},
+    ]
     for i in range(rounds):
         arguments = json.dumps({"command": f"cat file_{i}.py"})
-        messages.append({"role": "assistant", "content": None, "tool_calls": [
-            {"id": f"call_{i}", "type": "function", "function": {"name": "run_shell", "arguments": arguments}}]})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": f"call_{i}", "type": "function", "function": {"name": "run_shell", "arguments": arguments}}
+                ],
+            }
+        )
         messages.append({"role": "tool", "tool_call_id": f"call_{i}", "content": f"{i}: {OUTPUT}"})
     return messages
 
@@ -59,16 +69,28 @@ RESPONSES_TOOLS = [{"type": "function", "name": "run_shell", "parameters": SCHEM
 
 def request(fmt: str, rounds: int, stream: bool) -> tuple[str, dict[str, Any]]:
     if fmt == "chat":
-        return "/v1/chat/completions", {"model": "house", "messages": chat_transcript(rounds), "tools": CHAT_TOOLS, "stream": stream}
-    return "/v1/responses", {"model": "house", "input": responses_input(rounds), "tools": RESPONSES_TOOLS, "stream": stream,
-                             "store": False}
+        return "/v1/chat/completions", {
+            "model": "house",
+            "messages": chat_transcript(rounds),
+            "tools": CHAT_TOOLS,
+            "stream": stream,
+        }
+    return "/v1/responses", {
+        "model": "house",
+        "input": responses_input(rounds),
+        "tools": RESPONSES_TOOLS,
+        "stream": stream,
+        "store": False,
+    }
 
 
 def warm(client: httpx.Client, fmt: str, stream: bool, rounds: int, conversations: int) -> None:
     """Each conversation's first turn stores the transcript: done before anything is measured."""
     path, body = request(fmt, rounds, stream)
     for i in range(conversations):
-        client.post(path, json=body, headers={"Authorization": f"Bearer {KEY}", "X-Conversation-ID": f"{fmt}-{stream}-{i}"}).raise_for_status()
+        client.post(
+            path, json=body, headers={"Authorization": f"Bearer {KEY}", "X-Conversation-ID": f"{fmt}-{stream}-{i}"}
+        ).raise_for_status()
 
 
 def measure(client: httpx.Client, proxy: Proc, fmt: str, stream: bool, rounds: int, n: int) -> tuple[float, float]:
@@ -79,7 +101,9 @@ def measure(client: httpx.Client, proxy: Proc, fmt: str, stream: bool, rounds: i
     meter.start()
     for i in range(n):
         started = time.perf_counter()
-        response = client.post(path, json=body, headers={"Authorization": f"Bearer {KEY}", "X-Conversation-ID": f"{fmt}-{stream}-{i}"})
+        response = client.post(
+            path, json=body, headers={"Authorization": f"Bearer {KEY}", "X-Conversation-ID": f"{fmt}-{stream}-{i}"}
+        )
         response.raise_for_status()
         walls.append(time.perf_counter() - started)
     return meter.stop().sched_s / n, statistics.median(walls)
@@ -128,14 +152,36 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-litellm-formats-"))
     mock_port, proxy_port = free_port(), free_port()
-    mock = Proc("mock", [sys.executable, "-m", "bench.mock_upstream", "--port", str(mock_port)], mock_port, "/healthz",
-                work / "mock.log", cwd=str(REPO)).start()
-    models = {"house": {"litellm_model": "custom_openai/bench-model", "api_base": f"http://127.0.0.1:{mock_port}/v1",
-                        "api_key_env": "BENCH_PROVIDER_KEY"}}
-    env = {"CONTEXT_PROXY_MODELS": json.dumps(models), "BENCH_PROVIDER_KEY": "sk-bench-provider",
-           "CONTEXT_PROXY_STORAGE__PATH": str(work / "data"), "CONTEXT_PROXY_LOGGING__LEVEL": "WARNING"}
-    proxy = Proc("proxy", [sys.executable, "-m", "proxy", "serve", "--config", str(REPO / "config.yaml"), "--port", str(proxy_port)],
-                 proxy_port, "/healthz", work / "proxy.log", env=env, cwd=str(REPO))
+    mock = Proc(
+        "mock",
+        [sys.executable, "-m", "bench.mock_upstream", "--port", str(mock_port)],
+        mock_port,
+        "/healthz",
+        work / "mock.log",
+        cwd=str(REPO),
+    ).start()
+    models = {
+        "house": {
+            "litellm_model": "custom_openai/bench-model",
+            "api_base": f"http://127.0.0.1:{mock_port}/v1",
+            "api_key_env": "BENCH_PROVIDER_KEY",
+        }
+    }
+    env = {
+        "CONTEXT_PROXY_MODELS": json.dumps(models),
+        "BENCH_PROVIDER_KEY": "sk-bench-provider",
+        "CONTEXT_PROXY_STORAGE__PATH": str(work / "data"),
+        "CONTEXT_PROXY_LOGGING__LEVEL": "WARNING",
+    }
+    proxy = Proc(
+        "proxy",
+        [sys.executable, "-m", "proxy", "serve", "--config", str(REPO / "config.yaml"), "--port", str(proxy_port)],
+        proxy_port,
+        "/healthz",
+        work / "proxy.log",
+        env=env,
+        cwd=str(REPO),
+    )
     try:
         mock.wait_ready(30)
         proxy.start().wait_ready(60)
@@ -150,15 +196,21 @@ def main() -> None:
                     per_request, median_wall = measure(client, proxy, *case, args.rounds, args.n)
                     cpu[case].append(per_request)
                     wall[case].append(median_wall)
-        print(f"litellm route, {2 * args.rounds + 2}-item transcript: proxy CPU per request, median of {args.repeats} "
-              f"runs of {args.n} requests (min in brackets)")
+        print(
+            f"litellm route, {2 * args.rounds + 2}-item transcript: proxy CPU per request, median of {args.repeats} "
+            f"runs of {args.n} requests (min in brackets)"
+        )
         for fmt, stream in cases:
             runs = cpu[(fmt, stream)]
-            print(f"  {fmt:9s} {'stream' if stream else 'json  '}  cpu {1000 * statistics.median(runs):6.2f} ms"
-                  f" [{1000 * min(runs):6.2f}]  wall p50 {1000 * statistics.median(wall[(fmt, stream)]):7.2f} ms")
+            print(
+                f"  {fmt:9s} {'stream' if stream else 'json  '}  cpu {1000 * statistics.median(runs):6.2f} ms"
+                f" [{1000 * min(runs):6.2f}]  wall p50 {1000 * statistics.median(wall[(fmt, stream)]):7.2f} ms"
+            )
         cost = translation_cost(args.rounds)
-        print(f"  translation alone: request {cost['request_ms']:.3f} ms, JSON reply {cost['json_reply_ms']:.3f} ms, "
-              f"stream {cost['stream_chunk_us']:.1f} us per chunk")
+        print(
+            f"  translation alone: request {cost['request_ms']:.3f} ms, JSON reply {cost['json_reply_ms']:.3f} ms, "
+            f"stream {cost['stream_chunk_us']:.1f} us per chunk"
+        )
     finally:
         proxy.stop()
         mock.stop()

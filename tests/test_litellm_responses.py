@@ -10,41 +10,38 @@ and the Agents SDK, over HTTP to a real proxy.
 from __future__ import annotations
 
 import json
-import re
 
-import httpx
 import openai
 import pytest
 
-from tests.conftest import ALICE, live_messages, openai_client, trajectory
+from tests.agents_sdk import run_tests_agent
+from tests.conftest import live_messages, openai_client, trajectory
 from tests.fake_upstream import Reply
+from tests.test_responses import BIG, DEVELOPER, REF, TOOLS, dump, user
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*using the `ReadOnly` qualifier")
 
 KEY_ENV = "CP_TEST_RESPONSES_KEY"
 KEY = "sk-provider-responses-5f1d2c3b"
-REF = re.compile(r"out_\d+_[0-9a-f]{24}")
-BIG = "".join(f"line {i:05d}: some build log output\n" for i in range(1500))  # ~48k chars
-TOOLS = [{"type": "function", "name": "exec_command", "description": "Run a command.", "strict": False,
-          "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}]
 # What Codex also offers: a namespace of tools, and a hosted tool no chat model can run.
 CODEX_TOOLS = TOOLS + [
-    {"type": "namespace", "name": "agents", "description": "Sub-agents.",
-     "tools": [{"type": "function", "name": "spawn", "description": "Start one.", "strict": False,
-                "parameters": {"type": "object", "properties": {"task": {"type": "string"}}}}]},
+    {
+        "type": "namespace",
+        "name": "agents",
+        "description": "Sub-agents.",
+        "tools": [
+            {
+                "type": "function",
+                "name": "spawn",
+                "description": "Start one.",
+                "strict": False,
+                "parameters": {"type": "object", "properties": {"task": {"type": "string"}}},
+            }
+        ],
+    },
     {"type": "web_search", "external_web_access": False},
 ]
-DEVELOPER = {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are a coding agent."}]}
 ENCRYPTED = ["reasoning.encrypted_content"]
-
-
-def user(text: str) -> dict:
-    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
-
-
-def dump(items) -> list[dict]:
-    """Output items as a client resends them."""
-    return [item.model_dump(exclude_none=True) for item in items]
 
 
 def output(call_id: str, text: str) -> dict:
@@ -56,9 +53,16 @@ def routed(make_proxy, upstream, monkeypatch):
     monkeypatch.setenv(KEY_ENV, KEY)
     return make_proxy(
         models={
-            "house": {"litellm_model": "custom_openai/gpt-4o-mini", "api_base": upstream.base_url, "api_key_env": KEY_ENV},
-            "claude": {"litellm_model": "anthropic/claude-sonnet-4-5", "api_base": upstream.base_url.removesuffix("/v1"),
-                       "api_key_env": KEY_ENV},
+            "house": {
+                "litellm_model": "custom_openai/gpt-4o-mini",
+                "api_base": upstream.base_url,
+                "api_key_env": KEY_ENV,
+            },
+            "claude": {
+                "litellm_model": "anthropic/claude-sonnet-4-5",
+                "api_base": upstream.base_url.removesuffix("/v1"),
+                "api_key_env": KEY_ENV,
+            },
         }
     )
 
@@ -92,8 +96,10 @@ def test_a_chat_model_answers_in_responses_format_and_is_stored(routed, upstream
     assert response.status == "completed" and response.usage.input_tokens > 0
     sent = upstream.chat_requests()[-1]
     assert sent["model"] == "gpt-4o-mini"
-    assert sent["messages"] == [{"role": "system", "content": "You are a coding agent."},  # litellm: developer -> system
-                                {"role": "user", "content": [{"type": "text", "text": "hello"}]}]
+    assert sent["messages"] == [
+        {"role": "system", "content": "You are a coding agent."},  # litellm: developer -> system
+        {"role": "user", "content": [{"type": "text", "text": "hello"}]},
+    ]
     assert upstream.requests[-1].headers["authorization"] == f"Bearer {KEY}"
     stored = live_messages(http, f"house-{stream}")
     assert [m["type"] for m in stored] == ["message", "message", "message"]
@@ -117,21 +123,56 @@ def test_a_tool_loop_with_codex_tools_runs_against_the_strict_chat_server(routed
     spawn = second.output[0]
     assert (spawn.type, spawn.name, spawn.namespace) == ("function_call", "spawn", "agents")
     messages = upstream.chat_requests()[-1]["messages"]
-    assert messages[2] == {"role": "assistant", "content": "Looking.", "tool_calls": [
-        {"id": call.call_id, "type": "function", "function": {"name": "exec_command", "arguments": call.arguments}}]}
+    assert messages[2] == {
+        "role": "assistant",
+        "content": "Looking.",
+        "tool_calls": [
+            {"id": call.call_id, "type": "function", "function": {"name": "exec_command", "arguments": call.arguments}}
+        ],
+    }
     assert messages[3] == {"role": "tool", "tool_call_id": call.call_id, "content": "a.txt\nb.txt"}
     history += dump(second.output) + [output(spawn.call_id, "a.txt says hi")]
     third = create(client, stream, model="house", input=history + [user("and?")], tools=CODEX_TOOLS, store=False)
     assert third.output_text == "reply to: and?"
     assert upstream.chat_requests()[-1]["messages"][4]["tool_calls"][0]["function"]["name"] == "agents__spawn"
     stored = live_messages(http, f"loop-{stream}")
-    assert [m["type"] for m in stored] == ["message", "message", "message", "function_call", "function_call_output",
-                                           "function_call", "function_call_output", "message", "message"]
+    calls = ["function_call", "function_call_output"]
+    assert [m["type"] for m in stored] == ["message"] * 3 + calls * 2 + ["message"] * 2
+
+
+PATCH = "*** Begin Patch\n*** Add File: hello.txt\n+hello\n*** End Patch"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_free_form_tool_goes_as_a_function_of_one_string_and_comes_back_custom(routed, upstream, stream):
+    """Codex's apply_patch is a custom tool: its input is free text, not JSON arguments."""
+    client = openai_client(routed, headers={"X-Conversation-ID": f"custom-{stream}"})
+    tools = [{"type": "custom", "name": "apply_patch", "description": "Apply a patch."}]
+    history = [user("add hello.txt")]
+    upstream.enqueue(Reply.tool_calls([("apply_patch", json.dumps({"input": PATCH}))]))
+    first = create(client, stream, model="house", input=history, tools=tools, store=False)
+    [call] = first.output
+    assert (call.type, call.name, call.input) == ("custom_tool_call", "apply_patch", PATCH)
+    [sent] = upstream.chat_requests()[-1]["tools"]
+    assert sent["function"]["name"] == "apply_patch" and sent["function"]["parameters"]["required"] == ["input"]
+    history += dump(first.output) + [{"type": "custom_tool_call_output", "call_id": call.call_id, "output": "Done."}]
+    assert (
+        create(client, stream, model="house", input=history + [user("ok?")], tools=tools).output_text == "reply to: ok?"
+    )
+    messages = upstream.chat_requests()[-1]["messages"]
+    assert json.loads(messages[1]["tool_calls"][0]["function"]["arguments"]) == {"input": PATCH}
+    assert messages[2] == {"role": "tool", "tool_call_id": call.call_id, "content": "Done."}
 
 
 def build_history(text: str = BIG) -> list[dict]:
-    call = {"type": "function_call", "id": "fc_build", "call_id": "call_build", "name": "exec_command",
-            "arguments": '{"cmd": "make"}', "status": "completed"}
+    call = {
+        "type": "function_call",
+        "id": "fc_build",
+        "call_id": "call_build",
+        "name": "exec_command",
+        "arguments": '{"cmd": "make"}',
+        "status": "completed",
+    }
     return [DEVELOPER, user("build it"), call, output("call_build", text)]
 
 
@@ -142,10 +183,15 @@ def test_read_back_of_a_truncated_output_is_answered_by_the_proxy(routed, upstre
     tool_message = upstream.chat_requests()[-1]["messages"][3]
     assert tool_message["role"] == "tool" and len(tool_message["content"]) < 3000
     ref = REF.search(tool_message["content"]).group(0)
-    assert [t["function"]["name"] for t in upstream.chat_requests()[-1]["tools"]] == ["exec_command", "read_tool_output"]
+    assert [t["function"]["name"] for t in upstream.chat_requests()[-1]["tools"]] == [
+        "exec_command",
+        "read_tool_output",
+    ]
     history = build_history() + [user("what is on line 1400?")]
     upstream.enqueue(
-        Reply.tool_calls([("read_tool_output", json.dumps({"ref": ref, "offset": BIG.index("line 01400"), "length": 60}))]),
+        Reply.tool_calls(
+            [("read_tool_output", json.dumps({"ref": ref, "offset": BIG.index("line 01400"), "length": 60}))]
+        ),
         Reply.text("Line 1400 is fine."),
     )
     final = create(client, stream, model="house", input=history, tools=TOOLS)
@@ -153,7 +199,7 @@ def test_read_back_of_a_truncated_output_is_answered_by_the_proxy(routed, upstre
     round_two = upstream.chat_requests()[-1]["messages"]
     assert round_two[-2]["tool_calls"][0]["function"]["name"] == "read_tool_output"
     assert round_two[-1]["role"] == "tool" and "line 01400: some build log output" in round_two[-1]["content"]
-    assert [m["type"] for m in live_messages(http, f"rb-{stream}")[len(history):]] == ["message"]
+    assert [m["type"] for m in live_messages(http, f"rb-{stream}")[len(history) :]] == ["message"]
     statuses = [(m["type"], m["status"]) for m in trajectory(http, f"rb-{stream}")[-3:]]
     assert statuses == [("function_call", "internal"), ("function_call_output", "internal"), ("message", "live")]
 
@@ -179,9 +225,17 @@ def test_another_models_reasoning_is_left_out_for_a_chat_model(routed, upstream,
 def test_claude_thinks_calls_tools_and_gets_its_signed_thinking_back(routed, upstream, http, stream):
     client = openai_client(routed, headers={"X-Conversation-ID": f"claude-{stream}"})
     history = [DEVELOPER, user("list the files")]
-    kwargs = dict(model="claude", tools=TOOLS, store=False, include=ENCRYPTED, reasoning={"effort": "medium"},
-                  max_output_tokens=4000)
-    upstream.enqueue(Reply.tool_calls([("exec_command", '{"cmd": "ls"}')], content="Let me look.", reasoning="ls shows them"))
+    kwargs = dict(
+        model="claude",
+        tools=TOOLS,
+        store=False,
+        include=ENCRYPTED,
+        reasoning={"effort": "medium"},
+        max_output_tokens=4000,
+    )
+    upstream.enqueue(
+        Reply.tool_calls([("exec_command", '{"cmd": "ls"}')], content="Let me look.", reasoning="ls shows them")
+    )
     first = create(client, stream, input=history, **kwargs)
     assert [i.type for i in first.output] == ["reasoning", "message", "function_call"]
     reasoning = first.output[0]
@@ -198,8 +252,8 @@ def test_claude_thinks_calls_tools_and_gets_its_signed_thinking_back(routed, ups
     assert assistant["content"][0]["thinking"] == "ls shows them"
     assert upstream.messages_requests()[-1]["thinking"]["type"] == "enabled"  # still thinking on this turn
     stored = live_messages(http, f"claude-{stream}")
-    assert [m["type"] for m in stored] == ["message", "message", "reasoning", "message", "function_call",
-                                           "function_call_output", "reasoning", "message"]
+    turn_one = ["reasoning", "message", "function_call", "function_call_output"]
+    assert [m["type"] for m in stored] == ["message", "message", *turn_one, "reasoning", "message"]
 
 
 def test_provider_errors_keep_their_status_and_the_openai_shape(routed, upstream, http):
@@ -232,29 +286,10 @@ def test_server_side_state_is_refused_and_nothing_is_sent(routed, upstream, http
 
 
 def test_the_agents_sdk_on_its_default_model_runs_a_tool_loop_on_a_litellm_model(routed, upstream, http):
-    from agents import Agent, RunConfig, Runner, function_tool, set_tracing_disabled
-    from agents.models.openai_responses import OpenAIResponsesModel
-    from openai import AsyncOpenAI
-
-    set_tracing_disabled(True)
-    ran: list[str] = []
-
-    @function_tool
-    def run_tests(path: str) -> str:
-        """Run the tests under a path."""
-        ran.append(path)
-        return f"{path}: 12 passed"
-
-    client = AsyncOpenAI(base_url=routed.base_url, api_key=ALICE, max_retries=0, default_headers={"X-Conversation-ID": "sdk"})
-    agent = Agent(name="tester", instructions="Run the tests.", tools=[run_tests],
-                  model=OpenAIResponsesModel(model="house", openai_client=client))
     upstream.enqueue(Reply.tool_calls([("run_tests", '{"path": "tests/"}')]), Reply.text("All 12 passed."))
-    result = Runner.run_sync(agent, "run the tests", run_config=RunConfig(tracing_disabled=True))
-    assert result.final_output == "All 12 passed." and ran == ["tests/"]
+    assert run_tests_agent(routed.base_url, "house", "sdk") == ("All 12 passed.", ["tests/"])
     stored = live_messages(http, "sdk")
     assert [m.get("type", "message") for m in stored] == ["message", "function_call", "function_call_output", "message"]
     tools = upstream.chat_requests()[-1]["tools"]
     assert tools[0]["function"]["name"] == "run_tests" and tools[0]["function"]["strict"] is True
     assert upstream.chat_requests()[-1]["messages"][0] == {"role": "system", "content": "Run the tests."}
-    with httpx.Client(base_url=routed.url) as raw:
-        assert raw.get("/v1/models", headers={"Authorization": f"Bearer {ALICE}"}).status_code == 200

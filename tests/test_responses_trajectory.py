@@ -15,17 +15,18 @@ from proxy.state import COMPACTION, TRAJECTORIES
 from tests.conftest import ALICE, openai_client
 from tests.fake_upstream import Reply, default_responder
 from tests.test_compaction import SUMMARIZER_MARK
+from tests.test_responses import TOOLS, user
 
-BUILD_LOG = "".join(f"line {i:05d}: compiling module_{i % 97}.c ... ok\n" for i in range(600)) + "END OF BUILD LOG: 3 warnings"
-TOOLS = [{"type": "function", "name": "exec_command", "description": "Run a command.", "strict": False,
-          "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}]
-DEVELOPER = {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are Codex, a coding agent."}]}
+BUILD_LOG = (
+    "".join(f"line {i:05d}: compiling module_{i % 97}.c ... ok\n" for i in range(600)) + "END OF BUILD LOG: 3 warnings"
+)
+DEVELOPER = {
+    "type": "message",
+    "role": "developer",
+    "content": [{"type": "input_text", "text": "You are Codex, a coding agent."}],
+}
 TASK = "task: fix the failing build in src/app.c"
 SUMMARY = "SUMMARY: the build of src/app.c passes with 3 warnings; the agent is fixing them."
-
-
-def user(text: str) -> dict:
-    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
 
 
 def responder(body: dict) -> Reply:
@@ -51,7 +52,9 @@ def codex_run(proxy, upstream, conversation_id: str = "codex-run") -> CodexRun:
     client = openai_client(proxy, headers={"session-id": conversation_id})
     kwargs = dict(model="gpt-4o-mini", tools=TOOLS, store=False, include=["reasoning.encrypted_content"])
     history = [DEVELOPER, user(TASK)]
-    upstream.enqueue(Reply.tool_calls([("exec_command", json.dumps({"cmd": "make -j4"}))], reasoning="Run the build first."))
+    upstream.enqueue(
+        Reply.tool_calls([("exec_command", json.dumps({"cmd": "make -j4"}))], reasoning="Run the build first.")
+    )
     first = client.responses.create(input=history, stream=True, **kwargs)
     final = [e for e in first if e.type == "response.completed"][0].response
     history += [item.model_dump(exclude_none=True) for item in final.output]
@@ -78,15 +81,30 @@ def test_a_responses_trajectory_marks_outputs_and_compaction_like_chat(make_prox
         document = http.get(f"/v1/conversations/{run.conversation_id}/trajectory", params={"limit": 1000}).json()
         items = document["data"]
         assert [i["type"] for i in items] == [
-            "message", "message", "reasoning", "function_call", "function_call_output",
-            "reasoning", "message", "message", "message", "message", "message",
+            "message",
+            "message",
+            "reasoning",
+            "function_call",
+            "function_call_output",
+            "reasoning",
+            "message",
+            "message",
+            "message",
+            "message",
+            "message",
         ]
         [output] = [i for i in items if i["type"] == "function_call_output"]
         assert output["ref"] and all("ref" not in i for i in items if i is not output)
         # The tool output is served whole by its ref, named by the call it answers.
         served = http.get(f"/v1/conversations/{run.conversation_id}/tool_outputs/{output['ref']}").json()
-        assert served == {"object": "tool_output", "ref": output["ref"], "seq": output["seq"],
-                          "tool_call_id": run.call_id, "length": len(BUILD_LOG), "content": BUILD_LOG}
+        assert served == {
+            "object": "tool_output",
+            "ref": output["ref"],
+            "seq": output["seq"],
+            "tool_call_id": run.call_id,
+            "length": len(BUILD_LOG),
+            "content": BUILD_LOG,
+        }
         # What went upstream was shortened: it names the same ref.
         sent = [i for i in upstream.responses_requests()[1]["input"] if i["type"] == "function_call_output"]
         assert output["ref"] in sent[0]["output"] and len(sent[0]["output"]) < len(BUILD_LOG)

@@ -9,13 +9,19 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 
 from tests.conftest import openai_client
-from tests.test_responses_trajectory import BUILD_LOG, DEVELOPER, SUMMARY, TASK, TOOLS, codex_run, responder, user
+from tests.test_responses import TOOLS, user
+from tests.test_responses_trajectory import BUILD_LOG, DEVELOPER, SUMMARY, TASK, codex_run, responder
 from tests.test_ui import ARTIFACTS, browser, open_ui, screenshot, text, wait
 
 __all__ = ["browser"]  # the module's fixture, shared with test_ui.py
 
-UNKNOWN = {"type": "local_shell_call", "id": "lsh_1", "call_id": "call_shell", "status": "completed",
-           "action": {"type": "exec", "command": ["ls", "-la"], "env": {}}}
+UNKNOWN = {
+    "type": "local_shell_call",
+    "id": "lsh_1",
+    "call_id": "call_shell",
+    "status": "completed",
+    "action": {"type": "exec", "command": ["ls", "-la"], "env": {}},
+}
 
 
 def test_a_codex_conversation_replays_with_its_items(make_proxy, upstream, browser):
@@ -24,7 +30,10 @@ def test_a_codex_conversation_replays_with_its_items(make_proxy, upstream, brows
     run = codex_run(proxy, upstream, "codex-ui")
     # An item type the proxy keeps whole without knowing it (the fake has no such tool): stored as sent.
     openai_client(proxy, headers={"session-id": "codex-ui"}).responses.create(
-        model="gpt-4o-mini", input=run.history + [UNKNOWN, user("what did ls say?")], tools=TOOLS, store=False,
+        model="gpt-4o-mini",
+        input=run.history + [UNKNOWN, user("what did ls say?")],
+        tools=TOOLS,
+        store=False,
         include=["reasoning.encrypted_content"],
     )
 
@@ -32,8 +41,14 @@ def test_a_codex_conversation_replays_with_its_items(make_proxy, upstream, brows
     timeline = wait(browser).until(EC.presence_of_element_located((By.CSS_SELECTOR, "#timeline[data-complete]")))
     items = timeline.find_elements(By.CSS_SELECTOR, "li.message")
     kinds = [(i.get_attribute("data-type"), i.get_attribute("data-role")) for i in items]
-    assert kinds[:6] == [("message", "developer"), ("message", "user"), ("reasoning", "reasoning"),
-                         ("function_call", "assistant"), ("function_call_output", "tool"), ("reasoning", "reasoning")]
+    assert kinds[:6] == [
+        ("message", "developer"),
+        ("message", "user"),
+        ("reasoning", "reasoning"),
+        ("function_call", "assistant"),
+        ("function_call_output", "tool"),
+        ("reasoning", "reasoning"),
+    ]
     assert ("local_shell_call", "assistant") in kinds
     assert text(items[0].find_element(By.CSS_SELECTOR, ".text")) == DEVELOPER["content"][0]["text"]  # parts as text
     assert text(items[1].find_element(By.CSS_SELECTOR, ".text")) == TASK

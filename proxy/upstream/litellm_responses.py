@@ -74,7 +74,9 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(24)}"
 
 
-async def call_responses(upstream: LiteLLMUpstream, body: Mapping[str, Any], headers: Mapping[str, str]) -> ResponsesReply:
+async def call_responses(
+    upstream: LiteLLMUpstream, body: Mapping[str, Any], headers: Mapping[str, str]
+) -> ResponsesReply:
     """One Responses request through `upstream` (a chat completion there), answered in Responses format."""
     refuse_server_state(body)
     translation = Translation.of(body, upstream)
@@ -83,6 +85,8 @@ async def call_responses(upstream: LiteLLMUpstream, body: Mapping[str, Any], hea
 
 
 def refuse_server_state(body: Mapping[str, Any]) -> None:
+    """A 400 for what needs responses kept upstream: a models: entry keeps none (the proxy has
+    already resolved the `previous_response_id`s it stored, and taken them out)."""
     for name in SERVER_STATE:
         value = body.get(name)
         if value is None:
@@ -99,7 +103,8 @@ def refuse_server_state(body: Mapping[str, Any]) -> None:
         )
     if body.get("background") is True:
         raise InvalidRequest(
-            "'background' is not supported for models routed through litellm.", param="background",
+            "'background' is not supported for models routed through litellm.",
+            param="background",
             code="unsupported_parameter",
         )
 
@@ -192,7 +197,11 @@ class Translation:
                 out.append(_chat_function(tool["name"], {**tool, "parameters": CUSTOM_INPUT_SCHEMA}))
             elif kind == "namespace" and isinstance(tool.get("name"), str):
                 for inner in tool.get("tools") or ():
-                    if isinstance(inner, dict) and inner.get("type") == "function" and isinstance(inner.get("name"), str):
+                    if (
+                        isinstance(inner, dict)
+                        and inner.get("type") == "function"
+                        and isinstance(inner.get("name"), str)
+                    ):
                         flat = tool["name"] + NAMESPACE_SEPARATOR + inner["name"]
                         self.namespaced[flat] = (tool["name"], inner["name"])
                         described = "\n\n".join(d for d in (tool.get("description"), inner.get("description")) if d)
@@ -260,13 +269,25 @@ class Translation:
                 if message is not None:
                     out.append(message)
             elif kind in ("function_call", "custom_tool_call"):
-                arguments = raw.get("arguments") if kind == "function_call" else orjson.dumps({"input": raw.get("input") or ""}).decode()
-                call = {"id": str(raw.get("call_id")), "type": "function",
-                        "function": {"name": self.call_name(raw), "arguments": arguments if isinstance(arguments, str) else ""}}
+                arguments = (
+                    raw.get("arguments")
+                    if kind == "function_call"
+                    else orjson.dumps({"input": raw.get("input") or ""}).decode()
+                )
+                call = {
+                    "id": str(raw.get("call_id")),
+                    "type": "function",
+                    "function": {
+                        "name": self.call_name(raw),
+                        "arguments": arguments if isinstance(arguments, str) else "",
+                    },
+                }
                 open_turn().setdefault("tool_calls", []).append(call)
             elif kind in ("function_call_output", "custom_tool_call_output"):
                 close_turn()
-                out.append({"role": "tool", "tool_call_id": str(raw.get("call_id")), "content": _text(raw.get("output"))})
+                out.append(
+                    {"role": "tool", "tool_call_id": str(raw.get("call_id")), "content": _text(raw.get("output"))}
+                )
             # Anything else (hosted tool calls, item references, compaction items) has no chat form.
         close_turn()
         return out
@@ -298,8 +319,11 @@ class Translation:
     # the reply's items
 
     def reasoning_item(self, text: str, blocks: list[dict[str, Any]], item_id: str | None = None) -> dict[str, Any]:
-        item: dict[str, Any] = {"id": item_id or new_id("rs"), "type": "reasoning",
-                                "summary": [{"type": "summary_text", "text": text}] if text else []}
+        item: dict[str, Any] = {
+            "id": item_id or new_id("rs"),
+            "type": "reasoning",
+            "summary": [{"type": "summary_text", "text": text}] if text else [],
+        }
         if self.include_encrypted:
             item["encrypted_content"] = self.seal(blocks, text or None)
         return item
@@ -310,16 +334,35 @@ class Translation:
                 value = orjson.loads(arguments).get("input") if arguments else ""
             except (ValueError, AttributeError):
                 value = arguments
-            return {"id": item_id or new_id("ctc"), "type": "custom_tool_call", "status": "completed",
-                    "call_id": call_id, "name": name, "input": value if isinstance(value, str) else arguments}
-        item: dict[str, Any] = {"id": item_id or new_id("fc"), "type": "function_call", "status": "completed",
-                                "arguments": arguments, "call_id": call_id, "name": name}
+            return {
+                "id": item_id or new_id("ctc"),
+                "type": "custom_tool_call",
+                "status": "completed",
+                "call_id": call_id,
+                "name": name,
+                "input": value if isinstance(value, str) else arguments,
+            }
+        item: dict[str, Any] = {
+            "id": item_id or new_id("fc"),
+            "type": "function_call",
+            "status": "completed",
+            "arguments": arguments,
+            "call_id": call_id,
+            "name": name,
+        }
         if name in self.namespaced:
             item["namespace"], item["name"] = self.namespaced[name]
         return item
 
-    def response(self, response_id: str, created_at: int, status: str, output: list[dict[str, Any]],
-                 usage: dict[str, Any] | None, finish_reason: str | None = None) -> dict[str, Any]:
+    def response(
+        self,
+        response_id: str,
+        created_at: int,
+        status: str,
+        output: list[dict[str, Any]],
+        usage: dict[str, Any] | None,
+        finish_reason: str | None = None,
+    ) -> dict[str, Any]:
         incomplete = None
         if status == "incomplete":
             incomplete = {"reason": "content_filter" if finish_reason == "content_filter" else "max_output_tokens"}
@@ -343,7 +386,9 @@ def _chat_function(name: str, tool: Mapping[str, Any]) -> dict[str, Any]:
     function: dict[str, Any] = {"name": name}
     if tool.get("description"):
         function["description"] = tool["description"]
-    function["parameters"] = tool.get("parameters") if isinstance(tool.get("parameters"), dict) else {"type": "object", "properties": {}}
+    function["parameters"] = (
+        tool.get("parameters") if isinstance(tool.get("parameters"), dict) else {"type": "object", "properties": {}}
+    )
     if isinstance(tool.get("strict"), bool):
         function["strict"] = tool["strict"]
     return {"type": "function", "function": function}
@@ -419,17 +464,32 @@ def response_from_completion(completion: Mapping[str, Any], translation: Transla
     if isinstance(message.get("refusal"), str) and message["refusal"]:
         parts.append({"type": "refusal", "refusal": message["refusal"]})
     if parts:
-        output.append({"id": new_id("msg"), "type": "message", "status": "completed", "role": "assistant", "content": parts})
+        output.append(
+            {"id": new_id("msg"), "type": "message", "status": "completed", "role": "assistant", "content": parts}
+        )
     for call in message.get("tool_calls") or ():
-        function = call.get("function") or {} if isinstance(call, dict) else {}
+        if not isinstance(call, dict):
+            continue
+        function = call.get("function") if isinstance(call.get("function"), dict) else {}
         arguments = function.get("arguments")
-        output.append(translation.call_item(str(call.get("id") or new_id("call")), str(function.get("name") or ""),
-                                            arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode()))
+        output.append(
+            translation.call_item(
+                str(call.get("id") or new_id("call")),
+                str(function.get("name") or ""),
+                arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode(),
+            )
+        )
     finish = choice.get("finish_reason")
     status = "incomplete" if finish in ("length", "content_filter") else "completed"
     created = completion.get("created")
-    return translation.response(new_id("resp"), created if isinstance(created, int) else int(time.time()),
-                                status, output, response_usage(completion.get("usage")), finish)
+    return translation.response(
+        new_id("resp"),
+        created if isinstance(created, int) else int(time.time()),
+        status,
+        output,
+        response_usage(completion.get("usage")),
+        finish,
+    )
 
 
 def _block(block: Mapping[str, Any]) -> dict[str, Any]:
@@ -582,30 +642,63 @@ class EventWriter:
         out, item = self._switch("reasoning")
         if item is None:
             item = self._open = _OpenItem("reasoning", len(self._output), new_id("rs"))
-            out += self._event("response.output_item.added", output_index=item.index,
-                               item={"id": item.item_id, "type": "reasoning", "summary": []})
-            out += self._event("response.reasoning_summary_part.added", item_id=item.item_id, output_index=item.index,
-                               summary_index=0, part={"type": "summary_text", "text": ""})
+            out += self._event(
+                "response.output_item.added",
+                output_index=item.index,
+                item={"id": item.item_id, "type": "reasoning", "summary": []},
+            )
+            out += self._event(
+                "response.reasoning_summary_part.added",
+                item_id=item.item_id,
+                output_index=item.index,
+                summary_index=0,
+                part={"type": "summary_text", "text": ""},
+            )
         for block in blocks if isinstance(blocks, list) else ():
             if isinstance(block, dict):
                 _merge_block(item.blocks, block)
         if text:
             item.text.append(text)
-            out += self._event("response.reasoning_summary_text.delta", item_id=item.item_id, output_index=item.index,
-                               summary_index=0, delta=text)
+            out += self._event(
+                "response.reasoning_summary_text.delta",
+                item_id=item.item_id,
+                output_index=item.index,
+                summary_index=0,
+                delta=text,
+            )
         return out
 
     def _message_text(self, text: str) -> bytes:
         out, item = self._switch("message")
         if item is None:
             item = self._open = _OpenItem("message", len(self._output), new_id("msg"))
-            out += self._event("response.output_item.added", output_index=item.index,
-                               item={"id": item.item_id, "type": "message", "status": "in_progress", "role": "assistant", "content": []})
-            out += self._event("response.content_part.added", item_id=item.item_id, output_index=item.index, content_index=0,
-                               part={"type": "output_text", "text": "", "annotations": []})
+            out += self._event(
+                "response.output_item.added",
+                output_index=item.index,
+                item={
+                    "id": item.item_id,
+                    "type": "message",
+                    "status": "in_progress",
+                    "role": "assistant",
+                    "content": [],
+                },
+            )
+            out += self._event(
+                "response.content_part.added",
+                item_id=item.item_id,
+                output_index=item.index,
+                content_index=0,
+                part={"type": "output_text", "text": "", "annotations": []},
+            )
         item.text.append(text)
-        return out + self._event("response.output_text.delta", item_id=item.item_id, output_index=item.index,
-                                 content_index=0, delta=text, logprobs=[])
+        return out + self._event(
+            "response.output_text.delta",
+            item_id=item.item_id,
+            output_index=item.index,
+            content_index=0,
+            delta=text,
+            logprobs=[],
+        )
 
     def _call(self, call: Mapping[str, Any]) -> bytes:
         index = call.get("index") if isinstance(call.get("index"), int) else len(self._calls)
@@ -617,7 +710,12 @@ class EventWriter:
             out, _ = self._switch("call")
             name = str(function.get("name") or "")
             item = self._open = self._calls[index] = _OpenItem(
-                "call", len(self._output), "", call_index=index, call_id=str(call.get("id") or new_id("call")), name=name
+                "call",
+                len(self._output),
+                "",
+                call_index=index,
+                call_id=str(call.get("id") or new_id("call")),
+                name=name,
             )
             shown = self._t.call_item(item.call_id, name, "")
             item.item_id = shown["id"]
@@ -631,8 +729,12 @@ class EventWriter:
         if arguments:
             item.text.append(arguments)
             if item.name not in self._t.custom:  # a free-form input is shown whole, when done
-                out += self._event("response.function_call_arguments.delta", item_id=item.item_id,
-                                   output_index=item.index, delta=arguments)
+                out += self._event(
+                    "response.function_call_arguments.delta",
+                    item_id=item.item_id,
+                    output_index=item.index,
+                    delta=arguments,
+                )
         return out
 
     def _close(self) -> bytes:
@@ -644,11 +746,21 @@ class EventWriter:
         if item.kind == "reasoning":
             done = self._t.reasoning_item(text, [_block(b) for _, b in sorted(item.blocks.items())], item.item_id)
             out = self._event("response.reasoning_summary_text.done", **at, summary_index=0, text=text)
-            out += self._event("response.reasoning_summary_part.done", **at, summary_index=0,
-                               part={"type": "summary_text", "text": text})
+            out += self._event(
+                "response.reasoning_summary_part.done",
+                **at,
+                summary_index=0,
+                part={"type": "summary_text", "text": text},
+            )
         elif item.kind == "message":
             part = {"type": "output_text", "text": text, "annotations": []}
-            done = {"id": item.item_id, "type": "message", "status": "completed", "role": "assistant", "content": [part]}
+            done = {
+                "id": item.item_id,
+                "type": "message",
+                "status": "completed",
+                "role": "assistant",
+                "content": [part],
+            }
             out = self._event("response.output_text.done", **at, content_index=0, text=text, logprobs=[])
             out += self._event("response.content_part.done", **at, content_index=0, part=part)
         else:
@@ -670,4 +782,3 @@ def _merge_block(blocks: dict[int, dict[str, Any]], delta: Mapping[str, Any]) ->
     for key in ("signature", "data"):
         if delta.get(key):
             block[key] = delta[key]
-
