@@ -19,7 +19,10 @@ from tests.conftest import live_messages, openai_client, trajectory
 from tests.fake_upstream import Reply
 from tests.test_responses import BIG, DEVELOPER, REF, TOOLS, dump, user
 
-pytestmark = pytest.mark.filterwarnings("ignore:.*using the `ReadOnly` qualifier")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:.*using the `ReadOnly` qualifier"),
+    pytest.mark.filterwarnings("ignore:Accessing the 'model_.*fields' attribute on the instance is deprecated"),  # litellm's
+]
 
 KEY_ENV = "CP_TEST_RESPONSES_KEY"
 KEY = "sk-provider-responses-5f1d2c3b"
