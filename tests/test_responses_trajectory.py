@@ -14,7 +14,7 @@ from proxy.identity import tenant_of
 from proxy.state import COMPACTION, TRAJECTORIES
 from tests.conftest import ALICE, openai_client
 from tests.fake_upstream import Reply, default_responder
-from tests.test_compaction import SUMMARIZER_MARK
+from tests.responders import SUMMARIZER_MARK
 from tests.test_responses import TOOLS, user
 
 BUILD_LOG = (
