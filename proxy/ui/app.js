@@ -110,7 +110,7 @@
       return content
         .map((part) => {
           if (!part || typeof part !== "object") return String(part);
-          if (part.type === "text") return part.text || "";
+          if (part.type === "text" || part.type === "input_text" || part.type === "output_text") return part.text || "";
           if (part.type === "refusal") return part.refusal || "";
           return `[${part.type || "part"}]`;
         })
@@ -121,6 +121,7 @@
 
   /** Characters of a message as the transcript holds it: content plus tool calls. */
   function charsOf(message) {
+    if (typeof message.type === "string") return responsesChars(message);
     let n = (textOf(message.content) || "").length;
     for (const call of message.tool_calls || []) {
       const fn = call.function || {};
@@ -493,6 +494,7 @@
       this.branch = null; // the superseded branch being filled
       this.summaries = [];
       this.activeTurn = null;
+      this.format = this.turns.length ? this.turns[0].format : null; // the wire format its items are in
 
       for (const turn of this.turns) {
         const sent = turn.sent_seqs || [];
@@ -662,6 +664,7 @@
     }
 
     messageNode(m) {
+      if (isResponsesItem(m, this.format)) return responsesItemNode(this, m);
       const role = m.role || "unknown";
       const status = m.status || "live";
       const li = h("li", {
@@ -843,6 +846,138 @@
       this.tokenChart.replaceChildren(tokenChart(points));
       this.quotaChart.replaceChildren(quotaChart(points));
     }
+  }
+
+  // -- Responses API items (a conversation in the format of /v1/responses) -------------------------
+
+  /** Whether `m` is a Responses item: the conversation's turns say so, or (no turns) its `type` does. */
+  function isResponsesItem(m, format) {
+    return format === "responses" || (!format && typeof m.type === "string");
+  }
+
+  /** The text of a Responses content value or output: a string, or its text parts. */
+  function responsesText(value) {
+    if (value === null || value === undefined) return "";
+    if (typeof value === "string") return value;
+    if (!Array.isArray(value)) return JSON.stringify(value);
+    return value.map((part) => (part && typeof part.text === "string" ? part.text : part && part.refusal) || "").join("");
+  }
+
+  function responsesChars(m) {
+    const summary = Array.isArray(m.summary) ? m.summary : [];
+    return (
+      responsesText(m.content).length +
+      responsesText(m.output).length +
+      String(m.arguments ?? m.input ?? "").length +
+      summary.reduce((n, part) => n + String((part && part.text) || "").length, 0)
+    );
+  }
+
+  const ITEM_LABELS = {
+    reasoning: "reasoning",
+    function_call: "assistant", // its call box says the rest
+    custom_tool_call: "assistant",
+    function_call_output: "tool output",
+    custom_tool_call_output: "tool output",
+  };
+
+  /** One Responses item of the replay: its head (seq, role or kind, status, time) and its body. */
+  function responsesItemNode(view, m) {
+    const type = typeof m.type === "string" ? m.type : "message";
+    const isOutput = type.endsWith("_call_output");
+    const role = type === "message" ? m.role || "unknown" : isOutput ? "tool" : type === "reasoning" ? "reasoning" : "assistant";
+    const status = m.status || "live";
+    const li = h("li", {
+      class: `message item-${word(type)} role-${word(role)} status-${word(status)}`,
+      "data-seq": m.seq,
+      "data-role": word(role),
+      "data-type": word(type),
+      "data-status": word(status),
+    });
+    const head = h(
+      "div",
+      { class: "message-head" },
+      h("span", { class: "seq" }, `#${m.seq}`),
+      h("span", { class: "role" }, type === "message" ? role : ITEM_LABELS[type] || type),
+      status !== "live" ? h("span", { class: `badge status-${word(status)}`, title: STATUS_NOTES[status] || null }, status) : null
+    );
+    li.append(head);
+    if (type === "message") {
+      add(li, messageParts(m.content));
+    } else if (type === "reasoning") {
+      add(li, reasoningBody(m));
+    } else if (type === "function_call" || type === "custom_tool_call") {
+      const name = m.namespace ? `${m.namespace}.${m.name}` : m.name;
+      view.callNames.set(m.call_id, name);
+      li.append(callNode(name, m.call_id, type === "function_call" ? m.arguments : m.input));
+    } else if (isOutput) {
+      const text = responsesText(m.output);
+      add(
+        head,
+        h("span", { class: "tool-of" }, "result of ", h("code", null, view.callNames.get(m.call_id) || "?"), " ", h("span", { class: "muted" }, m.call_id || "")),
+        h("span", { class: "muted chars" }, `${num(text.length)} chars`)
+      );
+      li.append(view.toolOutput(m, text));
+    } else {
+      li.append(clipped(JSON.stringify(itemFields(m), null, 2), "content json")); // a type this page doesn't know
+    }
+    head.append(h("span", { class: "spacer" }), timeNode(m.created_at));
+    view.nodes.set(m.seq, li);
+    return li;
+  }
+
+  /** A message's content: each text part as text, images and files named, other parts as JSON. */
+  function messageParts(content) {
+    if (typeof content === "string") return content ? [clipped(content, "content")] : [];
+    return (Array.isArray(content) ? content : [content]).map((part) => {
+      if (!part || typeof part !== "object") return clipped(String(part), "content");
+      if (typeof part.text === "string") return clipped(part.text, "content");
+      if (part.type === "refusal") return clipped(String(part.refusal || ""), "content refusal");
+      if (part.type === "input_image") {
+        const url = typeof part.image_url === "string" && !part.image_url.startsWith("data:") ? ` ${part.image_url}` : "";
+        return h("div", { class: "part muted" }, `[image${url}]`);
+      }
+      if (part.type === "input_file") return h("div", { class: "part muted" }, `[file ${part.filename || part.file_id || ""}]`);
+      return clipped(JSON.stringify(part, null, 2), "content json");
+    });
+  }
+
+  /** A reasoning item: its summary (and reasoning text, if shown), and a note of what is sealed. */
+  function reasoningBody(m) {
+    const parts = [...(Array.isArray(m.summary) ? m.summary : []), ...(Array.isArray(m.content) ? m.content : [])];
+    const out = parts
+      .filter((part) => part && typeof part.text === "string" && part.text)
+      .map((part) => clipped(part.text, "content reasoning-text"));
+    if (typeof m.encrypted_content === "string") {
+      out.push(h("div", { class: "part muted small" }, `encrypted reasoning: ${num(m.encrypted_content.length)} chars, replayed as sent`));
+    }
+    if (!out.length) out.push(h("div", { class: "part muted small" }, "no summary"));
+    return out;
+  }
+
+  /** A call and its arguments (pretty-printed when they are JSON). */
+  function callNode(name, callId, argsValue) {
+    let args = argsValue === undefined || argsValue === null ? "" : String(argsValue);
+    try {
+      args = JSON.stringify(JSON.parse(args), null, 2);
+    } catch {
+      /* not JSON (a free-form input): shown as sent */
+    }
+    return h(
+      "div",
+      { class: "tool-call", "data-call-id": callId || "" },
+      h("div", { class: "tool-call-head" }, h("span", { class: "label" }, "tool call"), h("code", { class: "fn" }, name || "?"), h("span", { class: "muted" }, callId || "")),
+      clipped(args, "arguments")
+    );
+  }
+
+  /** An item's own fields, without the ones the trajectory adds. */
+  function itemFields(m) {
+    const out = {};
+    for (const [key, value] of Object.entries(m)) {
+      if (!["seq", "created_at", "status", "ref"].includes(key)) out[key] = value;
+    }
+    return out;
   }
 
   /** The preview of a long text (PREVIEW characters or PREVIEW_LINES lines), or null if it is short. */
