@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from ..config import ConfigError, StorageSettings
 from .base import (
+    APPEND,
+    BEFORE,
     FAILED,
+    INBOX_DELIVERED,
+    INBOX_DELIVERING,
+    INBOX_PENDING,
     INCOMPLETE,
     INTERNAL,
     LIVE,
@@ -13,14 +18,18 @@ from .base import (
     Conversation,
     ConversationDump,
     ConversationExists,
+    InboxFull,
+    InboxMessage,
+    KnowledgeVersion,
     Store,
     StoredMessage,
     Summary,
 )
 
 __all__ = [
-    "FAILED", "INCOMPLETE", "INTERNAL", "LIVE", "PENDING", "SUPERSEDED", "Conversation", "ConversationDump",
-    "ConversationExists", "Store", "StoredMessage", "Summary", "open_store",
+    "APPEND", "BEFORE", "FAILED", "INBOX_DELIVERED", "INBOX_DELIVERING", "INBOX_PENDING", "INCOMPLETE", "INTERNAL",
+    "LIVE", "PENDING", "SUPERSEDED", "Conversation", "ConversationDump", "ConversationExists", "InboxFull",
+    "InboxMessage", "KnowledgeVersion", "Store", "StoredMessage", "Summary", "open_store",
 ]
 
 
