@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from .api import admin, models, turns, ui
+from .api import admin, inbox, knowledge, models, turns, ui
 from .api.passthrough import passthrough
 from .compaction import check_compactors
 from .compaction.runner import CompactionRunner
@@ -151,6 +151,8 @@ def build_app(settings: Settings) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_handler)
     admin.add_routes(app)
+    inbox.add_routes(app)
+    knowledge.add_routes(app)
     ui.add_routes(app)
     turns.add_routes(app)
     if settings.models:  # else /v1/models stays plain passthrough

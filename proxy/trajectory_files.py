@@ -34,7 +34,7 @@ from prometheus_client import Counter
 from .identity import CONVERSATION_ID, ConversationKey
 from .refs import RefSigner
 from .store import PENDING, Conversation, Store, StoredMessage, Summary
-from .trajectory import TrajectoryDocument, encode, first_live_user, shown_status, trajectory_message
+from .trajectory import TrajectoryDocument, encode, first_live_user, inbox_parts, shown_status, trajectory_message
 
 log = logging.getLogger("proxy.trajectory")
 
@@ -129,6 +129,7 @@ class _Changes:
     task_seq: int | None
     summaries: list[Summary]  # new ones
     turns: list[dict[str, Any]]  # new turn records
+    inbox: list[bytes]  # every inbox message, encoded (their statuses change: read whole, they are few)
 
 
 class TrajectoryWriter:
@@ -230,7 +231,8 @@ class TrajectoryWriter:
             while (summary := await self.store.summary(key, len(mirror.summaries) + len(summaries) + 1)) is not None:
                 summaries.append(summary)
         turns = await self.store.turn_records(key, after=len(mirror.turns))
-        return mirror, _Changes([fresh[seq] for seq in redo], task_seq, summaries, turns)
+        inbox = await inbox_parts(self.store, conversation)
+        return mirror, _Changes([fresh[seq] for seq in redo], task_seq, summaries, turns, inbox)
 
     def _encode_and_write(self, mirror: _Mirror, changes: _Changes, conversation: Conversation, path: Path) -> None:
         """In the worker thread: the changed parts encoded into the mirror, then the file written."""
@@ -247,6 +249,7 @@ class TrajectoryWriter:
             summaries=mirror.summaries,
             turns=mirror.turns,
             conversation=encode(conversation.to_api()),
+            inbox=changes.inbox,
         )
         _write_file(path.parent.parent, path, document)
 

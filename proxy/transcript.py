@@ -85,6 +85,10 @@ class Codec(Protocol):
     def system_note(self, text: str) -> Item:
         """An instruction of the proxy's own (a summary), in this format."""
 
+    def user_note(self, text: str) -> Item:
+        """A user item of the proxy's making (an inbox message delivered as a message of its own),
+        in this format: it goes right before a user item of the client's."""
+
     def tool_result(self, call: Call, text: str) -> Item:
         """A result for `call` (a missing result filled in, a read_tool_output answered)."""
 
