@@ -261,3 +261,37 @@ def test_the_page_reads_the_inbox_in_the_trajectory(proxy, upstream, http):
     page = http.get("/v1/conversations/traj/trajectory", headers=AUTH).json()
     assert [(m["content"], m["status"]) for m in page["inbox"]] == [(STEER, "pending")]
 
+
+
+def test_a_note_on_a_shortened_output_comes_after_its_marker_and_quota_figures(make_proxy, upstream):
+    """Truncation and quota rewrite the tool result as if no note were there; the note comes last,
+    and the whole rewrite is the same on the next turn."""
+    proxy = make_proxy(quota={"max_llm_calls": 20})
+    client = openai_client(proxy, headers={"X-Conversation-ID": "big"})
+    history: list[dict[str, Any]] = [SYSTEM, {"role": "user", "content": "build"}]
+    upstream.enqueue(Reply.tool_calls([("read_file", "{}")]))
+    call = client.chat.completions.create(model="m", messages=history, tools=TOOLS).choices[0].message
+    history.append(call.model_dump(exclude_none=True))
+    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+        post(http, "big", STEER)
+    log = "".join(f"line {i:05d}: compiling\n" for i in range(2000))
+    history.append({"role": "tool", "tool_call_id": call.tool_calls[0].id, "content": log})
+    history.append({"role": "assistant", "content": client.chat.completions.create(model="m", messages=history, tools=TOOLS).choices[0].message.content})
+    history.append({"role": "user", "content": "and?"})
+    client.chat.completions.create(model="m", messages=history, tools=TOOLS)
+    first, second = (r["messages"][3]["content"] for r in upstream.chat_requests()[1:])
+    preview, _, note = first.partition("\n\n[context-proxy: a message from the user")
+    assert preview.startswith(log[:2000]) and "is stored as ref" in preview and "LLM calls remaining" in preview
+    assert note.endswith(STEER) and second == first
+
+
+def test_proxy_history_clients_get_the_note_from_the_store_on_every_turn(proxy, upstream, http):
+    client = openai_client(proxy, headers={"X-Conversation-ID": "proxied", "X-History": "proxy"})
+    client.chat.completions.create(model="m", messages=[SYSTEM, {"role": "user", "content": "start"}])
+    post(http, "proxied", STEER)
+    for text in ("one", "two"):
+        client.chat.completions.create(model="m", messages=[SYSTEM, {"role": "user", "content": text}])
+    second, third = upstream.chat_requests()[1:]
+    assert second["messages"][3]["role"] == "user" and second["messages"][3]["content"].endswith(STEER)
+    assert third["messages"][: len(second["messages"])] == second["messages"]
+    assert [occurrences(r, STEER) for r in (second, third)] == [1, 1]

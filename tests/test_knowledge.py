@@ -250,3 +250,15 @@ def test_sections_are_replaced_appended_and_removed_by_their_heading():
         replace_section(text, "Missing", "x")
     with pytest.raises(ValueError, match="exists already"):
         append_section(text, "PITFALLS", "x")
+
+
+def test_on_redis_the_edit_reaches_the_next_conversation_too(make_proxy, upstream, redis, http_to):
+    proxy = make_proxy(**ON, storage={"backend": "redis", "redis_url": redis.url})
+    upstream.enqueue(Reply.tool_calls([append_call("Redis notes", "Keys are prefixed cp:.")]), Reply.text("ok"))
+    ask(proxy, "r1")
+    ask(proxy, "r2")
+    assert "Keys are prefixed cp:." in knowledge_message(upstream.chat_requests()[-1])
+    ask(proxy, "r3", key=BOB)
+    assert "Keys are prefixed cp:." not in knowledge_message(upstream.chat_requests()[-1])
+    versions = http_to(proxy).get("/v1/knowledge/versions", headers=AUTH).json()["data"]
+    assert [v["source"] for v in versions] == ["agent:r1", "seed"]
