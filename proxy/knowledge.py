@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import difflib
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from string import Template
@@ -168,7 +167,3 @@ async def edit(
             return base, written
     raise EditRefused("The notes are being edited by another agent right now; try again.")
 
-
-def cutoff(conversation_created: float | None, summary_created: float | None) -> float:
-    """The moment whose version a conversation's prompt shows (see proxy/pipeline/knowledge.py)."""
-    return max(conversation_created or time.time(), summary_created or 0.0)

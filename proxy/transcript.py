@@ -14,7 +14,8 @@ of such items; the window and compaction cut only between units, so a call never
 result and a reasoning item never loses the item it belongs to.
 
 The shared facts stages leave on items: `pinned` (compaction: the task, always sent), `ref` (a
-shortened or masked tool output, readable through read_tool_output), `masked`.
+shortened or masked tool output, readable through read_tool_output), `masked`, `origin` (an item
+a stage made, so a later stage can find it again).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class Item:
     pinned: bool = False
     ref: str | None = None
     masked: bool = False
+    origin: str | None = None  # which part of the proxy made this item ("knowledge", ...); None: the client
 
     def but(self, **changes: Any) -> Item:
         return replace(self, **changes)

@@ -11,6 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
+from proxy.identity import tenant_of
+from proxy.state import TRAJECTORIES
 from tests.conftest import ALICE, BOB, openai_client, trajectory
 from tests.fake_upstream import Reply
 from tests.harness import chat
@@ -295,3 +297,39 @@ def test_proxy_history_clients_get_the_note_from_the_store_on_every_turn(proxy, 
     assert second["messages"][3]["role"] == "user" and second["messages"][3]["content"].endswith(STEER)
     assert third["messages"][: len(second["messages"])] == second["messages"]
     assert [occurrences(r, STEER) for r in (second, third)] == [1, 1]
+
+
+def test_the_quota_line_follows_the_note_and_both_stay(make_proxy, upstream):
+    proxy = make_proxy(quota={"max_llm_calls": 20})
+    client = openai_client(proxy, headers={"X-Conversation-ID": "quota-note"})
+    history: list[dict[str, Any]] = [SYSTEM, {"role": "user", "content": "check"}]
+    upstream.enqueue(Reply.tool_calls([("read_file", "{}")]))
+    call = client.chat.completions.create(model="m", messages=history, tools=TOOLS).choices[0].message
+    history.append(call.model_dump(exclude_none=True))
+    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+        post(http, "quota-note", STEER)
+    history.append({"role": "tool", "tool_call_id": call.tool_calls[0].id, "content": '{"ok": true}'})
+    history.append({"role": "assistant", "content": client.chat.completions.create(model="m", messages=history, tools=TOOLS).choices[0].message.content})
+    history.append({"role": "user", "content": "next"})
+    client.chat.completions.create(model="m", messages=history, tools=TOOLS)
+    first, second = (r["messages"][3]["content"] for r in upstream.chat_requests()[1:])
+    output, note_and_quota = first.split("\n\n", 1)
+    assert output == '{"ok": true}' and note_and_quota.index(STEER) < note_and_quota.index("LLM calls remaining")
+    assert second == first
+
+
+def test_the_trajectory_file_holds_the_inbox_as_the_api_does(make_proxy, upstream, servers, tmp_path):
+    root = tmp_path / "trajectories"
+    proxy = make_proxy(storage={"trajectory_dir": str(root)})
+    client = openai_client(proxy, headers={"X-Conversation-ID": "filed"})
+    history = [SYSTEM, {"role": "user", "content": "go"}]
+    history.append({"role": "assistant", "content": client.chat.completions.create(model="m", messages=history).choices[0].message.content})
+    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+        post(http, "filed", STEER)
+        history.append({"role": "user", "content": "on"})
+        client.chat.completions.create(model="m", messages=history)
+        servers.run(proxy.app[TRAJECTORIES].idle())
+        api = http.get("/v1/conversations/filed/trajectory", params={"limit": 1000}).json()
+    written = json.loads((root / tenant_of(ALICE) / "filed.json").read_text())
+    assert [m["status"] for m in api["inbox"]] == ["delivered"]
+    assert written == api

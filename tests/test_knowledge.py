@@ -262,3 +262,34 @@ def test_on_redis_the_edit_reaches_the_next_conversation_too(make_proxy, upstrea
     assert "Keys are prefixed cp:." not in knowledge_message(upstream.chat_requests()[-1])
     versions = http_to(proxy).get("/v1/knowledge/versions", headers=AUTH).json()["data"]
     assert [v["source"] for v in versions] == ["agent:r1", "seed"]
+
+
+def test_the_document_moves_to_the_newest_version_when_the_window_cuts(make_proxy, upstream, http_to):
+    proxy = make_proxy(**ON, context={"history_token_limit": 1200})
+    http = http_to(proxy)
+    client = openai_client(proxy, headers={"X-Conversation-ID": "cut"})
+    history = [SYSTEM]
+
+    def turn(n: int) -> dict:
+        history.append(user(f"step {n}: " + "lorem ipsum dolor sit amet " * 12))
+        history.append({"role": "assistant", "content": client.chat.completions.create(model="m", messages=history).choices[0].message.content})
+        return upstream.chat_requests()[-1]
+
+    prompts = [turn(0)]
+    base = http.get("/v1/knowledge", headers=AUTH).json()
+    written = http.put("/v1/knowledge", json={"text": base["text"] + "\n## Added later\n\nDeploys go through CI.\n",
+                                              "base_version": base["version"]}, headers=AUTH)
+    assert written.status_code == 200
+    n = 1
+    while len(prompts) < 2 or prompts[-1]["messages"][: len(prompts[-2]["messages"])] == prompts[-2]["messages"]:
+        assert "Deploys go through CI." not in knowledge_message(prompts[-1])  # no cut yet: the same bytes
+        prompts.append(turn(n))
+        n += 1
+        assert n < 40, "the window never cut"
+    cut = prompts[-1]
+    assert len(prompts) > 3 and cut["messages"][2] != history[1]  # the window did cut: its start moved on
+    assert "Deploys go through CI." in knowledge_message(cut)  # the cut re-reads the prompt anyway
+    after = turn(n)
+    assert after["messages"][: len(cut["messages"])] == cut["messages"]  # and stable again
+    versions = [t["knowledge"]["version"] for t in http.get("/v1/conversations/cut/turns", headers=AUTH).json()["data"]]
+    assert versions == [1] * (len(prompts) - 1) + [2, 2]

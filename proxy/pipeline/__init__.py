@@ -21,9 +21,10 @@ STAGES: list[Callable[[Settings], Stage | None]] = [
     truncation.build,  # first: one huge output must not by itself trigger a compaction
     knowledge.build,  # before compaction: the summary goes after it, the document changes less often
     compaction.build,
+    inbox.build,  # after the rewrites of the client's items, before the window that counts its notes
     window.build,
+    knowledge.build_refresh,  # right after the window: it says whether the prompt was cut
     quota.build,
-    inbox.build,  # after every rewrite of the client's items: its note is added to what they became
     pairing.build,  # last: whatever the stages before did, what goes upstream is well paired
 ]
 

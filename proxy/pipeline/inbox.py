@@ -9,11 +9,13 @@ with that item's seq (atomically: no two turns take one message); every later tu
 holds that item sends the same note in the same place, so the log stays what the client sent
 (full-history dedupe never sees a divergence) and the prompt stays byte-stable.
 
-Runs after the other rewrites (truncation, masking, the window, quota), so they act on the
-client's item as if no note were there and the note is added last; the note travels with its
-item (a window that keeps the item keeps the note, compaction that drops the item drops it).
-Its tokens are added to the tokens sent. If the item's turn fails, the store hands the message
-to the next turn again.
+Runs after truncation and compaction (a shortened or masked output keeps its marker, the note
+comes after it) and before the token window, which counts the note like the rest of the
+history: a note of its own joins the unit of the item it goes before, so the window keeps or
+drops them together, and a summary that leaves the item out leaves the note out. The quota
+stage comes after: a tool result with a note is no longer a JSON object, so it gets the quota's
+readable line, fixed like any other. If the item's turn fails, the store hands the message to
+the next turn again.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from ..config import Settings
 from ..store import APPEND, BEFORE, InboxMessage
 from ..transcript import Item, Role, unit_start
 from .base import Turn
+
+INBOX = "inbox"  # Item.origin of a note of its own
 
 
 class Inbox:
@@ -48,7 +52,7 @@ class Inbox:
                 turn.report.inbox_delivered = [m.id for m in new]
         if not any(delivered.values()):
             return items
-        return await with_notes(turn, items, delivered)
+        return with_notes(turn, items, delivered)
 
 
 def placement(turn: Turn, items: list[Item]) -> tuple[int, str] | None:
@@ -77,29 +81,20 @@ def note_text(messages: list[InboxMessage]) -> str:
     return "\n\n".join(m.note for m in sorted(messages, key=lambda m: m.id))
 
 
-async def with_notes(turn: Turn, items: list[Item], delivered: dict[int, list[InboxMessage]]) -> list[Item]:
+def with_notes(turn: Turn, items: list[Item], delivered: dict[int, list[InboxMessage]]) -> list[Item]:
     out: list[Item] = []
-    added: list[Item] = []  # what the notes put into the prompt, for the tokens sent
-    removed: list[Item] = []
     for item in items:
         messages = delivered.get(item.seq) if item.seq is not None else None
         if messages:
             before = [m for m in messages if m.placement == BEFORE]
             appended = [m for m in messages if m.placement == APPEND]
-            if before:
+            if before:  # its own user item: the unit it goes before begins with it now (pinned with a pinned task)
                 note = turn.codec.user_note(note_text(before))
-                out.append(note)
-                added.append(note)
+                out.append(note.but(origin=INBOX, joins=item.joins, pinned=item.pinned))
+                item = item.but(joins=True)
             if appended:
-                removed.append(item)
                 item = turn.codec.with_appended_text(item, "\n\n" + note_text(appended))
-                added.append(item)
         out.append(item)
-    counts = await turn.counter.count_many_async(
-        [i.raw for i in added + removed], turn.model, parts=turn.codec.counted_parts
-    )
-    if turn.report.tokens_sent is not None:
-        turn.report.tokens_sent += sum(counts[: len(added)]) - sum(counts[len(added) :])
     return out
 
 

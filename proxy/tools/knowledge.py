@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 READ_SPEC = ToolSpec(
     name="knowledge_read",
     description=(
-        "Read your long-term knowledge notes as they are now (the system message shows them as they "
-        "were when this conversation started). Pass offset to read on from a character position."
+        "Read your long-term knowledge notes as they are now (the system message may show an older "
+        "version: it is brought up to date only now and then). Pass offset to read on from a character position."
     ),
     parameters={
         "type": "object",
