@@ -283,6 +283,9 @@ async def a_conversation_with_everything(store: Store, key: ConversationKey) -> 
     await store.set_marks(key, {"window_start": 5, "mask_through": 3})
     await store.add_summary(key, summary(1, 4, "first"))
     await store.add_summary(key, summary(1, 2, "stale"))
+    await store.post_inbox(key, "delivered before the task", "note 1", max_pending=5)
+    await store.deliver_inbox(key, 2, BEFORE, turn=1, stamp=12.25)
+    await store.post_inbox(key, "still waiting", "note 2", max_pending=5)
 
 
 def moved(dump: ConversationDump, key: ConversationKey) -> ConversationDump:
@@ -294,10 +297,13 @@ async def test_import_writes_exactly_what_was_exported_and_the_conversation_goes
     dump = await read_dump(store, A)
     statuses = [LIVE, LIVE, LIVE, LIVE, LIVE, FAILED, SUPERSEDED, LIVE, LIVE]
     assert dump is not None and [m.status for m in dump.messages] == statuses and dump.responses == {"resp_1": 5}
+    assert [(m.status, m.seq) for m in dump.inbox] == [(INBOX_DELIVERED, 2), (INBOX_PENDING, None)]
     await store.import_conversation(moved(dump, C))
     assert await read_dump(store, C) == moved(dump, C)
     assert await read_dump(store, A) == dump  # the original untouched
     assert await store.response_owner(C.tenant, "resp_1") == ("copy", 5)
+    copied = await store.get(C)
+    assert (copied.inbox_open, copied.inbox_anchors) == (1, frozenset({2}))  # the waiting one is still due
     everyone, _ = await store.list_conversations(None)
     assert [c.key for c in everyone] == [C, A]  # an import lists as the newest
     assert [c.key for c in await store.find("copy")] == [C]
@@ -344,8 +350,9 @@ async def test_import_refuses_a_taken_key_unless_told_to_replace(store):
         lambda d: d.turns.reverse(),
         lambda d: setattr(d, "responses", {"resp_x": 99}),
         lambda d: d.conversation.marks.update(window_start=99),
+        lambda d: setattr(d.inbox[0], "seq", 99),
     ],
-    ids=["seq-gap", "status", "summary-ids", "rewrite-seq", "turn-order", "response-seq", "mark-seq"],
+    ids=["seq-gap", "status", "summary-ids", "rewrite-seq", "turn-order", "response-seq", "mark-seq", "inbox-seq"],
 )
 async def test_import_refuses_a_dump_whose_parts_disagree_and_writes_nothing(store, spoil):
     await a_conversation_with_everything(store, A)

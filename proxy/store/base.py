@@ -118,48 +118,6 @@ class Conversation:
         }
 
 
-class ConversationExists(Exception):
-    """import_conversation found the conversation already in the store (and was not told to replace it)."""
-
-
-@dataclass(slots=True)
-class ConversationDump:
-    """Everything a store holds of one conversation: what export reads and import_conversation
-    writes, so a conversation moves between stores losslessly (see proxy/transfer.py). Refs are
-    not in it: they are derived from the key and seq under the store's own secret."""
-
-    conversation: Conversation  # key, times, counters, first-forwarded marks, boundary, summary id, marks
-    messages: list[StoredMessage]  # every message, seqs 1..n in order: statuses, hashes, times
-    rewrites: dict[int, str]  # seq -> the stored forwarded form
-    summaries: list[Summary]  # every summary, ids 1..k in order
-    turns: list[dict[str, Any]]  # every turn record as turn_records() gives it (`turn` 1..t, `reply_seq`)
-    responses: dict[str, int] = field(default_factory=dict)  # response id -> the seq it names (response_owner)
-
-    def check(self) -> None:
-        """Raise ValueError, naming the problem, unless the parts agree as a store's own would."""
-        c, n = self.conversation, len(self.messages)
-        problems = []
-        if [m.seq for m in self.messages] != list(range(1, n + 1)) or c.next_seq != n + 1:
-            problems.append("message seqs must run 1, 2, ... with next_seq after the last")
-        if any(m.status not in STATUSES for m in self.messages):
-            problems.append(f"a message status is not one of {sorted(STATUSES)}")
-        if c.live != [(m.seq, m.hash) for m in self.messages if m.status == LIVE]:
-            problems.append("the live transcript must be the messages whose status is live")
-        named = set(c.first_forwarded) | set(self.rewrites)
-        if not named <= set(range(1, n + 1)) or c.rewritten != frozenset(self.rewrites):
-            problems.append("first-forwarded marks and rewrites must name stored messages")
-        if [s.id for s in self.summaries] != list(range(1, len(self.summaries) + 1)):
-            problems.append("summary ids must run 1, 2, ...")
-        if not 0 <= c.boundary <= n or (c.summary_id is not None and not 1 <= c.summary_id <= len(self.summaries)):
-            problems.append("the boundary must be a stored seq and the summary id a stored summary")
-        if [r.get("turn") for r in self.turns] != list(range(1, len(self.turns) + 1)):
-            problems.append("turn records must be numbered 1, 2, ...")
-        if not set(self.responses.values()) <= set(range(1, n + 1)):
-            problems.append("response ids must name stored messages")
-        if not all(0 <= seq <= n for seq in c.marks.values()):
-            problems.append("marks must be seqs of the conversation")
-        if problems:
-            raise ValueError(f"conversation {c.key}: " + "; ".join(problems))
 # An inbox message's placement: appended to the text of the item it was delivered with (a tool
 # result), or a user item of its own right before that item.
 APPEND = "append"
@@ -170,6 +128,7 @@ BEFORE = "before"
 INBOX_PENDING = "pending"
 INBOX_DELIVERING = "delivering"
 INBOX_DELIVERED = "delivered"
+INBOX_STATUSES = frozenset({INBOX_PENDING, INBOX_DELIVERING, INBOX_DELIVERED})
 
 
 @dataclass(slots=True)
@@ -229,6 +188,54 @@ class KnowledgeVersion:
         return out
 
 
+class ConversationExists(Exception):
+    """import_conversation found the conversation already in the store (and was not told to replace it)."""
+
+
+@dataclass(slots=True)
+class ConversationDump:
+    """Everything a store holds of one conversation: what export reads and import_conversation
+    writes, so a conversation moves between stores losslessly (see proxy/transfer.py). Refs are
+    not in it: they are derived from the key and seq under the store's own secret."""
+
+    conversation: Conversation  # key, times, counters, first-forwarded marks, boundary, summary id, marks
+    messages: list[StoredMessage]  # every message, seqs 1..n in order: statuses, hashes, times
+    rewrites: dict[int, str]  # seq -> the stored forwarded form
+    summaries: list[Summary]  # every summary, ids 1..k in order
+    turns: list[dict[str, Any]]  # every turn record as turn_records() gives it (`turn` 1..t, `reply_seq`)
+    responses: dict[str, int] = field(default_factory=dict)  # response id -> the seq it names (response_owner)
+    inbox: list[InboxMessage] = field(default_factory=list)  # every inbox message, ids 1..k, as inbox() gives them
+
+    def check(self) -> None:
+        """Raise ValueError, naming the problem, unless the parts agree as a store's own would."""
+        c, n = self.conversation, len(self.messages)
+        problems = []
+        if [m.seq for m in self.messages] != list(range(1, n + 1)) or c.next_seq != n + 1:
+            problems.append("message seqs must run 1, 2, ... with next_seq after the last")
+        if any(m.status not in STATUSES for m in self.messages):
+            problems.append(f"a message status is not one of {sorted(STATUSES)}")
+        if c.live != [(m.seq, m.hash) for m in self.messages if m.status == LIVE]:
+            problems.append("the live transcript must be the messages whose status is live")
+        named = set(c.first_forwarded) | set(self.rewrites)
+        if not named <= set(range(1, n + 1)) or c.rewritten != frozenset(self.rewrites):
+            problems.append("first-forwarded marks and rewrites must name stored messages")
+        if [s.id for s in self.summaries] != list(range(1, len(self.summaries) + 1)):
+            problems.append("summary ids must run 1, 2, ...")
+        if not 0 <= c.boundary <= n or (c.summary_id is not None and not 1 <= c.summary_id <= len(self.summaries)):
+            problems.append("the boundary must be a stored seq and the summary id a stored summary")
+        if [r.get("turn") for r in self.turns] != list(range(1, len(self.turns) + 1)):
+            problems.append("turn records must be numbered 1, 2, ...")
+        if not set(self.responses.values()) <= set(range(1, n + 1)):
+            problems.append("response ids must name stored messages")
+        if not all(0 <= seq <= n for seq in c.marks.values()):
+            problems.append("marks must be seqs of the conversation")
+        if [m.id for m in self.inbox] != list(range(1, len(self.inbox) + 1)):
+            problems.append("inbox message ids must run 1, 2, ...")
+        if any((m.seq is None) != (m.placement is None) or (m.seq is not None and not 1 <= m.seq <= n)
+               or m.placement not in (None, APPEND, BEFORE) or m.status not in INBOX_STATUSES for m in self.inbox):
+            problems.append("an inbox message must be delivered with a stored message, appended or before it")
+        if problems:
+            raise ValueError(f"conversation {c.key}: " + "; ".join(problems))
 class Store(Protocol):
     """What the proxy needs from storage. Backends must pass tests/test_store_contract.py."""
 

@@ -449,6 +449,13 @@ class DiskStore:
                 self._cache.set(_msg_key(key, m.seq), record)
             for seq, content in dump.rewrites.items():
                 self._cache.set(_rewrite_key(key, seq), content)
+            raw.update(inbox=len(dump.inbox), inbox_open=[], inbox_at={})
+            for m in dump.inbox:
+                self._cache.set(_inbox_key(key, m.id), _inbox_record(m))
+                if m.status != INBOX_DELIVERED:
+                    raw["inbox_open"].append(m.id)
+                if m.seq is not None:
+                    raw["inbox_at"].setdefault(m.seq, []).append(m.id)
             for summary in dump.summaries:
                 self._cache.set(_summary_key(key, summary.id), asdict(summary))
             for turn in dump.turns:
@@ -658,6 +665,12 @@ def _new_record(stamp: float) -> dict[str, Any]:
         "summaries": 0, "boundary": 0, "summary_id": None, "turns": 0, "order": 0,
         "inbox": 0, "inbox_open": [], "inbox_at": {},
     }
+
+
+def _inbox_record(m: InboxMessage) -> dict[str, Any]:
+    """An inbox message as stored: its status is read off its item, never kept."""
+    return {"id": m.id, "content": m.content, "note": m.note, "created_at": m.created_at,
+            "seq": m.seq, "placement": m.placement, "turn": m.turn, "delivered_at": m.delivered_at}
 
 
 def _inbox_fields(raw: dict[str, Any]) -> None:

@@ -248,12 +248,28 @@ redis.call('ZREM', all, tenant .. '/' .. id)
 return 1
 """
 
-IMPORT = PRELUDE + """
+# The anchors index holds "id,id,..." per seq.
+INBOX_ANCHORS = """
+local function anchor_ids(seq)
+  local ids = {}
+  for mid in string.gmatch(redis.call('HGET', iat, seq) or '', '%d+') do ids[#ids + 1] = mid end
+  return ids
+end
+
+local function drop_anchor(seq, mid)
+  local kept = {}
+  for _, other in ipairs(anchor_ids(seq)) do if other ~= mid then kept[#kept + 1] = other end end
+  if #kept == 0 then redis.call('HDEL', iat, seq) else redis.call('HSET', iat, seq, table.concat(kept, ',')) end
+end
+"""
+
+IMPORT = PRELUDE + INBOX_ANCHORS + """
 -- ARGV[3] (the stamp) = created_at; ARGV[4] = replace (1/0); ARGV[5..11] = updated_at, next_seq,
--- llm_calls, boundary, summary_id ('' = none), summaries, turns; ARGV[12..16] = how many messages,
--- first-forwarded marks, rewrites, response ids and marks follow. Then (seq, body, hash, status)
--- per message, (seq, calls) per first-forwarded mark, (seq, content) per rewrite, (id, JSON) per
--- summary, (turn, JSON) per turn record, (meta field, seq) per mark, (response id, seq) per response id.
+-- llm_calls, boundary, summary_id ('' = none), summaries, turns; ARGV[12..17] = how many messages,
+-- first-forwarded marks, rewrites, response ids, marks and inbox messages follow. Then (seq, body,
+-- hash, status) per message, (seq, calls) per first-forwarded mark, (seq, content) per rewrite,
+-- (id, JSON) per summary, (turn, JSON) per turn record, (meta field, seq) per mark, (response id,
+-- seq) per response id, (id, JSON, delivery or '', open 1/0) per inbox message.
 if redis.call('EXISTS', meta) == 1 then
   if ARGV[4] ~= '1' then return redis.error_reply('""" + CONVERSATION_EXISTS + """') end
   local known = redis.call('SMEMBERS', resp)
@@ -266,7 +282,7 @@ ensure()
 redis.call('HSET', meta, 'updated_at', ARGV[5], 'next_seq', ARGV[6], 'llm_calls', ARGV[7], 'boundary', ARGV[8],
            'summaries', ARGV[10], 'turns', ARGV[11])
 if ARGV[9] ~= '' then redis.call('HSET', meta, 'summary_id', ARGV[9]) end
-local i = 17
+local i = 18
 for _ = 1, tonumber(ARGV[12]) do
   local seq, h, status = ARGV[i], ARGV[i + 2], ARGV[i + 3]
   redis.call('HSET', body, seq, ARGV[i + 1])
@@ -286,6 +302,20 @@ for _ = 1, tonumber(ARGV[15]) do
   redis.call('SADD', resp, ARGV[i])
   i = i + 2
 end
+for _ = 1, tonumber(ARGV[17]) do
+  local mid, delivery = ARGV[i], ARGV[i + 2]
+  redis.call('HSET', inbox, mid, ARGV[i + 1])
+  if delivery ~= '' then
+    redis.call('HSET', idel, mid, delivery)
+    local seq = string.match(delivery, '^(%d+):')
+    local ids = anchor_ids(seq)
+    ids[#ids + 1] = mid
+    redis.call('HSET', iat, seq, table.concat(ids, ','))
+  end
+  if ARGV[i + 3] == '1' then redis.call('SADD', iopen, mid) end
+  i = i + 4
+end
+redis.call('HSET', meta, 'inbox', ARGV[17], 'inbox_open', redis.call('SCARD', iopen))
 return 1
 """
 
@@ -327,21 +357,6 @@ redis.call('HSET', inbox, mid, ARGV[4])
 redis.call('SADD', iopen, mid)
 redis.call('HSET', meta, 'inbox_open', redis.call('SCARD', iopen))
 return mid
-"""
-
-# The anchors index holds "id,id,..." per seq.
-INBOX_ANCHORS = """
-local function anchor_ids(seq)
-  local ids = {}
-  for mid in string.gmatch(redis.call('HGET', iat, seq) or '', '%d+') do ids[#ids + 1] = mid end
-  return ids
-end
-
-local function drop_anchor(seq, mid)
-  local kept = {}
-  for _, other in ipairs(anchor_ids(seq)) do if other ~= mid then kept[#kept + 1] = other end end
-  if #kept == 0 then redis.call('HDEL', iat, seq) else redis.call('HSET', iat, seq, table.concat(kept, ',')) end
-end
 """
 
 DELIVER_INBOX = PRELUDE + INBOX_ANCHORS + """
@@ -752,7 +767,7 @@ class RedisStore:
             c.key, int(replace), repr(c.updated_at), c.next_seq, c.llm_calls, c.boundary,
             "" if c.summary_id is None else c.summary_id, len(dump.summaries), len(dump.turns),
             len(dump.messages), len(c.first_forwarded), len(dump.rewrites), len(dump.responses), len(c.marks),
-            stamp=c.created_at,
+            len(dump.inbox), stamp=c.created_at,
         )
         for m in dump.messages:
             args += [m.seq, _dumps({"t": m.created_at, "m": m.message}), m.hash, m.status]
@@ -771,12 +786,17 @@ class RedisStore:
             args += [MARK + name, seq]
         for response_id, seq in dump.responses.items():
             args += [response_id, seq]
+        for m in dump.inbox:
+            delivery = "" if m.seq is None else f"{m.seq}:{m.placement}:{m.turn}:{m.delivered_at!r}"
+            body = _dumps({"content": m.content, "note": m.note, "created_at": m.created_at})
+            args += [m.id, body, delivery, int(m.status != INBOX_DELIVERED)]
         try:
             await self._import(keys=self._keys(c.key), args=args)
         except ResponseError as exc:
             if CONVERSATION_EXISTS in str(exc):
                 raise ConversationExists(str(c.key)) from None
             raise
+
     # -- inbox ---------------------------------------------------------------------------------
 
     @_guarded
