@@ -264,27 +264,40 @@ def test_the_page_reads_the_inbox_in_the_trajectory(proxy, upstream, http):
     assert [(m["content"], m["status"]) for m in page["inbox"]] == [(STEER, "pending")]
 
 
-
-def test_a_note_on_a_shortened_output_comes_after_its_marker_and_quota_figures(make_proxy, upstream):
-    """Truncation and quota rewrite the tool result as if no note were there; the note comes last,
-    and the whole rewrite is the same on the next turn."""
+def tool_result_with_a_note(make_proxy, upstream, cid: str, output: str) -> tuple[str, str]:
+    """With the quota on, a message posted while a tool runs, then two turns: the tool result as
+    the first and the second of them sent it."""
     proxy = make_proxy(quota={"max_llm_calls": 20})
-    client = openai_client(proxy, headers={"X-Conversation-ID": "big"})
+    client = openai_client(proxy, headers={"X-Conversation-ID": cid})
     history: list[dict[str, Any]] = [SYSTEM, {"role": "user", "content": "build"}]
     upstream.enqueue(Reply.tool_calls([("read_file", "{}")]))
     call = client.chat.completions.create(model="m", messages=history, tools=TOOLS).choices[0].message
     history.append(call.model_dump(exclude_none=True))
     with httpx.Client(base_url=proxy.url, timeout=30) as http:
-        post(http, "big", STEER)
-    log = "".join(f"line {i:05d}: compiling\n" for i in range(2000))
-    history.append({"role": "tool", "tool_call_id": call.tool_calls[0].id, "content": log})
-    history.append({"role": "assistant", "content": client.chat.completions.create(model="m", messages=history, tools=TOOLS).choices[0].message.content})
-    history.append({"role": "user", "content": "and?"})
+        post(http, cid, STEER)
+    history.append({"role": "tool", "tool_call_id": call.tool_calls[0].id, "content": output})
+    reply = client.chat.completions.create(model="m", messages=history, tools=TOOLS).choices[0].message
+    history += [{"role": "assistant", "content": reply.content}, {"role": "user", "content": "and?"}]
     client.chat.completions.create(model="m", messages=history, tools=TOOLS)
     first, second = (r["messages"][3]["content"] for r in upstream.chat_requests()[1:])
+    return first, second
+
+
+def test_a_note_on_a_shortened_output_comes_after_its_marker_and_quota_figures(make_proxy, upstream):
+    """Truncation rewrites the tool result as if no note were there (its marker carries the quota
+    figures); the note comes after it, and the whole rewrite is the same on the next turn."""
+    log = "".join(f"line {i:05d}: compiling\n" for i in range(2000))
+    first, second = tool_result_with_a_note(make_proxy, upstream, "big", log)
     preview, _, note = first.partition("\n\n[context-proxy: a message from the user")
     assert preview.startswith(log[:2000]) and "is stored as ref" in preview and "LLM calls remaining" in preview
     assert note.endswith(STEER) and second == first
+
+
+def test_the_quota_line_follows_the_note_and_both_stay(make_proxy, upstream):
+    first, second = tool_result_with_a_note(make_proxy, upstream, "quota-note", '{"ok": true}')
+    output, note_and_quota = first.split("\n\n", 1)
+    assert output == '{"ok": true}' and note_and_quota.index(STEER) < note_and_quota.index("LLM calls remaining")
+    assert second == first
 
 
 def test_proxy_history_clients_get_the_note_from_the_store_on_every_turn(proxy, upstream, http):
@@ -297,25 +310,6 @@ def test_proxy_history_clients_get_the_note_from_the_store_on_every_turn(proxy, 
     assert second["messages"][3]["role"] == "user" and second["messages"][3]["content"].endswith(STEER)
     assert third["messages"][: len(second["messages"])] == second["messages"]
     assert [occurrences(r, STEER) for r in (second, third)] == [1, 1]
-
-
-def test_the_quota_line_follows_the_note_and_both_stay(make_proxy, upstream):
-    proxy = make_proxy(quota={"max_llm_calls": 20})
-    client = openai_client(proxy, headers={"X-Conversation-ID": "quota-note"})
-    history: list[dict[str, Any]] = [SYSTEM, {"role": "user", "content": "check"}]
-    upstream.enqueue(Reply.tool_calls([("read_file", "{}")]))
-    call = client.chat.completions.create(model="m", messages=history, tools=TOOLS).choices[0].message
-    history.append(call.model_dump(exclude_none=True))
-    with httpx.Client(base_url=proxy.url, timeout=30) as http:
-        post(http, "quota-note", STEER)
-    history.append({"role": "tool", "tool_call_id": call.tool_calls[0].id, "content": '{"ok": true}'})
-    history.append({"role": "assistant", "content": client.chat.completions.create(model="m", messages=history, tools=TOOLS).choices[0].message.content})
-    history.append({"role": "user", "content": "next"})
-    client.chat.completions.create(model="m", messages=history, tools=TOOLS)
-    first, second = (r["messages"][3]["content"] for r in upstream.chat_requests()[1:])
-    output, note_and_quota = first.split("\n\n", 1)
-    assert output == '{"ok": true}' and note_and_quota.index(STEER) < note_and_quota.index("LLM calls remaining")
-    assert second == first
 
 
 def test_the_trajectory_file_holds_the_inbox_as_the_api_does(make_proxy, upstream, servers, tmp_path):
