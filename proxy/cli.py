@@ -15,8 +15,9 @@ from typing import Any
 
 from aiohttp import web
 
-from .app import RUNNER_OPTIONS, build_app
+from .app import build_app, runner_options
 from .config import ConfigError, Settings, load_settings
+from .connections import start_site
 from .errors import ProxyError
 from .logs import configure_logging
 from .store import ConversationExists, open_store
@@ -60,7 +61,11 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as exc:
             print(f"context-proxy: {exc}", file=sys.stderr)
             return 2
-        asyncio.run(serve_forever(settings, app))
+        try:
+            asyncio.run(serve_forever(settings, app))
+        except ConfigError as exc:  # found only once resources open (e.g. a store that cannot be opened)
+            print(f"context-proxy: {exc}", file=sys.stderr)
+            return 2
         return 0
     configure_logging("WARNING")  # stdout is the export: logs go to stderr, and only problems
     try:
@@ -77,10 +82,9 @@ def main(argv: list[str] | None = None) -> int:
 
 async def serve_forever(settings: Settings, app: web.Application) -> None:
     """Serve until SIGINT/SIGTERM, then close every resource cleanly."""
-    runner = web.AppRunner(app, handle_signals=False, **RUNNER_OPTIONS)
+    runner = web.AppRunner(app, handle_signals=False, **runner_options(settings))
     await runner.setup()
-    site = web.TCPSite(runner, settings.server.host, settings.server.port)
-    await site.start()
+    await start_site(runner, settings.server.host, settings.server.port)
     host, port = runner.addresses[0][:2]
     log.info("listening", extra={"host": host, "port": port})
     stop = asyncio.Event()

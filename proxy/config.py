@@ -40,13 +40,71 @@ class ServerSettings(Section):
     host: str = Field("127.0.0.1", description="Address to bind.")
     port: int = Field(8080, ge=0, le=65535, description="Port to bind (0 = any free port).")
     max_body_mb: float = Field(32, gt=0, le=1024, description="Largest request body accepted (413 above).")
+    max_messages: int = Field(
+        10_000, ge=1, le=1_000_000, description="Most messages one request may carry (413 above)."
+    )
+    allowed_hosts: tuple[str, ...] = Field(
+        (),
+        description="Host names (without port) accepted besides localhost and loopback addresses: on every "
+        "route while the proxy listens on a loopback address, and on the admin API, /ui and /metrics "
+        "whenever no admin token is set (a DNS-rebinding page names its own host). '*' accepts any.",
+    )
+    cors_origins: tuple[str, ...] = Field(
+        (),
+        description="Origins (scheme://host[:port]) whose web pages may call the proxy (CORS); a request "
+        "from any other origin is refused with a 403.",
+    )
+    max_connections: int = Field(
+        1000,
+        ge=1,
+        le=1_000_000,
+        description="Client connections open at once; past it the longest-idle one is closed, or, when "
+        "every one is busy, the new one is answered 503. Also kept below the process's fd limit.",
+    )
+    keepalive_timeout_s: float = Field(
+        60, gt=0, le=3600, description="Seconds an idle keep-alive connection stays open."
+    )
+    header_timeout_s: float = Field(
+        20, gt=0, le=600, description="Seconds a client may take to send a request's headers (slow clients are cut)."
+    )
+    body_timeout_s: float = Field(
+        120, gt=0, le=86400, description="Seconds a client may take to send a request's body (408 after)."
+    )
 
 
 class UpstreamSettings(Section):
-    base_url: str = Field("https://api.openai.com/v1", description="OpenAI-compatible base URL, /v1 included.")
+    base_url: str = Field(
+        "https://api.openai.com/v1",
+        description="OpenAI-compatible base URL, /v1 included. A user:password in it is sent as Basic auth "
+        "instead of the client's Authorization, and never logged.",
+    )
     timeout_s: float = Field(600, gt=0, le=86400, description="Seconds of upstream silence before a 504.")
     api_key: SecretStr | None = Field(None, description="Sent upstream instead of the client's key when set.")
     max_connections: int = Field(100, ge=1, le=10000, description="Pooled connections to the upstream.")
+    max_reply_mb: float = Field(
+        32,
+        gt=0,
+        le=4096,
+        description="Largest upstream reply read for a chat turn (JSON body or event stream), and largest body "
+        "ever buffered; past it the reply is cut with an upstream_reply_too_large error.",
+    )
+    max_sse_line_mb: float = Field(
+        4, gt=0, le=1024, description="Longest line of an upstream event stream (one SSE event's data)."
+    )
+    max_reply_s: float = Field(
+        1800,
+        gt=0,
+        le=86400,
+        description="Longest a chat turn's upstream reply may take, from the request sent to its last byte, "
+        "however steadily it trickles (a 504 after; timeout_s bounds each silence within it).",
+    )
+
+
+    @model_validator(mode="after")
+    def _one_credential(self) -> UpstreamSettings:
+        if self.api_key is not None and "@" in self.base_url.split("//", 1)[-1].split("/", 1)[0]:
+            raise ValueError("base_url holds credentials and api_key is set too: use one of them")
+        return self
 
 
 class StorageSettings(Section):
@@ -61,6 +119,13 @@ class StorageSettings(Section):
     )
     trajectory_cache_mb: float = Field(
         64, ge=0, le=65536, description="Memory for the encoded trajectories of recent conversations (so a turn re-encodes only what changed)."
+    )
+    reserve_mb: float = Field(
+        16,
+        ge=0,
+        le=4096,
+        description="diskcache: disk space held in reserve and released when the disk is full, so that "
+        "deleting conversations (which needs room for SQLite's journal) still works; 0 = none.",
     )
 
 

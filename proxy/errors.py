@@ -43,9 +43,34 @@ class NotFound(ProxyError):
     code = "not_found"
 
 
+class Forbidden(ProxyError):
+    """Refused for where the request comes from (its Host or Origin), whatever its credentials."""
+
+    status = 403
+    code = "forbidden"
+
+
+class RequestTimeout(ProxyError):
+    status = 408
+    code = "request_timeout"
+
+
 class BodyTooLarge(ProxyError):
     status = 413
     code = "request_too_large"
+
+
+class UnsupportedMediaType(ProxyError):
+    status = 415
+    code = "unsupported_media_type"
+
+
+class ServerBusy(ProxyError):
+    """Every connection slot is taken by a request in flight: the client may retry shortly."""
+
+    status = 503
+    type = "server_error"
+    code = "server_busy"
 
 
 class UpstreamUnreachable(ProxyError):
@@ -58,6 +83,14 @@ class UpstreamStreamBroken(ProxyError):
     status = 502
     type = "upstream_error"
     code = "upstream_stream_broken"
+
+
+class UpstreamReplyTooLarge(ProxyError):
+    """The upstream's reply (or one line of its event stream) is larger than the proxy reads."""
+
+    status = 502
+    type = "upstream_error"
+    code = "upstream_reply_too_large"
 
 
 class UpstreamTimeout(ProxyError):

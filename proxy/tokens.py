@@ -44,6 +44,15 @@ LOW_DETAIL_IMAGE_TOKENS = 85
 
 DEFAULT_CACHE_ENTRIES = 100_000
 OFFLOAD_CHARS = 32_000  # new text beyond this is tokenized off the event loop
+OFFLOAD_MESSAGES = 1_000  # and so are this many new messages, however short
+# Tokenizing is not linear in a text's length (BPE on a long run without spaces is about
+# quadratic: 400,000 'x' take 1.2 s) and holds every token id: one 30 MB message cost 1.7 GB.
+# So a text is tokenized in pieces of PIECE_CHARS (cut at whitespace where there is some: only a
+# token across a cut can count twice), and one longer than EXACT_CHARS is estimated from
+# SAMPLES evenly spread pieces: time and memory stay flat whatever the size.
+PIECE_CHARS = 4_096
+EXACT_CHARS = 262_144
+SAMPLES = 16
 FALLBACK_ENCODING = "cl100k_base"
 MODEL_PRICES_FILE = "model_prices_and_context_window_backup.json"
 
@@ -101,7 +110,8 @@ class TokenCounter:
         tokenizer, keys, counts, misses = self._lookup(messages, model, hashes, parts or counted_parts)
         made: dict[int, int] = {}
         if misses:
-            if sum(len(t) for texts, _ in misses.values() for t in texts) > OFFLOAD_CHARS:
+            chars = sum(len(t) for texts, _ in misses.values() for t in texts)
+            if chars > OFFLOAD_CHARS or len(misses) > OFFLOAD_MESSAGES:
                 made = await asyncio.to_thread(self._encode_misses, tokenizer, model, misses)
             else:
                 made = self._encode_misses(tokenizer, model, misses)
@@ -139,7 +149,9 @@ class TokenCounter:
 
     def _encode_misses(self, tokenizer: str, model: str, misses: dict[int, tuple[tuple[str, ...], int]]) -> dict[int, int]:
         encode = self._encoder(tokenizer, model)  # tokenized outside the lock
-        made = {key: extra + sum(encode(text) for text in texts if text) for key, (texts, extra) in misses.items()}
+        made = {
+            key: extra + sum(count_text(encode, text) for text in texts if text) for key, (texts, extra) in misses.items()
+        }
         with self._lock:
             self.encodes += len(made)
             self._cache.update(made)
@@ -178,6 +190,35 @@ class TokenCounter:
         if tokenizer.startswith("litellm:"):
             return litellm_encoder(self.aliases.get(model, model))
         return tiktoken_encoder(tokenizer)
+
+
+def count_text(encode: Encode, text: str) -> int:
+    """Tokens of `text`: exact up to EXACT_CHARS (in pieces), estimated from samples beyond."""
+    if len(text) <= PIECE_CHARS:
+        return encode(text)
+    if len(text) <= EXACT_CHARS:
+        return sum(encode(piece) for piece in _pieces(text, 0, len(text)))
+    step = len(text) // SAMPLES
+    sampled_chars = sampled_tokens = 0
+    for i in range(SAMPLES):
+        piece = next(_pieces(text, i * step, i * step + PIECE_CHARS))
+        sampled_chars += len(piece)
+        sampled_tokens += encode(piece)
+    return -(-len(text) * sampled_tokens // sampled_chars)  # rounded up: a budget is better overestimated
+
+
+def _pieces(text: str, start: int, end: int) -> Iterator[str]:
+    """text[start:end] in pieces of at most PIECE_CHARS, each cut just before whitespace when the
+    last eighth of the piece has some (tiktoken's pieces start at a space: the cut splits none)."""
+    while start < end:
+        stop = min(start + PIECE_CHARS, end)
+        if stop < end:
+            floor = stop - PIECE_CHARS // 8
+            space = max(text.rfind(" ", floor, stop), text.rfind("\n", floor, stop))
+            if space > start:
+                stop = space
+        yield text[start:stop]
+        start = stop
 
 
 def counted_parts(message: Message) -> tuple[tuple[str, ...], int]:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .history import TurnPlan
 from .identity import ConversationKey
+from .request_limits import off_loop
 from .store import FAILED, INCOMPLETE, INTERNAL, LIVE, PENDING, SUPERSEDED, Store
 from .transcript import Codec, Raw
 
@@ -69,8 +70,8 @@ class TurnWriter:
         if status == LIVE:
             changes |= dict.fromkeys(self.plan.supersede, SUPERSEDED)
         record = self.report.record(status, self.pending) if self.report is not None else None
-        replies = [(raw, self.codec.hash(raw)) for raw in reply]
-        await self.store.finish_turn(self.key, changes, replies, reply_status, record)
+        hashes = await off_loop(sum(_size(raw) for raw in reply), lambda: [self.codec.hash(raw) for raw in reply])
+        await self.store.finish_turn(self.key, changes, list(zip(reply, hashes, strict=True)), reply_status, record)
 
     async def settled(self) -> None:
         """Wait for the last write to land, even if this request is being cancelled."""
@@ -84,3 +85,10 @@ class TurnWriter:
                 cancelled = True
         if cancelled:
             raise asyncio.CancelledError
+
+
+def _size(raw: Raw) -> int:
+    """A cheap lower bound of an item's size: its text fields' lengths."""
+    return sum(len(v) for v in raw.values() if isinstance(v, str)) + sum(
+        len(p.get("text") or "") for v in raw.values() if isinstance(v, list) for p in v if isinstance(p, dict)
+    )

@@ -683,7 +683,7 @@ class Reply:
     """What the fake answers to one request, in whichever format it came. Build with the
     constructors; ``never_ending()`` and ``failing_after()`` make a reply misbehave."""
 
-    kind: Literal["message", "error", "hang"]
+    kind: Literal["message", "error", "hang", "endless"]
     content: str | None = None
     calls: list[ToolCall] = field(default_factory=list)
     # The model's reasoning before its answer: ignored by Chat Completions, a `reasoning` item
@@ -712,6 +712,9 @@ class Reply:
     # (paused or hanging); best effort mid-stream, as the OS may buffer what was written.
     client_gone: threading.Event = field(default_factory=threading.Event, repr=False)
     gate: Gate = field(default_factory=Gate, repr=False)
+    # endless: seconds between two writes, and whether the stream ever ends a line.
+    pace_s: float = 0.0
+    line_breaks: bool = True
 
     @classmethod
     def text(
@@ -754,6 +757,14 @@ class Reply:
         """Never answers: waits until the client goes away, the server closes, or release(),
         which drops the connection without an answer."""
         return cls("hang")
+
+    @classmethod
+    def endless(cls, *, chunk_size: int = 65536, pace_s: float = 0.0, line_breaks: bool = True) -> Reply:
+        """A 200 that never ends (until the client goes away): content chunks of ``chunk_size``
+        characters every ``pace_s`` seconds, streamed as SSE events, or, with ``line_breaks`` off,
+        as one ``data:`` line that never ends; a non-streaming request gets a JSON body whose
+        content string never closes."""
+        return cls("endless", chunk_size=chunk_size, pace_s=pace_s, line_breaks=line_breaks)
 
     def never_ending(self) -> Reply:
         """This reply, streamed without its end: no finish, no [DONE] / response.completed."""
@@ -1115,6 +1126,8 @@ class FakeUpstream:
         if reply.kind == "hang" or (reply.never_ends and not body.get("stream")):
             await self._park(reply, reply.gate.wait())
             _drop_connection()
+        if reply.kind == "endless":
+            return await self._endless(request, record, body, reply)
         if body.get("stream"):
             return await self._stream(request, record, reply, wire.reply_stream(body, reply))
         if reply.pause_after_chunks is not None:
@@ -1187,6 +1200,38 @@ class FakeUpstream:
             self._note_client_gone(reply)
             return response
         _drop_connection()  # released: the stream ends without its end
+
+    async def _endless(self, request: web.Request, record: Recorded, body: dict, reply: Reply) -> web.StreamResponse:
+        stream = bool(body.get("stream"))
+        content_type = "text/event-stream" if stream else "application/json"
+        response = web.StreamResponse(headers={"Content-Type": content_type})
+        await response.prepare(request)
+        record.status_sent = 200
+        piece = "x" * reply.chunk_size
+        envelope = _envelope("chat.completion.chunk" if stream else "chat.completion", body["model"])
+        if stream and reply.line_breaks:
+            head = b""
+            event = _sse_event({**envelope, "choices": [{"index": 0, "delta": {"content": piece}}]})
+        elif stream:
+            head = _sse_event({**envelope, "choices": [{"index": 0, "delta": {"content": ""}}]}).rstrip()
+            head = head[: head.rindex(b'""') + 1]  # the content string opened, never closed
+            event = piece.encode()
+        else:
+            head = json.dumps({**envelope, "choices": [{"index": 0, "message": {"content": ""}}]}).encode()
+            head = head[: head.rindex(b'""') + 1]
+            event = piece.encode()
+        reply.reached.set()
+        try:
+            await response.write(head)
+            while True:
+                await response.write(event)
+                await asyncio.sleep(reply.pace_s)  # 0 still yields: the client's reads interleave
+        except asyncio.CancelledError:
+            self._note_client_gone(reply)
+            raise
+        except ConnectionError:
+            self._note_client_gone(reply)
+        return response
 
     async def _handle_models(self, request: web.Request) -> web.StreamResponse:
         record = await self._record(request)

@@ -21,8 +21,9 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from proxy.app import RUNNER_OPTIONS, build_app
+from proxy.app import build_app, runner_options
 from proxy.config import Settings, load_settings
+from proxy.connections import start_site
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,10 +61,9 @@ class ProxyServer:
 
     async def _start(self) -> None:
         self.app = build_app(self.settings)
-        self._runner = web.AppRunner(self.app, **RUNNER_OPTIONS)
+        self._runner = web.AppRunner(self.app, **runner_options(self.settings))
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
+        await start_site(self._runner, "127.0.0.1", 0)
         self.port = self._runner.addresses[0][1]
 
     def stop(self) -> None:
@@ -163,6 +163,13 @@ def start_processes(*procs: ProxyProcess, timeout: float = 30) -> list[ProxyProc
 
     with ThreadPoolExecutor(len(procs)) as pool:
         return list(pool.map(lambda p: p.start(timeout), procs))
+
+
+def peak_rss_kb(proc: ProxyProcess) -> int:
+    """The process's peak resident set so far (VmHWM), in KB."""
+    assert proc.proc is not None
+    status = Path(f"/proc/{proc.proc.pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1])
 
 
 def kill_process(proc: ProxyProcess) -> int:

@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import ALICE, admin_get, live_messages, trajectory
 from tests.fake_upstream import Reply
 
-AUTH = {"Authorization": f"Bearer {ALICE}"}
+AUTH = {"Authorization": f"Bearer {ALICE}", "Content-Type": "application/json"}
 OK_MESSAGES = [{"role": "user", "content": "hello"}]
 
 

@@ -116,3 +116,21 @@ def test_a_failed_turn_leaves_the_live_transcript_as_it_was(proxy, upstream, htt
     assert [m["content"] for m in live_messages(http, cid)] == [
         "You are terse.", "first", "reply to: first", "again", "reply to: again",
     ]
+
+
+def test_the_canonical_hash_is_the_same_bytes_as_before_orjson():
+    """Stored conversations keep deduping across the switch to orjson: the same sha256 as the
+    json.dumps(sort_keys, compact, ensure_ascii=False) it replaced, including non-ASCII, escapes,
+    floats and integers past 64 bits."""
+    import hashlib
+    import json
+
+    from proxy.messages import canonical, message_hash
+
+    for message in [
+        {"role": "user", "content": "é ünicode ✓ \u2028 \u0000 \x7f 😀 \\ \" /"},
+        {"role": "user", "content": [{"type": "text", "text": "x", "n": 2.5, "big": 2**70, "z": None}]},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}]},
+    ]:
+        blob = json.dumps(canonical(message), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        assert message_hash(message) == hashlib.sha256(blob.encode()).hexdigest()[:32]

@@ -171,8 +171,13 @@ def test_versions_and_diffs_through_the_admin_api(make_proxy, upstream):
         assert http.get("/v1/knowledge/ops", headers=bob).json()["version"] == 0
         assert http.get("/v1/knowledge/versions", headers=bob).json()["data"] == []
 
-        # Bad writes change nothing.
+        # Bad writes change nothing; nothing under /v1/knowledge goes upstream; other origins are refused.
         assert http.put("/v1/knowledge", content="text", headers={**AUTH, "Content-Type": "text/plain"}).status_code == 415
+        assert http.put("/v1/knowledge", json={"text": "x"}, headers={**AUTH, "Origin": "https://evil.example"}).status_code == 403
+        before = len(upstream.requests)
+        assert http.delete("/v1/knowledge", headers=AUTH).status_code == 404
+        assert http.get("/v1/knowledge/ops/nothing/here", headers=AUTH).status_code == 404
+        assert len(upstream.requests) == before
         assert http.put("/v1/knowledge", json={"text": 1}, headers=AUTH).status_code == 400
         assert http.put("/v1/knowledge/bad%20name", json={"text": "x"}, headers=AUTH).status_code == 400
         assert http.get("/v1/knowledge", headers=AUTH).json()["version"] == 3
@@ -293,3 +298,9 @@ def test_the_document_moves_to_the_newest_version_when_the_window_cuts(make_prox
     assert after["messages"][: len(cut["messages"])] == cut["messages"]  # and stable again
     versions = [t["knowledge"]["version"] for t in http.get("/v1/conversations/cut/turns", headers=AUTH).json()["data"]]
     assert versions == [1] * (len(prompts) - 1) + [2, 2]
+
+
+def test_without_an_admin_token_only_a_loopback_host_reads_the_documents(proxy, upstream, http):
+    """DNS rebinding: a page whose name resolves to 127.0.0.1 must not read every tenant's notes."""
+    assert http.get("/v1/knowledge/versions", headers={"Host": "attacker.example"}).status_code == 403
+    assert http.get("/v1/knowledge/versions", params={"tenant": "anonymous"}).status_code == 200

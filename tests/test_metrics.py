@@ -44,7 +44,7 @@ def test_metrics_count_what_the_traffic_did(make_proxy, upstream):
     history += [{"role": "assistant", "content": "read it"}, {"role": "user", "content": "again"}]
     with pytest.raises(openai.RateLimitError):
         client.chat.completions.create(model="gpt-4o-mini", messages=history)  # quota: 3 calls used
-    httpx.post(f"{proxy.url}/v1/chat/completions", content=b"{", headers={"Authorization": f"Bearer {ALICE}"})
+    httpx.post(f"{proxy.url}/v1/chat/completions", content=b"{", headers={"Authorization": f"Bearer {ALICE}", "Content-Type": "application/json"})
 
     samples = scrape(proxy)
     assert value(samples, "context_proxy_requests_total", route="/v1/chat/completions", status="200") == 2

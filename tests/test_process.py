@@ -87,7 +87,7 @@ def test_api_key_is_nowhere_on_disk_nor_in_the_logs(process, upstream, tmp_path)
     client.models.list()
     with httpx.Client(base_url=f"http://127.0.0.1:{proc.port}") as http:
         assert http.get("/v1/conversations", headers={"Authorization": f"Bearer {SECRET_KEY}"}).status_code == 200
-        assert http.post("/v1/chat/completions", content=b"{", headers={"Authorization": f"Bearer {SECRET_KEY}"}).status_code == 400
+        assert http.post("/v1/chat/completions", content=b"{", headers={"Authorization": f"Bearer {SECRET_KEY}", "Content-Type": "application/json"}).status_code == 400
     assert proc.stop() == 0
 
     files = [p for p in (tmp_path / "data").rglob("*") if p.is_file()]

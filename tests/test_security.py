@@ -17,11 +17,14 @@ import redis as redis_sync
 
 from tests.conftest import ALICE, BOB
 from tests.fake_upstream import FakeUpstream, Reply, default_responder
-from tests.harness import ProxyProcess, chat, stored_form
+from tests.harness import ProxyProcess, chat, peak_rss_kb, stored_form
 
 TOKEN = "admin-token-7d1c0b9e55aa41f3"
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 ALICE_DATA = "ALICE-CONFIDENTIAL-" * 800  # 15,200 characters: shortened upstream, kept whole in the store
+
+
+JSON = {"Content-Type": "application/json"}
 
 
 def auth(key: str | None) -> dict[str, str]:
@@ -300,7 +303,7 @@ def traffic(https: list[httpx.Client], upstream: FakeUpstream) -> None:
         )
         assert chat(http, transcript, headers={**key, **cid}).status == 401
         for body in (b"{not json", b'{"model": "m"}', b'{"model":"m","messages":[{"role":"wizard"}]}'):
-            assert http.post("/v1/chat/completions", content=body, headers=key).status_code == 400
+            assert http.post("/v1/chat/completions", content=body, headers={**key, **JSON}).status_code == 400
         assert (
             http.post(
                 "/v1/chat/completions",
@@ -400,12 +403,6 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
-def peak_rss_kb(proc: ProxyProcess) -> int:
-    assert proc.proc is not None
-    status = Path(f"/proc/{proc.proc.pid}/status").read_text()
-    return int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1])
-
-
 def test_bodies_over_the_limit_are_a_413_however_they_are_sent(processes, upstream):
     (proc,) = processes(server={"max_body_mb": 0.25})
     http = client(proc)
@@ -419,10 +416,10 @@ def test_bodies_over_the_limit_are_a_413_however_they_are_sent(processes, upstre
     assert len(bomb) < 1_000_000
     peak_before = peak_rss_kb(proc)
     attempts = {
-        "content-length": http.post("/v1/chat/completions", content=big, headers=auth(ALICE)),
-        "chunked": http.post("/v1/chat/completions", content=chunked(), headers=auth(ALICE)),
+        "content-length": http.post("/v1/chat/completions", content=big, headers={**auth(ALICE), **JSON}),
+        "chunked": http.post("/v1/chat/completions", content=chunked(), headers={**auth(ALICE), **JSON}),
         "gzip bomb": http.post(
-            "/v1/chat/completions", content=bomb, headers={**auth(ALICE), "Content-Encoding": "gzip"}
+            "/v1/chat/completions", content=bomb, headers={**auth(ALICE), **JSON, "Content-Encoding": "gzip"}
         ),
         "passthrough": http.post("/v1/embeddings", content=big, headers=auth(ALICE)),
     }
@@ -473,7 +470,7 @@ def test_deeply_nested_json_is_a_clean_4xx_never_a_500(processes, backend, reque
     http = client(proc)
     failures = {}
     for name, body in hostile_bodies().items():
-        response = http.post("/v1/chat/completions", content=body, headers={**auth(ALICE), "X-Conversation-ID": "nest"})
+        response = http.post("/v1/chat/completions", content=body, headers={**auth(ALICE), **JSON, "X-Conversation-ID": "nest"})
         error = response.json()["error"]
         assert error["message"] and error["type"]
         if response.status_code not in (400, 502):

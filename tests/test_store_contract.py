@@ -487,3 +487,37 @@ async def test_concurrent_knowledge_writes_on_one_base_let_one_win(store):
     results = await asyncio.gather(*(store.put_knowledge("t", "", f"v{i}", "agent", base_version=0) for i in range(6)))
     assert sum(r is not None for r in results) == 1
     assert (await store.knowledge("t", "")).version == 1
+
+
+async def test_pending_messages_a_crash_left_are_marked_failed_once(store):
+    await add(store, A, ["live"])
+    await add(store, A, ["cut", "short"], PENDING)  # a turn that never ended
+    finished = await add(store, B, ["done"], PENDING)
+    await store.finish_turn(B, {finished[0]: LIVE}, [], LIVE, None)  # one that did
+    assert await store.fail_pending() == 2
+    assert [(m.message["content"], m.status) for m in await store.messages(A, live_only=False)] == [
+        ("live", LIVE), ("cut", FAILED), ("short", FAILED),
+    ]
+    assert [m.status for m in await store.messages(B, live_only=False)] == [LIVE]
+    assert [m.message["content"] for m in await store.messages(A, live_only=True)] == ["live"]
+    assert await store.fail_pending() == 0  # nothing is marked twice
+
+
+async def test_pending_messages_of_a_turn_still_running_are_left_alone(store):
+    seqs = await add(store, A, ["in flight"], PENDING)
+    async with store.lock(A):  # the turn that wrote them holds its conversation's lock
+        assert await store.fail_pending() == 0
+        assert (await store.message(A, seqs[0])).status == PENDING
+    assert await store.fail_pending() == 1
+
+
+async def test_a_deleted_conversation_leaves_nothing_pending(store):
+    await add(store, A, ["cut"], PENDING)
+    assert await store.delete(A)
+    assert await store.fail_pending() == 0
+
+
+async def test_a_working_store_reports_itself_healthy(store):
+    await add(store, A, ["a"])
+    health = await store.health()
+    assert health.ok and health.to_api()["status"] == "ok"

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
+from urllib.parse import unquote
 
 from aiohttp import web
 
-from ..errors import ProxyError
+from ..errors import InvalidRequest, ProxyError
 from ..identity import check_conversation_id
 from ..state import UPSTREAM
 from ..upstream import forwardable
@@ -16,14 +17,16 @@ log = logging.getLogger("proxy.passthrough")
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
+    # The path goes upstream as the client encoded it (HttpUpstream.url checks that it stays in
+    # the base path): decoding it here would turn a `%3F` into a query and `%2e%2e` into `..`.
+    path = request.raw_path
     # Under /c/<id>/..., the conversation prefix is ours: strip it before forwarding.
     if "conversation_id" in request.match_info:
-        check_conversation_id(request.match_info["conversation_id"])
-        path = "/" + request.match_info["tail"]
-    else:
-        path = request.path
-    if request.query_string:
-        path += "?" + request.query_string
+        conversation_id = check_conversation_id(request.match_info["conversation_id"])
+        prefix, _, rest = path.removeprefix("/c/").partition("/")
+        if unquote(prefix) != conversation_id:  # the id itself held an encoded '/'
+            raise InvalidRequest("Invalid path: a conversation id has no '/'", code="invalid_path")
+        path = "/" + rest
     data = await request.read() if request.body_exists else None
     reply = await request.app[UPSTREAM].send(request.method, path, forwardable(request.headers, drop=OWN_HEADERS), data)
     try:

@@ -8,12 +8,12 @@ item that follows it, parallel calls with each other, outputs with their calls.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
+from ..messages import canonical_digest
 from ..transcript import Call, Item, Raw, Role
 from .base import ReplyRead
 
@@ -72,7 +72,7 @@ class ResponsesCodec:
         return out
 
     def hash(self, raw: Raw) -> str:
-        return hashlib.sha256(orjson.dumps(canonical(raw), option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
+        return canonical_digest(canonical(raw))
 
     def text(self, item: Item) -> str | None:
         raw = item.raw

@@ -30,6 +30,7 @@ from ..pipeline import Pipeline, Turn
 from ..prefix import PrefixCache
 from ..quota import QuotaLedger
 from ..refs import RefSigner
+from ..request_limits import validated_hashes
 from ..store import Conversation, Store
 from ..summarizer import Summarizer
 from ..tokens import TokenCounter
@@ -137,8 +138,7 @@ class Engine:
         raws = dialect.transcript(body)
         # Items identical to the last request's need no checking or hashing again (see prefix.py).
         known = self.prefixes.known_prefix(key, raws)
-        dialect.validate(raws, start=len(known))
-        hashes = known + [codec.hash(m) for m in raws[len(known) :]]
+        hashes = known + await validated_hashes(dialect.validate, codec.hash, raws, len(known), request.size)
         self.prefixes.remember(key, raws, hashes, size=request.size)
         model = dialect.model(body)
         profile = request.profile

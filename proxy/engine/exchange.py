@@ -18,6 +18,7 @@ from ..dialects.base import Dialect, ReplyRead, RoundEnd, StreamRelay
 from ..errors import ProxyError, UpstreamStreamBroken
 from ..pipeline import Pipeline, Turn
 from ..quota import QuotaExceeded
+from ..request_limits import off_loop
 from ..store import INCOMPLETE, LIVE
 from ..tools import ProxyTool, offered
 from ..tools.readback import split_calls
@@ -169,7 +170,7 @@ class Exchange:
                 finally:
                     reply.close()
                     self._upstream_done()
-                read = self.dialect.read_reply(data)
+                read = await off_loop(len(data), self.dialect.read_reply, data)  # a huge reply: in a thread
                 if read is not None and read.usage is not None:
                     self.report.usage = read.usage
                 ours, theirs = split_calls(read.calls, self.ours) if read is not None else ([], [])

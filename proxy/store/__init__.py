@@ -23,13 +23,19 @@ from .base import (
     KnowledgeVersion,
     Store,
     StoredMessage,
+    StoreError,
+    StoreFull,
+    StoreHealth,
+    StoreReadOnly,
+    StoreUnavailable,
     Summary,
 )
 
 __all__ = [
     "APPEND", "BEFORE", "FAILED", "INBOX_DELIVERED", "INBOX_DELIVERING", "INBOX_PENDING", "INCOMPLETE", "INTERNAL",
     "LIVE", "PENDING", "SUPERSEDED", "Conversation", "ConversationDump", "ConversationExists", "InboxFull",
-    "InboxMessage", "KnowledgeVersion", "Store", "StoredMessage", "Summary", "open_store",
+    "InboxMessage", "KnowledgeVersion", "Store", "StoreError", "StoreFull", "StoreHealth", "StoreReadOnly",
+    "StoreUnavailable", "StoredMessage", "Summary", "open_store",
 ]
 
 
@@ -38,7 +44,7 @@ def open_store(settings: StorageSettings) -> Store:
     if settings.backend == "diskcache":
         from .disk import DiskStore
 
-        return DiskStore(settings.path)
+        return DiskStore(settings.path, reserve_bytes=int(settings.reserve_mb * 1024 * 1024))
     if settings.backend == "redis":
         from .redis import RedisStore
 

@@ -13,6 +13,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..errors import ProxyError
 from ..identity import ConversationKey
 from ..messages import Message
 
@@ -28,6 +29,82 @@ STATUSES = frozenset({PENDING, LIVE, SUPERSEDED, FAILED, INCOMPLETE, INTERNAL})
 
 def now() -> float:
     return time.time()
+
+
+# -- faults ----------------------------------------------------------------------------------------
+# A store that cannot write is the operator's problem, not a bug: the client gets a clear error it
+# may retry, never a 500, and /healthz says so until a write succeeds again.
+
+
+class StoreError(ProxyError):
+    """The store failed an operation; the client may retry once the store is back."""
+
+    status = 503
+    type = "server_error"
+    code = "store_unavailable"
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached (or failed to answer)."""
+
+
+class StoreFull(StoreError):
+    """No room left: the disk (diskcache) or memory (Redis maxmemory) is full. Deleting
+    conversations still works and frees room."""
+
+    status = 507
+    code = "store_full"
+
+
+class StoreReadOnly(StoreError):
+    """The store refuses writes: a read-only filesystem or file, or a Redis replica."""
+
+    code = "store_read_only"
+
+
+OK = "ok"
+HEALTH_STATES = {StoreFull: "full", StoreReadOnly: "read_only", StoreUnavailable: "unavailable"}
+
+
+@dataclass(frozen=True, slots=True)
+class StoreHealth:
+    """What /healthz says of the store: "ok", or why not ("full", "read_only", "unavailable")."""
+
+    status: str = OK
+    detail: str | None = None
+    facts: Mapping[str, Any] = field(default_factory=dict)  # e.g. free space, the reserve
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+    def to_api(self) -> dict[str, Any]:
+        return {"status": self.status, "detail": self.detail, **self.facts}
+
+
+class WriteHealth:
+    """The outcome of the store's latest write: a failure is remembered until a write succeeds."""
+
+    def __init__(self) -> None:
+        self.failure: StoreError | None = None
+        self.failures = 0  # writes failed since start
+
+    def failed(self, exc: StoreError) -> None:
+        self.failure = exc
+        self.failures += 1
+
+    def succeeded(self) -> None:
+        self.failure = None
+
+    def health(self, **facts: Any) -> StoreHealth:
+        facts["write_failures"] = self.failures
+        return StoreHealth(OK, None, facts) if self.failure is None else failed_health(self.failure, **facts)
+
+
+def failed_health(exc: StoreError, **facts: Any) -> StoreHealth:
+    """The health of a store that just failed with `exc`."""
+    state = next((name for cls, name in HEALTH_STATES.items() if isinstance(exc, cls)), "unavailable")
+    return StoreHealth(state, exc.message, facts)
 
 
 @dataclass(slots=True)
@@ -368,5 +445,15 @@ class Store(Protocol):
 
     async def secret(self) -> bytes:
         """A random per-store secret (made on first use): keys the HMAC that makes refs unguessable."""
+
+    async def fail_pending(self) -> int:
+        """Mark failed every message still pending (written by a turn that a crash cut short; a
+        conversation whose lock is held, by a turn still running elsewhere, is left alone).
+        Called at start; returns how many were marked."""
+
+    async def health(self) -> StoreHealth:
+        """Whether the store can write now (never raises): "ok", or "full", "read_only",
+        "unavailable" with a detail. Failed operations raise StoreFull / StoreReadOnly /
+        StoreUnavailable (StoreError, OpenAI-shaped 507/503) rather than their backend's error."""
 
     async def close(self) -> None: ...

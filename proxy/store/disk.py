@@ -7,12 +7,24 @@ process is the store's only writer, it keeps the latest snapshot of recent conve
 in memory: `get()`, called on every turn, usually needs no hop at all.
 
 diskcache is a cache by default; here it is a database: no eviction, no culling, ever.
+
+Faults: a full disk, a read-only filesystem or file, or a broken database raise StoreFull,
+StoreReadOnly or StoreUnavailable (OpenAI-shaped 507/503), never sqlite3's or the OS's own
+error; the latest write's outcome is what `health()` reports. SQLite needs room even to delete
+(its journal), so a reserve file of `storage.reserve_mb` is kept beside the database and let go
+when a delete finds the disk full; it is made again once there is room. Transcripts and the ref
+secret are private: the folder is 0700, every file 0600.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
+import logging
+import os
 import secrets
+import sqlite3
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -24,6 +36,7 @@ from typing import Any, TypeVar
 
 import diskcache
 
+from ..config import ConfigError
 from ..identity import ConversationKey
 from ..messages import Message
 from .base import (
@@ -40,9 +53,18 @@ from .base import (
     InboxMessage,
     KnowledgeVersion,
     StoredMessage,
+    StoreError,
+    StoreFull,
+    StoreHealth,
+    StoreReadOnly,
+    StoreUnavailable,
     Summary,
+    WriteHealth,
+    failed_health,
     now,
 )
+
+log = logging.getLogger("proxy.store.disk")
 
 T = TypeVar("T")
 SEP = "\0"
@@ -50,13 +72,54 @@ TENANTS = "tenants"
 SECRET = "ref-secret"
 CREATED = "created-counter"
 ALL_TENANTS = "\x01all"  # the index of every conversation (tenant names are hex: never this)
+PENDING_SET = "pending"  # the conversations with pending messages: what a crash may have left
+PROBE = "health-probe"  # written by health() to see whether a failed store writes again
 INDEX_PAGE = 1000  # conversations per index page: registering one rewrites one page, not an index
 MAX_SNAPSHOTS = 1024  # conversation records kept in memory (the active ones)
+RESERVE_FILE = "reserve"
+LOW_SPACE = 1024 * 1024  # less free than this (beside the reserve) is a full store for health()
+PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
+MB = 1024 * 1024
+
+
+class _PrivateDisk(diskcache.Disk):
+    """diskcache's value files (records over 4 MB) created 0600 in 0700 folders. Disk._write as
+    in diskcache 5, with the modes given to os.open / makedirs instead of the umask's."""
+
+    def _write(self, full_path: str, iterator: Any, mode: str, encoding: str | None = None) -> int:
+        full_dir = os.path.dirname(full_path)
+        for count in range(1, 11):
+            _private_folders(full_dir)
+            try:
+                fd = os.open(full_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE)
+            except OSError:
+                if count == 10:  # another cache may have deleted the folder meanwhile: retried
+                    raise
+                continue
+            with open(fd, mode.replace("x", "w"), encoding=encoding) as writer:
+                size = 0
+                for chunk in iterator:
+                    size += len(chunk)
+                    writer.write(chunk)
+                return size
+        raise AssertionError("unreachable")
+
+
+def _private_folders(folder: str) -> None:
+    """Make `folder` and its missing parents, each 0700 (makedirs gives parents the umask's mode)."""
+    missing = []
+    while folder and not os.path.isdir(folder):
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    for path in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, PRIVATE_DIR)
 
 
 def _open_cache(path: str) -> diskcache.Cache:
     return diskcache.Cache(
         path,
+        disk=_PrivateDisk,
         eviction_policy="none",  # never drop a stored message, whatever the size
         cull_limit=0,
         size_limit=2**62,
@@ -112,16 +175,51 @@ def _index_page(scope: str, page: int) -> str:
 
 
 class DiskStore:
-    def __init__(self, path: str | Path) -> None:
-        Path(path).mkdir(parents=True, exist_ok=True)
-        self._cache = _open_cache(str(path))
+    def __init__(self, path: str | Path, reserve_bytes: int = 0) -> None:
+        self._path = Path(path)
+        try:
+            self._path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
+            self._cache = _open_cache(str(path))
+        except (sqlite3.Error, OSError) as exc:  # e.g. a read-only filesystem: SQLite's WAL can't open there
+            raise ConfigError(f"storage.path: cannot open the store in {path}: {exc}") from exc
+        _make_private(self._path)  # also a store made before files were private
+        self._reserve = _Reserve(self._path / RESERVE_FILE, reserve_bytes)
+        self._reserve.make()
+        self._health = WriteHealth()
         self._snapshots: dict[ConversationKey, Conversation] = {}  # written by the store thread only
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diskstore")
         self._locks: weakref.WeakValueDictionary[ConversationKey, asyncio.Lock] = weakref.WeakValueDictionary()
         self._leases: dict[str, tuple[str, float]] = {}  # name -> (token, monotonic expiry)
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+        except (sqlite3.Error, OSError, diskcache.Timeout) as exc:
+            raise _store_error(exc, self._path) from exc
+
+    async def _write(self, fn: Callable[..., T], *args: Any, telling: bool = True) -> T:
+        """`_run` for an operation that writes: its outcome is the store's health (a success only
+        if `telling`: a delete works on a full disk by design, so it says nothing of writes)."""
+        try:
+            result = await self._run(self._written, fn, *args)
+        except StoreError as exc:
+            self._health.failed(exc)
+            log.warning("store write failed: %s", exc.message, exc_info=exc.__cause__)
+            raise
+        if telling:
+            self._health.succeeded()
+        return result
+
+    def _written(self, fn: Callable[..., T], *args: Any) -> T:
+        try:
+            result = fn(*args)
+        except BaseException:
+            # The transaction was rolled back, but a record snapshot may have been taken inside it.
+            self._snapshots.clear()
+            raise
+        if not self._reserve.held:  # let go of for a delete: made again once there is room
+            self._reserve.make()
+        return result
 
     @asynccontextmanager
     async def lock(self, key: ConversationKey) -> AsyncIterator[None]:
@@ -191,7 +289,13 @@ class DiskStore:
         return found
 
     async def delete(self, key: ConversationKey) -> bool:
-        return await self._run(self._delete, key)
+        try:
+            return await self._write(self._delete, key, telling=False)
+        except StoreFull:
+            if not await self._run(self._reserve.release):
+                raise
+            log.warning("store full: released its reserve so that a delete can run")
+            return await self._write(self._delete, key, telling=False)
 
     def _delete(self, key: ConversationKey) -> bool:
         with self._cache.transact():
@@ -212,6 +316,8 @@ class DiskStore:
                 self._cache.delete(_turn_key(key, turn))
             self._cache.delete(_conv_key(key))
             self._snapshots.pop(key, None)
+            if raw.get("pending"):
+                self._track_pending(key, False)
             for scope in (key.tenant, ALL_TENANTS):
                 page_key = _index_page(scope, raw["order"] // INDEX_PAGE)
                 page = self._cache.get(page_key, {})
@@ -224,7 +330,7 @@ class DiskStore:
     async def append(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
         if status not in STATUSES:
             raise ValueError(f"unknown status {status!r}")
-        return await self._run(self._append, key, messages, hashes, status)
+        return await self._write(self._append, key, messages, hashes, status)
 
     def _append(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
         return self._update_record(key, lambda raw: self._add_messages(key, raw, messages, hashes, status))
@@ -239,9 +345,22 @@ class DiskStore:
             self._cache.set(_msg_key(key, seq), {"message": msg, "hash": h, "status": status, "created_at": stamp})
             if status == LIVE:
                 raw["live"].append((seq, h))
+        if status == PENDING and seqs:
+            if not raw.get("pending"):
+                self._track_pending(key, True)
+            raw["pending"] = [*raw.get("pending", ()), *seqs]
         raw["next_seq"] += len(messages)
         raw["updated_at"] = stamp
         return seqs
+
+    def _track_pending(self, key: ConversationKey, has_pending: bool) -> None:
+        """Keep the set of conversations with pending messages (inside the caller's transaction)."""
+        pending = self._cache.get(PENDING_SET, set())
+        if has_pending:
+            pending.add((key.tenant, key.id))
+        else:
+            pending.discard((key.tenant, key.id))
+        self._cache.set(PENDING_SET, pending)
 
     def _register(self, key: ConversationKey, raw: dict[str, Any]) -> dict[str, Any]:
         """Index a new conversation: by a counter, not a timestamp, so that two made in the same
@@ -261,7 +380,7 @@ class DiskStore:
         if not set(changes.values()) <= STATUSES:
             raise ValueError(f"unknown status in {set(changes.values())}")
         if changes:
-            await self._run(self._set_statuses, key, dict(changes))
+            await self._write(self._set_statuses, key, dict(changes))
 
     def _set_statuses(self, key: ConversationKey, changes: dict[int, str]) -> None:
         with self._cache.transact():
@@ -284,6 +403,10 @@ class DiskStore:
                 live.pop(seq, None)
         raw["live"] = sorted(live.items())
         raw["updated_at"] = now()
+        if raw.get("pending"):
+            raw["pending"] = [seq for seq in raw["pending"] if changes.get(seq, PENDING) == PENDING]
+            if not raw["pending"]:
+                self._track_pending(key, False)
 
     async def finish_turn(
         self,
@@ -295,7 +418,9 @@ class DiskStore:
     ) -> int | None:
         if not set(changes.values()) <= STATUSES or (reply and reply_status not in STATUSES):
             raise ValueError("unknown status")
-        return await self._run(self._finish_turn, key, dict(changes), list(reply), reply_status, dict(record) if record else None)
+        return await self._write(
+            self._finish_turn, key, dict(changes), list(reply), reply_status, dict(record) if record else None
+        )
 
     def _finish_turn(
         self,
@@ -360,19 +485,19 @@ class DiskStore:
         return None if r is None else StoredMessage(seq, r["message"], r["hash"], r["status"], r["created_at"])
 
     async def count_llm_call(self, key: ConversationKey) -> int:
-        return await self._run(self._update_record, key, _count_call)
+        return await self._write(self._update_record, key, _count_call)
 
     async def mark_forwarded(self, key: ConversationKey, marks: Mapping[int, int]) -> None:
         if marks:
-            await self._run(self._update_record, key, lambda raw: raw["first_forwarded"].update(marks))
+            await self._write(self._update_record, key, lambda raw: raw["first_forwarded"].update(marks))
 
     async def set_marks(self, key: ConversationKey, marks: Mapping[str, int]) -> None:
         if marks:
-            await self._run(self._update_record, key, lambda raw: raw.setdefault("marks", {}).update(marks))
+            await self._write(self._update_record, key, lambda raw: raw.setdefault("marks", {}).update(marks))
 
     async def set_rewrites(self, key: ConversationKey, rewrites: Mapping[int, str]) -> None:
         if rewrites:
-            await self._run(self._set_rewrites, key, dict(rewrites))
+            await self._write(self._set_rewrites, key, dict(rewrites))
 
     def _set_rewrites(self, key: ConversationKey, rewrites: dict[int, str]) -> None:
         with self._cache.transact():
@@ -398,7 +523,7 @@ class DiskStore:
             return result
 
     async def add_summary(self, key: ConversationKey, summary: Summary) -> Summary:
-        return await self._run(self._add_summary, key, summary)
+        return await self._write(self._add_summary, key, summary)
 
     def _add_summary(self, key: ConversationKey, summary: Summary) -> Summary:
         def change(raw: dict[str, Any]) -> Summary:
@@ -466,7 +591,7 @@ class DiskStore:
     # -- inbox ---------------------------------------------------------------------------------
 
     async def post_inbox(self, key: ConversationKey, content: str, note: str, max_pending: int) -> InboxMessage | None:
-        return await self._run(self._post_inbox, key, content, note, max_pending)
+        return await self._write(self._post_inbox, key, content, note, max_pending)
 
     def _post_inbox(self, key: ConversationKey, content: str, note: str, max_pending: int) -> InboxMessage | None:
         with self._cache.transact():
@@ -509,7 +634,7 @@ class DiskStore:
     async def deliver_inbox(
         self, key: ConversationKey, seq: int, placement: str, turn: int, stamp: float
     ) -> list[InboxMessage]:
-        return await self._run(self._deliver_inbox, key, seq, placement, turn, stamp)
+        return await self._write(self._deliver_inbox, key, seq, placement, turn, stamp)
 
     def _deliver_inbox(
         self, key: ConversationKey, seq: int, placement: str, turn: int, stamp: float
@@ -596,7 +721,7 @@ class DiskStore:
     async def put_knowledge(
         self, tenant: str, namespace: str, text: str, source: str, base_version: int
     ) -> KnowledgeVersion | None:
-        return await self._run(self._put_knowledge, tenant, namespace, text, source, base_version)
+        return await self._write(self._put_knowledge, tenant, namespace, text, source, base_version)
 
     def _put_knowledge(
         self, tenant: str, namespace: str, text: str, source: str, base_version: int
@@ -643,15 +768,72 @@ class DiskStore:
             del self._leases[name]
 
     async def secret(self) -> bytes:
-        return await self._run(self._secret)
+        return await self._write(self._secret)
 
     def _secret(self) -> bytes:
+        value = self._cache.get(SECRET)
+        if value is not None:  # read without a transaction: a store that can't write still starts
+            return value
         with self._cache.transact():
             value = self._cache.get(SECRET)
             if value is None:
                 value = secrets.token_bytes(32)
                 self._cache.set(SECRET, value)
             return value
+
+    async def fail_pending(self) -> int:
+        # One process owns this store, so only its own locks can mean a turn is running.
+        running = {key for key, lock in list(self._locks.items()) if lock.locked()}
+        return await self._write(self._fail_pending, running)
+
+    def _fail_pending(self, running: set[ConversationKey]) -> int:
+        failed = 0
+        if not self._cache.get(PENDING_SET):  # the common case, and no write: a full store starts too
+            return 0
+        with self._cache.transact():
+            for tenant, conversation_id in sorted(self._cache.get(PENDING_SET, set())):
+                key = ConversationKey(tenant, conversation_id)
+                if key in running:
+                    continue
+                raw = self._load(key)
+                if raw is None:
+                    continue
+                seqs = [
+                    seq for seq in raw.get("pending", ())
+                    if (stored := self._cache.get(_msg_key(key, seq))) is not None and stored["status"] == PENDING
+                ]
+                self._change_statuses(key, raw, dict.fromkeys(seqs, FAILED))
+                raw["pending"] = []
+                self._track_pending(key, False)
+                self._save(key, raw)
+                failed += len(seqs)
+        return failed
+
+    async def health(self) -> StoreHealth:
+        try:
+            if self._health.failure is None:  # right here: not queued behind a big write in the store thread
+                return self._check_health()
+            return await self._run(self._check_health)
+        except (StoreError, OSError) as exc:
+            return failed_health(exc if isinstance(exc, StoreError) else _store_error(exc, self._path))
+
+    def _check_health(self) -> StoreHealth:
+        if self._health.failure is not None:  # does a write work again (room made, remounted)?
+            try:
+                self._cache.set(PROBE, now())
+            except (sqlite3.Error, OSError, diskcache.Timeout):
+                pass
+            else:
+                self._health.succeeded()
+        fs = os.statvfs(self._path)  # a syscall of microseconds: fine on the loop too
+        free = fs.f_bavail * fs.f_frsize
+        facts = {"free_mb": round(free / MB, 1), "reserve_held": self._reserve.held}
+        if self._health.failure is None:
+            if fs.f_flag & os.ST_RDONLY:
+                return StoreHealth("read_only", "The store's filesystem is mounted read-only", facts)
+            if free < LOW_SPACE:
+                return StoreHealth("full", "The store's disk is (nearly) full", facts)
+        return self._health.health(**facts)
 
     async def close(self) -> None:
         await self._run(self._cache.close)
@@ -704,3 +886,86 @@ def _conversation(key: ConversationKey, raw: dict[str, Any]) -> Conversation:
         raw["boundary"], raw["summary_id"], dict(raw.get("marks") or {}), raw["turns"],
         len(raw.get("inbox_open", ())), frozenset(raw.get("inbox_at", ())),
     )
+
+
+def _store_error(exc: BaseException, folder: Path) -> StoreError:
+    """sqlite3's, diskcache's and the OS's failures as the store's own (the cause stays chained,
+    for the log; the client's message names no path). SQLite reports a write the OS refused as a
+    bare "disk I/O error": a probe file then tells a full or read-only disk from a broken one."""
+    text = str(exc).lower()
+    code = getattr(exc, "errno", None)
+    if isinstance(exc, sqlite3.Error) and "i/o error" in text:
+        code = _write_refused(folder)
+    if code in (errno.ENOSPC, errno.EDQUOT) or (isinstance(exc, sqlite3.Error) and "full" in text):
+        return StoreFull("The conversation store's disk is full: nothing was stored. Free space, or delete "
+                         "conversations, and retry.")
+    if code in (errno.EROFS, errno.EACCES, errno.EPERM) or (isinstance(exc, sqlite3.Error) and "readonly" in text):
+        return StoreReadOnly("The conversation store is read-only: nothing was stored.")
+    return StoreUnavailable("The conversation store failed; try again shortly.")
+
+
+def _write_refused(folder: Path) -> int | None:
+    """The errno with which the OS refuses a small write in `folder` now, or None if it takes one."""
+    probe = folder / f".write-probe-{os.getpid()}"
+    try:
+        with open(probe, "wb") as out:
+            out.write(b"\0" * 4096)
+            out.flush()
+            os.fsync(out.fileno())
+    except OSError as exc:
+        return exc.errno
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+    return None
+
+
+def _make_private(root: Path) -> None:
+    """The store's folder tree 0700, its files 0600 (SQLite gives its -wal and -shm files the
+    database file's mode; diskcache's value files are made so by _PrivateDisk)."""
+    try:
+        os.chmod(root, PRIVATE_DIR)
+        for folder, dirs, files in os.walk(root):
+            for name in dirs:
+                os.chmod(os.path.join(folder, name), PRIVATE_DIR)
+            for name in files:
+                os.chmod(os.path.join(folder, name), PRIVATE_FILE)
+    except OSError as exc:  # not the owner: say so, the store still works
+        log.warning("cannot make the store private", extra={"path": str(root), "error": str(exc)})
+
+
+class _Reserve:
+    """A file of `size` bytes held so that there is room to delete when the disk is full."""
+
+    def __init__(self, path: Path, size: int) -> None:
+        self.path, self.size = path, size
+        self.held = size == 0 or path.is_file() and path.stat().st_size >= size
+
+    def make(self) -> None:
+        """(Re)make the reserve if there is room for it and as much again; quietly not otherwise."""
+        if self.held:
+            return
+        try:
+            fs = os.statvfs(self.path.parent)
+            if fs.f_bavail * fs.f_frsize < 2 * self.size:
+                return
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, PRIVATE_FILE)
+            try:
+                os.posix_fallocate(fd, 0, self.size)  # allocated, not sparse: the room is really taken
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            log.warning("cannot make the store's reserve", extra={"path": str(self.path), "error": str(exc)})
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+            return
+        self.held = True
+
+    def release(self) -> bool:
+        """Free the reserve's room; False if there was none to free."""
+        if not self.held or self.size == 0:
+            return False
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        self.held = False
+        return True

@@ -12,6 +12,8 @@ Layout (every key starts with `prefix`, "cp:" by default):
     {prefix}{<tenant>/<id>}:rw       hash seq -> rewritten content
     {prefix}{<tenant>/<id>}:sum      hash summary id -> JSON summary
     {prefix}{<tenant>/<id>}:turns    hash turn -> JSON {"turn", "reply_seq", "record"}
+    {prefix}{<tenant>/<id>}:resp     set of the response ids of the conversation's replies
+    {prefix}{<tenant>/<id>}:pend     set of the seqs still pending (what a crash may leave)
     {prefix}{<tenant>/<id>}:inbox    hash inbox id -> JSON {"content", "note", "created_at"}  (never changes)
     {prefix}{<tenant>/<id>}:idel     hash inbox id -> "seq:placement:turn:stamp", its delivery
     {prefix}{<tenant>/<id>}:iopen    set of inbox ids not yet delivered for good
@@ -19,6 +21,8 @@ Layout (every key starts with `prefix`, "cp:" by default):
     {prefix}convs:<tenant>           sorted set of conversation ids scored by creation order
     {prefix}all                      sorted set of "<tenant>/<id>" scored by creation order (admin)
     {prefix}tenants                  set of tenants
+    {prefix}responses:<tenant>       hash response id -> "<id>\0<seq of the reply's last item>"
+    {prefix}pending                  set of "<tenant>/<id>" with pending messages
     {prefix}created                  the creation counter
     {prefix}secret, {prefix}lease:<name>, {prefix}lock:<tenant>/<id>
     {prefix}kn:{<tenant>/<namespace>}:v   hash version -> JSON {"text", "created_at", "source"}
@@ -30,6 +34,10 @@ A conversation's keys share the hash tag {<tenant>/<id>} ('/' and braces are in 
 keeps two ids from ever producing the same key. Every write is one Lua script, so replicas sharing
 one Redis never interleave inside an operation; the scripts also touch the global index keys, so
 this targets one Redis server (or a primary with replicas), not Redis Cluster.
+
+Faults: an unreachable Redis is StoreUnavailable (503); one out of memory (maxmemory) refuses
+writes as StoreFull (507), deletes still run (they need no memory); a read-only replica, or one
+that cannot persist (MISCONF), is StoreReadOnly (503).
 """
 
 from __future__ import annotations
@@ -49,11 +57,10 @@ from typing import Any, ParamSpec, TypeVar
 import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from ..errors import ProxyError
 from ..identity import ConversationKey
 from ..messages import Message
 from .base import (
@@ -70,7 +77,14 @@ from .base import (
     InboxMessage,
     KnowledgeVersion,
     StoredMessage,
+    StoreError,
+    StoreFull,
+    StoreHealth,
+    StoreReadOnly,
+    StoreUnavailable,
     Summary,
+    WriteHealth,
+    failed_health,
     now,
 )
 
@@ -81,37 +95,63 @@ T = TypeVar("T")
 
 MARK = "mark:"  # meta fields holding the conversation's marks (Conversation.marks)
 CONVERSATION_PARTS = (
-    "meta", "body", "hash", "status", "live", "fwd", "rw", "sum", "turns", "resp", "inbox", "idel", "iopen", "iat",
+    "meta", "body", "hash", "status", "live", "fwd", "rw", "sum", "turns", "resp", "pend",
+    "inbox", "idel", "iopen", "iat",
 )
 NO_CONVERSATION = "no such conversation"
 NO_MESSAGE = "no such message"
 CONVERSATION_EXISTS = "conversation exists"
 
-
-class StoreUnavailable(ProxyError):
-    """The store cannot be reached: the request fails fast and the client may retry."""
-
-    status = 503
-    type = "server_error"
-    code = "store_unavailable"
+__all__ = ["RedisStore", "StoreUnavailable"]  # the latter still importable from here
 
 
 @contextmanager
 def _available() -> Iterator[None]:
+    # The cause (host, errno, Redis's words) goes to the logs via the chain, not to the client.
     try:
         yield
     except (RedisConnectionError, RedisTimeoutError) as exc:
-        # The cause (host, errno) goes to the logs via the chain, not to the client.
         raise StoreUnavailable("The conversation store is unavailable; try again shortly.") from exc
+    except OutOfMemoryError as exc:
+        raise StoreFull(
+            "The conversation store is out of memory: nothing was stored. Delete conversations, or raise "
+            "Redis's maxmemory, and retry."
+        ) from exc
+    except ReadOnlyError as exc:
+        raise StoreReadOnly("The conversation store is a read-only replica: nothing was stored.") from exc
+    except ResponseError as exc:
+        if str(exc).startswith("MISCONF"):  # it cannot save its snapshots (often: its disk is full)
+            raise StoreReadOnly("The conversation store refuses writes (it cannot persist): nothing was stored.") from exc
+        raise
 
 
 def _guarded(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    """Redis's failures as StoreErrors; a write's outcome (a method named in WRITES) is the store's health."""
+    writes = fn.__name__ in WRITES
+
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-        with _available():
-            return await fn(*args, **kwargs)
+        store = args[0]
+        try:
+            with _available():
+                result = await fn(*args, **kwargs)
+        except StoreError as exc:
+            if writes and not isinstance(exc, StoreUnavailable):
+                store._health.failed(exc)  # type: ignore[attr-defined]
+                log.warning("store write failed: %s", exc.message, exc_info=exc.__cause__)
+            raise
+        if writes:
+            store._health.succeeded()  # type: ignore[attr-defined]
+        return result
 
     return wrapper
+
+
+# (Not delete: it works on a full store by design, so its success says nothing of writes.)
+WRITES = frozenset(
+    {"append", "set_statuses", "finish_turn", "count_llm_call", "mark_forwarded", "set_rewrites", "add_summary",
+     "fail_pending", "secret", "_take_lock", "set_marks", "post_inbox", "deliver_inbox", "put_knowledge"}
+)
 
 
 # -- Lua -------------------------------------------------------------------------------------------
@@ -119,8 +159,8 @@ def _guarded(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
 # stamp; their own arguments start at ARGV[4].
 
 PRELUDE = """
-local meta, body, hashes, statuses, live, fwd, rw, sums, turns, resp, inbox, idel, iopen, iat,
-      index, tenants, created, all, responses = unpack(KEYS)
+local meta, body, hashes, statuses, live, fwd, rw, sums, turns, resp, pend, inbox, idel, iopen, iat,
+      index, tenants, created, all, responses, pending = unpack(KEYS)
 local tenant, id, stamp = ARGV[1], ARGV[2], ARGV[3]
 
 -- Create the conversation record if new, and list it (creation order from a counter, not a clock).
@@ -153,8 +193,12 @@ local function set_statuses(from)
     redis.call('HSET', statuses, seq, status)
     redis.call('ZREMRANGEBYSCORE', live, seq, seq)
     if status == '""" + LIVE + """' then redis.call('ZADD', live, seq, seq .. ':' .. redis.call('HGET', hashes, seq)) end
+    if status ~= '""" + PENDING + """' then redis.call('SREM', pend, seq) end
   end
-  if from <= #ARGV then redis.call('HSET', meta, 'updated_at', stamp) end
+  if from <= #ARGV then
+    redis.call('HSET', meta, 'updated_at', stamp)
+    if redis.call('SCARD', pend) == 0 then redis.call('SREM', pending, tenant .. '/' .. id) end
+  end
 end
 
 -- Append (body, hash) pairs ARGV[from..to]: seqs come from next_seq inside the script, never shared.
@@ -168,7 +212,9 @@ local function append(status, from, to)
     redis.call('HSET', hashes, seq, h)
     redis.call('HSET', statuses, seq, status)
     if status == '""" + LIVE + """' then redis.call('ZADD', live, seq, seq .. ':' .. h) end
+    if status == '""" + PENDING + """' then redis.call('SADD', pend, seq) end
   end
+  if status == '""" + PENDING + """' and n > 0 then redis.call('SADD', pending, tenant .. '/' .. id) end
   redis.call('HSET', meta, 'next_seq', first + n, 'updated_at', stamp)
   return first
 end
@@ -238,14 +284,21 @@ end
 return sid
 """
 
-DELETE = PRELUDE + """
-if redis.call('EXISTS', meta) == 0 then return 0 end
-local known = redis.call('SMEMBERS', resp)
-if #known > 0 then redis.call('HDEL', responses, unpack(known)) end
-redis.call('UNLINK', meta, body, hashes, statuses, live, fwd, rw, sums, turns, resp, inbox, idel, iopen, iat)
-redis.call('ZREM', index, id)
-redis.call('ZREM', all, tenant .. '/' .. id)
-return 1
+# The conversation's lock is the last KEY: while a turn holds it (on any replica) its pending
+# messages are that turn's. Returns how many were marked failed, -1 when locked.
+FAIL_PENDING = PRELUDE + """
+if redis.call('EXISTS', KEYS[#KEYS]) == 1 then return -1 end
+local failed = 0
+for _, seq in ipairs(redis.call('SMEMBERS', pend)) do
+  if redis.call('HGET', statuses, seq) == '""" + PENDING + """' then
+    redis.call('HSET', statuses, seq, '""" + FAILED + """')
+    failed = failed + 1
+  end
+end
+redis.call('DEL', pend)
+redis.call('SREM', pending, tenant .. '/' .. id)
+if failed > 0 then redis.call('HSET', meta, 'updated_at', stamp) end
+return failed
 """
 
 # The anchors index holds "id,id,..." per seq.
@@ -488,9 +541,12 @@ class RedisStore:
         register = self._redis.register_script
         self._append, self._set_statuses, self._count_call = register(APPEND), register(SET_STATUSES), register(COUNT_CALL)
         self._finish_turn = register(FINISH_TURN)
-        self._set_fields, self._add_summary, self._delete = register(SET_FIELDS), register(ADD_SUMMARY), register(DELETE)
+        self._set_fields, self._add_summary = register(SET_FIELDS), register(ADD_SUMMARY)
         self._messages, self._release, self._extend = register(MESSAGES), register(RELEASE), register(EXTEND)
         self._import = register(IMPORT)
+        self._fail_pending = register(FAIL_PENDING)
+        self._messages_read_only = register("#!lua flags=no-writes\n" + MESSAGES)
+        self._health = WriteHealth()
         self._post_inbox, self._deliver_inbox = register(POST_INBOX), register(DELIVER_INBOX)
         self._inbox, self._put_knowledge = register(INBOX), register(PUT_KNOWLEDGE)
 
@@ -509,11 +565,14 @@ class RedisStore:
         """The KEYS of every conversation script, in PRELUDE's order."""
         return [self._conv(key, part) for part in CONVERSATION_PARTS] + [
             self._index(key.tenant), self._global("tenants"), self._global("created"), self._global("all"),
-            self._responses(key.tenant),
+            self._responses(key.tenant), self._global("pending"),
         ]
 
     def _responses(self, tenant: str) -> str:
         return f"{self._prefix}responses:{tenant}"
+
+    def _lock_name(self, key: ConversationKey) -> str:
+        return self._global(f"lock:{key.tenant}/{key.id}")
 
     def _args(self, key: ConversationKey, *rest: Any, stamp: float | None = None) -> list[Any]:
         return [key.tenant, key.id, repr(now() if stamp is None else stamp), *rest]
@@ -527,8 +586,15 @@ class RedisStore:
         if local is None:
             local = self._locks[key] = asyncio.Lock()
         async with local:
-            name = self._global(f"lock:{key.tenant}/{key.id}")
-            token = await self._take_lock(name)
+            name = self._lock_name(key)
+            try:
+                token = await self._take_lock(name)
+            except StoreFull:
+                # Out of memory, Redis refuses every write but deletes, so no other replica can
+                # write this conversation meanwhile: the local lock is enough (DELETE frees room).
+                log.warning("Redis is out of memory: conversation locked on this replica only", extra={"lock": name})
+                yield
+                return
             renewal = asyncio.create_task(self._keep_lock(name, token))
             self._renewals.add(renewal)
             renewal.add_done_callback(self._renewals.discard)
@@ -586,15 +652,28 @@ class RedisStore:
         """Read whole records in one round trip (MULTI: each one a consistent snapshot)."""
         if not keys:
             return []
-        async with self._redis.pipeline(transaction=True) as pipe:
+        def fill(pipe: Any) -> None:
             for key in keys:
                 pipe.hgetall(self._conv(key, "meta"))
                 pipe.zrange(self._conv(key, "live"), 0, -1)
                 pipe.hgetall(self._conv(key, "fwd"))
                 pipe.hkeys(self._conv(key, "rw"))
                 pipe.hkeys(self._conv(key, "iat"))
-            replies = await pipe.execute()
+
+        replies = await self._read(fill)
         return [_conversation(key, *replies[5 * i : 5 * i + 5]) for i, key in enumerate(keys)]
+
+    async def _read(self, fill: Callable[[Any], None]) -> list[Any]:
+        """The commands `fill` queues, read in one consistent step (MULTI). Out of memory, Redis
+        refuses MULTI: then they are sent as a plain pipeline, as no write can interleave then."""
+        try:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                fill(pipe)
+                return await pipe.execute()
+        except OutOfMemoryError:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                fill(pipe)
+                return await pipe.execute()
 
     @_guarded
     async def list_conversations(
@@ -632,7 +711,30 @@ class RedisStore:
 
     @_guarded
     async def delete(self, key: ConversationKey) -> bool:
-        return bool(await self._delete(keys=self._keys(key), args=self._args(key)))
+        # Deleting is how room is made, so it must work when Redis is out of memory. Then it
+        # refuses scripts and MULTI, but not these commands (they free memory), and no other
+        # writer can interleave: every write is refused.
+        try:
+            with _available():
+                return await self._delete_keys(key, atomic=True)
+        except StoreFull:
+            log.warning("Redis is out of memory: deleting without MULTI", extra={"conversation": str(key)})
+            return await self._delete_keys(key, atomic=False)
+
+    async def _delete_keys(self, key: ConversationKey, *, atomic: bool) -> bool:
+        # The caller holds the conversation's lock: no turn adds a response id meanwhile.
+        member = f"{key.tenant}/{key.id}"
+        response_ids = await self._redis.smembers(self._conv(key, "resp"))
+        async with self._redis.pipeline(transaction=atomic) as pipe:
+            pipe.exists(self._conv(key, "meta"))
+            pipe.zrem(self._index(key.tenant), key.id)  # out of the lists first: never listed, half gone
+            pipe.zrem(self._global("all"), member)
+            pipe.srem(self._global("pending"), member)
+            if response_ids:
+                pipe.hdel(self._responses(key.tenant), *response_ids)
+            pipe.unlink(*(self._conv(key, part) for part in CONVERSATION_PARTS))
+            existed, *_ = await pipe.execute()
+        return bool(existed)
 
     # -- messages ------------------------------------------------------------------------------
 
@@ -698,15 +800,19 @@ class RedisStore:
         self, key: ConversationKey, *, live_only: bool, after: int | None = None, limit: int | None = None
     ) -> list[StoredMessage]:
         args = self._args(key, int(live_only), max(after or 0, 0), -1 if limit is None else max(limit, 0))
-        flat = await self._messages(keys=self._keys(key), args=args)
+        try:
+            flat = await self._messages(keys=self._keys(key), args=args)
+        except OutOfMemoryError:  # Redis 7 runs a script out of memory only if it says it writes nothing
+            flat = await self._messages_read_only(keys=self._keys(key), args=args)
         return [_stored(*flat[i : i + 4]) for i in range(0, len(flat), 4)]
 
     @_guarded
     async def message(self, key: ConversationKey, seq: int) -> StoredMessage | None:
-        async with self._redis.pipeline(transaction=True) as pipe:
+        def fill(pipe: Any) -> None:
             for part in ("body", "hash", "status"):
                 pipe.hget(self._conv(key, part), str(seq))
-            body, h, status = await pipe.execute()
+
+        body, h, status = await self._read(fill)
         return None if body is None else _stored(seq, body, h, status)
 
     @_guarded
@@ -922,6 +1028,28 @@ class RedisStore:
             pipe.get(self._global("secret"))
             _, value = await pipe.execute()
         return bytes.fromhex(value)
+
+    @_guarded
+    async def fail_pending(self) -> int:
+        failed = 0
+        for member in await self._redis.smembers(self._global("pending")):
+            key = ConversationKey(*member.rsplit("/", 1))
+            marked = await self._fail_pending(keys=[*self._keys(key), self._lock_name(key)], args=self._args(key))
+            failed += max(int(marked), 0)
+        return failed
+
+    async def health(self) -> StoreHealth:
+        try:
+            with _available():
+                await self._redis.ping()
+                if self._health.failure is not None:  # does a write work again?
+                    await self._redis.set(self._global("health-probe"), repr(now()), px=60_000)
+                    self._health.succeeded()
+        except StoreError as exc:
+            if not isinstance(exc, StoreUnavailable):  # a failed probe: still full / read-only
+                return self._health.health()
+            return failed_health(exc)
+        return self._health.health()
 
     async def close(self) -> None:
         # Renewals stop with the store: a lock still held then expires after its TTL.

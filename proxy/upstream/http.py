@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
+from urllib.parse import unquote
 
 import aiohttp
 import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
 from ..config import UpstreamSettings
-from ..errors import UpstreamTimeout, UpstreamUnreachable
+from ..errors import InvalidRequest, ProxyError, UpstreamTimeout, UpstreamUnreachable
+from .limits import ReplyLimits, ReplyMeter
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and those aiohttp recomputes; never copied across.
 HOP_BY_HOP = frozenset(
@@ -21,6 +25,9 @@ HOP_BY_HOP = frozenset(
         "Transfer-Encoding", "Upgrade", "Host", "Content-Length", "Content-Encoding", "Accept-Encoding",
     )
 )
+# What a path segment may not decode to: a dot segment (also behind `;` parameters, or with a
+# backslash some servers read as a slash) would climb out of the base URL's path upstream.
+_SEGMENT_SEPARATORS = re.compile(r"[/\\;]")
 
 
 # Where each managed wire format is sent, under base_url.
@@ -28,45 +35,131 @@ ENDPOINTS = {"chat": "/chat/completions", "responses": "/responses"}
 
 
 def forwardable(headers: Mapping[str, str], drop: frozenset[str] = frozenset()) -> CIMultiDict[str]:
-    """Copy headers minus hop-by-hop ones and `drop` (lower-case names)."""
+    """Copy headers minus hop-by-hop ones, those the `Connection` header names, and `drop`
+    (lower-case names)."""
     out: CIMultiDict[str] = CIMultiDict()
+    named: set[str] = set()
     for name, value in headers.items():
         low = name.lower()
-        if low not in HOP_BY_HOP and low not in drop:
+        if low == "connection":  # its tokens name more hop-by-hop headers (RFC 9110 7.6.1)
+            named.update(token.strip().lower() for token in value.split(","))
+        elif low not in HOP_BY_HOP and low not in drop:
             out.add(name, value)
+    for name in named.intersection(k.lower() for k in out):
+        out.popall(name)
     return out
 
 
-class HttpReply:
-    """UpstreamReply over an aiohttp response."""
+def checked_path(raw_path_qs: str) -> str:
+    """A client's path and query as sent (still percent-encoded), refused (400) if it could leave
+    the base URL's path upstream: not starting with '/', or with a segment that decodes to '.' or
+    '..' (`%2e%2e`, `..%2F`, `..;x`, `..\\`). It is forwarded as it is, so `%3F` stays in the path."""
+    path, _, _ = raw_path_qs.partition("?")
+    bad = not path.startswith("/")
+    if not bad and ("." in path or "%" in path or "\\" in path):  # the common path has none of them
+        for segment in path.split("/"):
+            if any(part in (".", "..") for part in _SEGMENT_SEPARATORS.split(unquote(segment))):
+                bad = True
+                break
+    if bad:
+        raise InvalidRequest("Invalid path: it must stay below the API's base path", code="invalid_path")
+    return raw_path_qs
 
-    def __init__(self, response: aiohttp.ClientResponse, timeout_s: float) -> None:
+
+def redacted(url: str) -> str:
+    """`url` fit for a log line: no user or password, no query values (either may be a key)."""
+    try:
+        parsed = URL(url)
+    except ValueError:
+        return "<unparseable url>"
+    if parsed.user is not None or parsed.password is not None:
+        parsed = parsed.with_user("***").with_password(None)
+    if parsed.raw_query_string:
+        parsed = parsed.with_query({key: "***" for key in parsed.query})
+    return str(parsed)
+
+
+class HttpReply:
+    """UpstreamReply over an aiohttp response, read within its ReplyMeter's bounds."""
+
+    def __init__(self, response: aiohttp.ClientResponse, timeout_s: float, meter: ReplyMeter) -> None:
         self._response = response
         self._timeout_s = timeout_s
+        self._meter = meter
         self.status = response.status
         self.headers: CIMultiDictProxy[str] = response.headers
+        meter.event_stream = self.is_event_stream
+        # One timer for the whole reply, not one per chunk: when it fires, the next read raises.
+        self._deadline_timer = (
+            None if meter.deadline is None else asyncio.get_running_loop().call_at(meter.deadline, self._expire)
+        )
+
+    def _expire(self) -> None:
+        self._deadline_timer = None
+        self._response.content.set_exception(self._meter.timeout())
 
     @property
     def is_event_stream(self) -> bool:
         return self._response.content_type == "text/event-stream"
 
     async def read(self) -> bytes:
-        with _upstream_errors(self._timeout_s):
-            return await self._response.read()
+        """The whole body, refused past `max_bytes` (a declared length over it: before reading)."""
+        meter, content = self._meter, self._response.content
+        parts: list[bytes] = []
+        with _upstream_errors(self._timeout_s, meter):
+            meter.check_length(self._response.content_length, streamed=False)
+            while chunk := await content.readany():
+                meter.count(chunk, streamed=False)
+                parts.append(chunk)
+        return b"".join(parts)
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        with _upstream_errors(self._timeout_s):
-            async for chunk in self._response.content.iter_any():
-                yield chunk
+        """The body as it arrives; an event stream in whole lines only (the end of a line is held
+        until its newline comes), so that a stream cut at a bound never leaves the client half an
+        event for the error event to be glued to."""
+        meter, content = self._meter, self._response.content
+        held: list[bytes] = []  # the start of an event-stream line whose newline is still to come
+        with _upstream_errors(self._timeout_s, meter):
+            meter.check_length(self._response.content_length, streamed=True)
+            while chunk := await content.readany():
+                meter.count(chunk, streamed=True)
+                if not meter.event_stream:
+                    yield chunk
+                    continue
+                end = chunk.rfind(b"\n") + 1
+                if end == 0:
+                    held.append(chunk)
+                    continue
+                whole = chunk if end == len(chunk) else chunk[:end]
+                if held:
+                    held.append(whole)
+                    whole = b"".join(held)
+                    held.clear()
+                if end < len(chunk):
+                    held.append(chunk[end:])
+                yield whole
+            if held:  # the stream's last bytes, as the upstream sent them
+                yield b"".join(held)
 
     def close(self) -> None:
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
         self._response.release()
 
 
 class HttpUpstream:
     def __init__(self, settings: UpstreamSettings) -> None:
         self.settings = settings
-        self.base_url = settings.base_url.rstrip("/")
+        # Credentials in the base URL are sent as Basic auth in place of the client's own
+        # Authorization (as upstream.api_key is), and kept out of the URL, hence out of every log.
+        base = URL(settings.base_url.rstrip("/"))
+        self._basic_auth = (
+            aiohttp.BasicAuth(base.user or "", base.password or "").encode() if base.user or base.password else None
+        )
+        self.base_url = str(base.with_user(None)) if self._basic_auth else str(base)
+        self.turn_limits = ReplyLimits.for_turn(settings)
+        self.passthrough_limits = ReplyLimits.for_passthrough(settings)
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
@@ -84,15 +177,21 @@ class HttpUpstream:
         if self._session is not None:
             await self._session.close()
 
-    def url(self, path_qs: str) -> str:
-        """Map a client path onto the base URL: `/v1/models?x=1` -> `<base_url>/models?x=1`."""
+    def url(self, path_qs: str) -> URL:
+        """Map a client path onto the base URL: `/v1/models?x=1` -> `<base_url>/models?x=1`.
+
+        `path_qs` is percent-encoded as the client sent it and forwarded so (no re-normalising: a
+        `%2F` or `%3F` stays what it was); one that could leave the base path is a 400."""
+        checked_path(path_qs)
         if path_qs == "/v1" or path_qs.startswith(("/v1/", "/v1?")):
             path_qs = path_qs[3:]
-        return self.base_url + path_qs
+        return URL(self.base_url + path_qs, encoded=True)
 
     def _auth(self, headers: CIMultiDict[str]) -> CIMultiDict[str]:
         if self.settings.api_key is not None:
             headers["Authorization"] = f"Bearer {self.settings.api_key.get_secret_value()}"
+        elif self._basic_auth is not None:
+            headers["Authorization"] = self._basic_auth
         return headers
 
     async def call(self, dialect: str, body: Mapping[str, Any], headers: Mapping[str, str]) -> HttpReply:
@@ -101,35 +200,57 @@ class HttpUpstream:
             raise ValueError(f"no upstream endpoint for the {dialect!r} wire format")
         out = self._auth(CIMultiDict(headers))
         out["Content-Type"] = "application/json"
-        return await self.send("POST", path, out, orjson.dumps(body))
+        return await self.send("POST", path, out, orjson.dumps(body), limits=self.turn_limits)
 
     async def chat(self, body: Mapping[str, Any], headers: Mapping[str, str]) -> HttpReply:
         return await self.call("chat", body, headers)
 
-    async def send(self, method: str, path_qs: str, headers: CIMultiDict[str], data: bytes | None) -> HttpReply:
-        """One request upstream; returns once the status line and headers are in."""
+    async def send(
+        self,
+        method: str,
+        path_qs: str,
+        headers: CIMultiDict[str],
+        data: bytes | None,
+        limits: ReplyLimits | None = None,
+    ) -> HttpReply:
+        """One request upstream; returns once the status line and headers are in. The reply is
+        read within `limits` (default: those of a passthrough request)."""
         assert self._session is not None, "HttpUpstream.start() was not awaited"
-        with _upstream_errors(self.settings.timeout_s):
-            response = await self._session.request(
-                method, self.url(path_qs), headers=self._auth(headers), data=data, allow_redirects=False
-            )
-        return HttpReply(response, self.settings.timeout_s)
+        url = self.url(path_qs)
+        meter = ReplyMeter(limits or self.passthrough_limits)
+        with _upstream_errors(self.settings.timeout_s, meter):
+            async with asyncio.timeout_at(meter.deadline):
+                response = await self._session.request(
+                    method, url, headers=self._auth(headers), data=data, allow_redirects=False
+                )
+        return HttpReply(response, self.settings.timeout_s, meter)
 
 
 class _upstream_errors:
     """Turn aiohttp's failures into our 502 / 504 errors."""
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, meter: ReplyMeter) -> None:
         self.timeout_s = timeout_s
+        self.meter = meter
 
     def __enter__(self) -> None:
         return None
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
-        if exc is None:
+        if exc is None or isinstance(exc, ProxyError):
             return False
         if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
+            if self.meter.expired():
+                raise self.meter.timeout() from None
             raise UpstreamTimeout(f"Upstream sent nothing for {self.timeout_s:g}s") from None
         if isinstance(exc, aiohttp.ClientError):
-            raise UpstreamUnreachable(f"Upstream unreachable: {type(exc).__name__}: {exc}") from None
+            raise UpstreamUnreachable(f"Upstream unreachable: {type(exc).__name__}: {_no_userinfo(str(exc))}") from None
         return False
+
+
+def _no_userinfo(text: str) -> str:
+    """`text` with the user and password of any URL in it replaced (aiohttp's errors quote URLs)."""
+    return _USERINFO.sub("//***@", text)
+
+
+_USERINFO = re.compile(r"//[^/@\s]+@")

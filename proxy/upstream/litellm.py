@@ -38,6 +38,7 @@ from typing import Any
 
 from ..config import ModelSettings
 from ..errors import ProxyError
+from .limits import ReplyLimits, ReplyMeter
 
 log = logging.getLogger("proxy.litellm")
 
@@ -80,6 +81,8 @@ OPENAI_PARAMS = frozenset(
 # provider lacks are dropped (as an OpenAI client expects them to be harmless), and retries are
 # the client's business (an agent retries; a proxy that retries too multiplies the wait).
 DEFAULT_PARAMS: dict[str, Any] = {"drop_params": True, "max_retries": 0}
+# Replies of an upstream built without limits (by hand, in tests): no bound but silence.
+UNBOUNDED = ReplyLimits(max_bytes=2**62, max_stream_bytes=None, max_line=2**62, max_s=None)
 
 OMITTED_NOTE = "(Earlier messages of this conversation are not shown.)"
 SSE_DONE = b"data: [DONE]\n\n"
@@ -325,11 +328,12 @@ def provider_detail(exc: BaseException, secrets: list[str]) -> tuple[str | None,
 class LiteLLMUpstream:
     """One `models:` entry routed through litellm: `chat(body, headers) -> UpstreamReply`."""
 
-    def __init__(self, name: str, entry: ModelSettings, timeout_s: float) -> None:
+    def __init__(self, name: str, entry: ModelSettings, timeout_s: float, limits: ReplyLimits | None = None) -> None:
         if not entry.litellm_model:
             raise ValueError(f"models.{name} has no litellm_model")
         self.name = name
         self.entry = entry
+        self.limits = limits  # None: unbounded (tests that build one by hand)
         self.litellm_model: str = entry.litellm_model
         self.provider = self.litellm_model.split("/", 1)[0] if "/" in self.litellm_model else "litellm"
         self.timeout_s = entry.timeout_s or timeout_s
@@ -393,26 +397,29 @@ class LiteLLMUpstream:
         litellm = await load_litellm()
         kwargs = self.arguments(body, headers)
         secrets = [kwargs.get("api_key") or ""]
+        meter = ReplyMeter(self.limits or UNBOUNDED, event_stream=kwargs["stream"])
         try:
-            response = await litellm.acompletion(**kwargs)
+            async with asyncio.timeout_at(meter.deadline):
+                response = await litellm.acompletion(**kwargs)
         except Exception as exc:  # noqa: BLE001  # every provider failure becomes an OpenAI error
-            raise self.error(exc, secrets) from None
+            raise (meter.timeout() if meter.expired() else self.error(exc, secrets)) from None
         if not kwargs["stream"]:
-            return LiteLLMReply(self, secrets, body=self._completion_bytes(response))
+            return LiteLLMReply(self, secrets, meter, body=self._completion_bytes(response))
         # Wait for the first chunk: a provider that refuses a streamed request (401, 429, ...) does
         # so before any chunk, and some litellm providers only connect on the first read. The
         # refusal is then still an HTTP error with its status, not a 200 stream holding an error.
         stream = response.__aiter__()
         try:
-            first = await stream.__anext__()
+            async with asyncio.timeout_at(meter.deadline):
+                first = await stream.__anext__()
         except StopAsyncIteration:
             first = None
         except BaseException as exc:
             await _aclose(response)
             if isinstance(exc, Exception):
-                raise self.error(exc, secrets) from None
+                raise (meter.timeout() if meter.expired() else self.error(exc, secrets)) from None
             raise
-        return LiteLLMReply(self, secrets, stream=response, iterator=stream, first=first)
+        return LiteLLMReply(self, secrets, meter, stream=response, iterator=stream, first=first)
 
     def error(self, exc: BaseException, secrets: list[str], midstream: bool = False) -> ProviderError:
         if isinstance(exc, ProviderError):
@@ -495,6 +502,7 @@ class LiteLLMReply:
         self,
         upstream: LiteLLMUpstream,
         secrets: list[str],
+        meter: ReplyMeter,
         *,
         body: bytes | None = None,
         stream: Any = None,
@@ -503,6 +511,7 @@ class LiteLLMReply:
     ) -> None:
         self._upstream = upstream
         self._secrets = secrets
+        self._meter = meter
         self._body = body
         self._stream = stream
         self._iterator = iterator
@@ -517,6 +526,7 @@ class LiteLLMReply:
 
     async def read(self) -> bytes:
         if self._body is not None:
+            self._meter.count(self._body, streamed=False)
             return self._body
         return b"".join([chunk async for chunk in self.chunks()])
 
@@ -526,7 +536,9 @@ class LiteLLMReply:
         Raises ProviderStreamBroken if the provider fails mid-stream or stops before a
         finish_reason (the reply would be cut short without anyone saying so).
         """
+        meter = self._meter
         if self._body is not None:
+            meter.count(self._body, streamed=True)
             yield self._body
             return
         assert self._iterator is not None, "a litellm stream is read once"
@@ -536,16 +548,21 @@ class LiteLLMReply:
         try:
             if first is not None:
                 event, done = upstream.chunk_bytes(first)
+                meter.count(event, streamed=True)
                 finished |= done
                 yield event
             while True:
                 try:
-                    chunk = await iterator.__anext__()
+                    async with asyncio.timeout_at(meter.deadline):
+                        chunk = await iterator.__anext__()
                 except StopAsyncIteration:
                     break
                 except Exception as exc:  # noqa: BLE001
+                    if meter.expired():
+                        raise meter.timeout() from None
                     raise upstream.error(exc, self._secrets, midstream=True) from None
                 event, done = upstream.chunk_bytes(chunk)
+                meter.count(event, streamed=True)  # past a bound: raises, and the stream is closed below
                 finished |= done
                 yield event
             self._finished = True

@@ -12,22 +12,26 @@ from collections.abc import Iterator, Mapping
 from ..config import ModelSettings, Settings
 from . import litellm as litellm_upstream
 from .base import Upstream
+from .limits import ReplyLimits
 from .litellm import LiteLLMUpstream
 
 
 class UpstreamRouter:
-    def __init__(self, models: Mapping[str, ModelSettings], http: Upstream, timeout_s: float) -> None:
+    def __init__(
+        self, models: Mapping[str, ModelSettings], http: Upstream, timeout_s: float, limits: ReplyLimits | None = None
+    ) -> None:
         self.http = http
         self.models = dict(models)
         self.timeout_s = timeout_s
+        self.limits = limits
         self.routes: dict[str, LiteLLMUpstream] = {
-            name: LiteLLMUpstream(name, entry, timeout_s) for name, entry in models.items() if entry.litellm_model
+            name: LiteLLMUpstream(name, entry, timeout_s, limits) for name, entry in models.items() if entry.litellm_model
         }
         self._adhoc: dict[tuple[str, str], LiteLLMUpstream] = {}
 
     @classmethod
     def from_settings(cls, settings: Settings, http: Upstream) -> UpstreamRouter:
-        return cls(settings.models, http, settings.upstream.timeout_s)
+        return cls(settings.models, http, settings.upstream.timeout_s, ReplyLimits.for_turn(settings.upstream))
 
     def for_model(self, model: str) -> Upstream:
         """The upstream serving `model`: its litellm route, else the passthrough."""
@@ -45,7 +49,7 @@ class UpstreamRouter:
         key = (name, entry.model_dump_json())  # entries hold dicts: not hashable
         upstream = self._adhoc.get(key)
         if upstream is None:
-            upstream = self._adhoc[key] = LiteLLMUpstream(name, entry, self.timeout_s)
+            upstream = self._adhoc[key] = LiteLLMUpstream(name, entry, self.timeout_s, self.limits)
         return upstream
 
     def litellm_names(self) -> Iterator[str]:

@@ -16,16 +16,28 @@ log = logging.getLogger("proxy.sse")
 
 
 class SSEParser:
-    """Feed raw bytes in any split; get back the `data:` payload of each complete event line."""
+    """Feed raw bytes in any split; get back the `data:` payload of each complete event line.
+
+    Linear in the bytes fed, however a line is split: the pieces of an unfinished line are kept
+    in a list and joined once, when its newline comes (appending each piece to one bytes object
+    would copy the line again at every piece). How long a line may grow is the upstream's bound
+    (upstream.max_sse_line_mb, see limits.py)."""
 
     def __init__(self) -> None:
-        self._buffer = b""
+        self._pieces: list[bytes] = []  # the unfinished line
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        self._buffer += chunk
         if b"\n" not in chunk:
+            if chunk:
+                self._pieces.append(chunk)
             return []
-        *lines, self._buffer = self._buffer.split(b"\n")
+        if self._pieces:
+            self._pieces.append(chunk)
+            chunk = b"".join(self._pieces)
+            self._pieces = []
+        *lines, rest = chunk.split(b"\n")
+        if rest:
+            self._pieces.append(rest)
         return [line[5:].strip() for line in lines if line.startswith(b"data:")]
 
 
@@ -35,7 +47,9 @@ class ReplyAssembler:
     def __init__(self) -> None:
         self.content: list[str] = []
         self.refusal: list[str] = []
-        self.tool_calls: dict[int, dict[str, Any]] = {}
+        # index -> id, and the pieces of its name and arguments (joined once, in message(): adding
+        # each delta to one string would copy the arguments again at every delta).
+        self.tool_calls: dict[int, _CallPieces] = {}
         self.finish_reason: str | None = None
         self.done = False
         self.usage: dict[str, Any] | None = None
@@ -74,16 +88,16 @@ class ReplyAssembler:
         if delta.get("refusal"):
             self.refusal.append(delta["refusal"])
         for call in delta.get("tool_calls") or ():
-            slot = self.tool_calls.setdefault(
-                call.get("index", 0), {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
-            )
+            slot = self.tool_calls.get(call.get("index", 0))
+            if slot is None:
+                slot = self.tool_calls[call.get("index", 0)] = _CallPieces()
             if call.get("id"):
-                slot["id"] = call["id"]
+                slot.id = call["id"]
             fn = call.get("function") or {}
             if fn.get("name"):
-                slot["function"]["name"] += fn["name"]
+                slot.name.append(fn["name"])
             if fn.get("arguments"):
-                slot["function"]["arguments"] += fn["arguments"]
+                slot.arguments.append(fn["arguments"])
 
     @property
     def complete(self) -> bool:
@@ -96,7 +110,25 @@ class ReplyAssembler:
     def message(self) -> Message:
         msg: Message = {"role": "assistant", "content": "".join(self.content) if self.content else None}
         if self.tool_calls:
-            msg["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+            msg["tool_calls"] = [self.tool_calls[i].call() for i in sorted(self.tool_calls)]
         if self.refusal:
             msg["refusal"] = "".join(self.refusal)
         return msg
+
+
+class _CallPieces:
+    """One streamed tool call as its deltas came."""
+
+    __slots__ = ("arguments", "id", "name")
+
+    def __init__(self) -> None:
+        self.id: str | None = None
+        self.name: list[str] = []
+        self.arguments: list[str] = []
+
+    def call(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": "".join(self.name), "arguments": "".join(self.arguments)},
+        }
