@@ -3,7 +3,8 @@
 Every message ever written, in seq order, with its status (live, superseded, failed, incomplete,
 internal, pending, and `compacted` for a live message behind the compaction boundary that no
 longer goes upstream); tool outputs with their ref; every summary; every turn record (what went
-upstream at each turn); and the conversation record. Which items are system prompts, the task
+upstream at each turn); every inbox message (pending, or when, in which turn and with which
+message it was delivered); and the conversation record. Which items are system prompts, the task
 or tool outputs is the conversation's codec's to say (dialects/formats.py: the format its turn
 records name), so every wire format is shown alike. `GET /v1/conversations/{id}/trajectory`
 answers it a page of messages at a time, and `storage.trajectory_dir` keeps it as a file per
@@ -80,6 +81,7 @@ class TrajectoryDocument:
     summaries: Sequence[bytes]
     turns: Sequence[bytes]
     conversation: bytes
+    inbox: Sequence[bytes] = ()
 
     def chunks(self) -> list[bytes]:
         """The document as pieces to write out in order (no copy of the parts)."""
@@ -92,6 +94,8 @@ class TrajectoryDocument:
         out += _joined(self.summaries)
         out.append(b'],"turns":[')
         out += _joined(self.turns)
+        out.append(b'],"inbox":[')
+        out += _joined(self.inbox)
         out += [b'],"conversation":', self.conversation, b"}"]
         return out
 
@@ -112,7 +116,8 @@ async def build_trajectory(
     store: Store, refs: RefSigner, conversation: Conversation, *, after: int | None = None, limit: int | None = None
 ) -> TrajectoryDocument:
     """The trajectory read whole from the store: the messages after seq `after` (at most `limit`
-    of them, `has_more` saying whether more follow), with every summary and turn record."""
+    of them, `has_more` saying whether more follow), with every summary, turn record and inbox
+    message."""
     key = conversation.key
     turns = await store.turn_records(key)
     codec = codec_for(format_of(turns))
@@ -129,7 +134,15 @@ async def build_trajectory(
         summaries=[encode(s.to_api()) for s in await store.summaries(key)],
         turns=[encode(r) for r in turns],
         conversation=encode(conversation.to_api()),
+        inbox=await inbox_parts(store, conversation),
     )
+
+
+async def inbox_parts(store: Store, conversation: Conversation) -> list[bytes]:
+    """The conversation's inbox messages, encoded (no store read for a conversation that has none)."""
+    if not conversation.inbox_open and not conversation.inbox_anchors:
+        return []
+    return [encode(m.to_api()) for m in await store.inbox(conversation.key)]
 
 
 async def pinned_task_seq(store: Store, conversation: Conversation, codec: Codec) -> int | None:

@@ -35,7 +35,7 @@ from .dialects.formats import codec_for, format_of
 from .identity import CONVERSATION_ID, ConversationKey
 from .refs import RefSigner
 from .store import PENDING, Conversation, Store, StoredMessage, Summary
-from .trajectory import TrajectoryDocument, encode, first_live_user, roles_of, shown_status, trajectory_message
+from .trajectory import TrajectoryDocument, encode, first_live_user, inbox_parts, roles_of, shown_status, trajectory_message
 from .transcript import Role
 
 log = logging.getLogger("proxy.trajectory")
@@ -133,6 +133,7 @@ class _Changes:
     task_seq: int | None
     summaries: list[Summary]  # new ones
     turns: list[dict[str, Any]]  # new turn records
+    inbox: list[bytes]  # every inbox message, encoded (their statuses change: read whole, they are few)
 
 
 class TrajectoryWriter:
@@ -239,7 +240,8 @@ class TrajectoryWriter:
             summaries = []
             while (summary := await self.store.summary(key, len(mirror.summaries) + len(summaries) + 1)) is not None:
                 summaries.append(summary)
-        return mirror, _Changes([fresh[seq] for seq in redo], task_seq, summaries, turns)
+        inbox = await inbox_parts(self.store, conversation)
+        return mirror, _Changes([fresh[seq] for seq in redo], task_seq, summaries, turns, inbox)
 
     def _encode_and_write(self, mirror: _Mirror, changes: _Changes, conversation: Conversation, path: Path) -> None:
         """In the worker thread: the changed parts encoded into the mirror, then the file written."""
@@ -256,6 +258,7 @@ class TrajectoryWriter:
             summaries=mirror.summaries,
             turns=mirror.turns,
             conversation=encode(conversation.to_api()),
+            inbox=changes.inbox,
         )
         _write_file(path.parent.parent, path, document)
 
