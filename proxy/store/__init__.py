@@ -21,12 +21,13 @@ from .base import (
     StoreReadOnly,
     StoreUnavailable,
     Summary,
+    TurnFacts,
 )
 
 __all__ = [
     "FAILED", "INCOMPLETE", "INTERNAL", "LIVE", "PENDING", "SUPERSEDED", "Conversation", "ConversationDump",
     "ConversationExists", "Store", "StoreError", "StoreFull", "StoreHealth", "StoreReadOnly", "StoreUnavailable",
-    "StoredMessage", "Summary", "open_store",
+    "StoredMessage", "Summary", "TurnFacts", "open_store",
 ]
 
 
