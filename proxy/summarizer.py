@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -19,6 +19,7 @@ from typing import Any
 
 from .config import SummarizerSettings
 from .errors import ProxyError
+from .telemetry import NO_TELEMETRY, Telemetry
 from .upstream import Upstream
 
 log = logging.getLogger("proxy.summarizer")
@@ -44,9 +45,12 @@ class Completion:
 
 
 class Summarizer:
-    def __init__(self, settings: SummarizerSettings, route: Callable[[str], Upstream]) -> None:
+    def __init__(
+        self, settings: SummarizerSettings, route: Callable[[str], Upstream], telemetry: Telemetry = NO_TELEMETRY
+    ) -> None:
         self.settings = settings
         self.route = route  # model name -> the upstream that serves it
+        self.telemetry = telemetry  # each call is a span of its own when traces are on
         self.failures = 0
 
     def model_for(self, request_model: str) -> str:
@@ -67,15 +71,18 @@ class Summarizer:
             "model": model,
             "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
         }
-        try:
-            return await asyncio.wait_for(self._call(body, headers), self.settings.timeout_s)
-        except (ProxyError, SummarizerFailed, TimeoutError, ValueError, KeyError, IndexError, TypeError) as exc:
-            self.failures += 1
-            reason = getattr(exc, "message", None) or str(exc) or type(exc).__name__
-            log.warning("summarizer failed: %s", reason, extra={"model": model})
-            raise SummarizerFailed(reason) from None
+        with self.telemetry.summarizer_call(model, system, user) as trace:
+            try:
+                completion = await asyncio.wait_for(self._call(body, trace.headers(headers)), self.settings.timeout_s)
+            except (ProxyError, SummarizerFailed, TimeoutError, ValueError, KeyError, IndexError, TypeError) as exc:
+                self.failures += 1
+                reason = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+                log.warning("summarizer failed: %s", reason, extra={"model": model})
+                raise SummarizerFailed(reason) from None
+            trace.done(completion.text, completion.tokens_in, completion.tokens_out)
+            return completion
 
-    async def _call(self, body: dict[str, Any], headers: dict[str, str]) -> Completion:
+    async def _call(self, body: dict[str, Any], headers: Mapping[str, str]) -> Completion:
         reply = await self.route(body["model"]).chat(body, headers)
         try:
             data = await reply.read()

@@ -29,9 +29,9 @@ from tests.redis_server import RedisServer
 ALICE = "sk-test-alice-0123456789"
 BOB = "sk-test-bob-9876543210"
 
-# A developer's own settings must not leak into the tests.
+# A developer's own settings must not leak into the tests (nor their OpenTelemetry collector).
 for name in list(os.environ):
-    if name.startswith("CONTEXT_PROXY_"):
+    if name.startswith(("CONTEXT_PROXY_", "OTEL_")):
         del os.environ[name]
 
 
