@@ -22,6 +22,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
+from tests.harness import serve_on_loopback
+
 KINDS = {
     ProtoSpan.SPAN_KIND_INTERNAL: "INTERNAL",
     ProtoSpan.SPAN_KIND_SERVER: "SERVER",
@@ -73,11 +75,7 @@ class OtlpReceiver:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_post("/v1/traces", self._traces)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
+        self._runner, self.port = await serve_on_loopback(app, access_log=None)
 
     async def close(self) -> None:
         if self._runner is not None:

@@ -13,7 +13,7 @@ changes no header it sends upstream. On, proxy/telemetry/otel.py implements them
 from __future__ import annotations
 
 from collections.abc import Awaitable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 if TYPE_CHECKING:
     from ..dialects.base import Dialect
@@ -21,14 +21,18 @@ if TYPE_CHECKING:
     from ..transcript import Call, Item, Raw
 
 
-class RoundTrace:
-    """One read-back round (a context manager around answering the proxy's own calls)."""
+class Scope:
+    """A context manager that records nothing: the base of every trace here."""
 
-    def __enter__(self) -> RoundTrace:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+class RoundTrace(Scope):
+    """One read-back round (a context manager around answering the proxy's own calls)."""
 
     def not_made(self) -> None:
         """The round did not fit the token budget: the model's reply went to the client as it was."""
@@ -40,14 +44,8 @@ class RoundTrace:
 NULL_ROUND = RoundTrace()
 
 
-class TurnTrace:
+class TurnTrace(Scope):
     """One turn's trace; this one records nothing."""
-
-    def __enter__(self) -> TurnTrace:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
     def transcript(self, items: Sequence[Item]) -> None:
         """The conversation's items as the pipeline got them (what is stored, before rewriting)."""
@@ -80,14 +78,8 @@ class TurnTrace:
 NULL_TURN = TurnTrace()
 
 
-class SummarizerTrace:
+class SummarizerTrace(Scope):
     """One summarizer call (a context manager around it); this one records nothing."""
-
-    def __enter__(self) -> SummarizerTrace:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
     def headers(self, headers: Mapping[str, str]) -> Mapping[str, str]:
         """The headers to send with the call (here: `headers`, untouched)."""

@@ -65,8 +65,10 @@ def _resource(service_name: str) -> Resource:
     return resource
 
 
-def _served(served: Served) -> dict[str, Any]:
-    out: dict[str, Any] = {"gen_ai.provider.name": served.provider}
+def _served(served: Served, provider: bool = True) -> dict[str, Any]:
+    """Where the model is served; `provider` False for the upstream-call spans, which carry no
+    gen_ai.* attribute (a tool that reads GenAI spans must see the turn once, not its calls too)."""
+    out: dict[str, Any] = {"gen_ai.provider.name": served.provider} if provider else {}
     if served.address:
         out["server.address"] = served.address
         if served.port:
@@ -180,7 +182,7 @@ class OtelTurnTrace(TurnTrace):
             f"upstream {self.report.model}",
             kind=SpanKind.CLIENT,
             attributes={
-                **_served(self.served),
+                **_served(self.served, provider=False),
                 "context_proxy.call.number": self.calls,
                 "context_proxy.call.read_rounds_before": self.report.read_rounds,
                 "context_proxy.tokens.sent": tokens,
