@@ -19,6 +19,7 @@ MAX_TITLE_CHARS = 200
 MAX_TASK_CHARS = 300  # what is kept of the task: enough to recognise and search it
 TITLE_WORDS_CHARS = 80  # a title made from the task: its first words, up to this
 TASK_SCAN_ITEMS = 64  # the task is near the start: never read a whole transcript for it
+TASK_SCAN_CHARS = 65536  # ... nor a whole huge message: its start holds the wrapped blocks and the task
 # A block an agent wraps around what it adds to the user's message: <tag ...> ... </tag>, from a
 # line's start (so a tag the user wrote inside a sentence stays).
 WRAPPED_BLOCK = re.compile(r"^\s*<([A-Za-z][\w-]*)(?:\s[^>\n]*)?>.*?</\1>\s*", re.S | re.M)
@@ -33,7 +34,7 @@ def task_of(codec: Codec, raws: Sequence[Raw]) -> str | None:
     for item in codec.items(raws[:n], [None] * n, [None] * n):
         if item.role is not Role.USER:
             continue
-        words = SPACE.sub(" ", WRAPPED_BLOCK.sub(" ", codec.text(item) or "")).strip()
+        words = SPACE.sub(" ", WRAPPED_BLOCK.sub(" ", (codec.text(item) or "")[:TASK_SCAN_CHARS])).strip()
         if words:
             return words[:MAX_TASK_CHARS].rstrip()
     return None
