@@ -1,137 +1,363 @@
-"""What the pipeline does to the prompt: tokens sent upstream per turn, naive vs. each configuration,
-and the summarizer's input per compaction, over a generated tool-heavy agent run.
+"""Context economy: what each configuration sends upstream over a generated 300-step coding-agent run
+with planted facts, what that costs at prompt-cache prices, how stable the prompts' prefixes
+stay, and which planted facts still reach the upstream at the end.
 
-    .venv/bin/python -m bench.context [--turns 300] [--seed 7]
+    .venv/bin/python -m bench.context [--steps 300] [--seed 7] [--only turns,budget]
 
-The proxy runs in-process on loopback in front of the strict fake upstream of the test suite
-(which also answers the summarizer), so every prompt it sends over the whole run is validated
-as the real API would. Token figures are the proxy's own `X-Context-Tokens-Sent` header; "naive"
-is the whole transcript counted with the same tokenizer.
+The proxy runs in-process on loopback in front of the strict fake upstream of the test suite,
+which plays the agent's model (the run's scripted steps, with a few reads of shortened outputs,
+one repeated and one with a made-up ref) and a summarizer that writes the same text whatever it
+is given (keeps nothing: the worst case, which small models approach). Compactions run in the
+background after each reply, as by default; the bench waits for each before the next step.
+
+Figures (agent requests as the upstream received them, read-back rounds included; tokens by
+tiktoken over messages and tool schemas):
+- tokens: every agent prompt's tokens, summed;
+- cost: each prompt's tokens that continue the previous prompt byte for byte (same tools, then
+  the same leading messages) at a tenth, the rest at full price, plus every summarizer call
+  (input and output) at full price; and its share of the naive run's cost (the whole transcript
+  every time, each prompt continuing the last);
+- prefix: the share of consecutive agent prompts that extend the previous one byte for byte,
+  over the pairs with no new summary between them;
+- facts: of the planted facts whose message left the prompt, the share that still reaches the
+  upstream in the last prompt, by kind;
+- max prompt, over limit: the largest agent prompt without its system messages (tool schemas and
+  read-back rounds included), and how many were over the default history_token_limit;
+- refused: upstream requests the strict fake refused as the real API would (left out of the
+  figures above: not billed, nothing cached); failed: steps the client got no 200 for (the run
+  then goes on as scripted).
+
+The client side and the reading of the upstream's requests sit behind `Wire` (one per wire
+format; Chat Completions here), so the same run can go over the Responses and Messages APIs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
+import logging
 import statistics
 import tempfile
+from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
+from bench.agent_run import KINDS, Run, Step, generate_run, occurs
+from proxy.state import COMPACTION
 from proxy.tokens import TokenCounter
-from tests.fake_upstream import FakeUpstream, Reply
+from tests.fake_upstream import FakeUpstream, Reply, ToolCall
 from tests.harness import LoopThread, ProxyServer, proxy_settings
+from tests.responders import READ_TOOL, REF, is_summary_request, is_tool_summary_request
 
-SUMMARIZER_MARK = "You maintain the working memory of an AI agent"
-TOOL_MARK = "You condense the output of one tool call"
 MODEL = "gpt-4o-mini"
 KEY = "sk-bench-context"
+CACHED_PRICE = 0.1  # cached input tokens cost a tenth at OpenAI and Anthropic
+SUMMARY_TEXT = "Goal: keep the service green.\nWork done: edited modules, ran tests, fixed failures."
+DEFAULT_LIMIT = 10_000  # context.history_token_limit's default
 
 CONFIGS: dict[str, dict[str, Any]] = {
-    "window only": {"truncation": {"enabled": False}},
-    "truncation + window": {},
-    "+ compaction turns": {"compaction": {"strategy": "turns", "background": False}},
-    "+ compaction budget": {"compaction": {"strategy": "budget", "background": False}},
-    "+ compaction mask": {"compaction": {"strategy": "mask"}},
+    "truncation only": {},
+    "turns": {"compaction": {"strategy": "turns"}},
+    "budget": {"compaction": {"strategy": "budget"}},
+    "mask": {"compaction": {"strategy": "mask"}},
 }
+# Steps at which the model reads a shortened output back (when one is in its prompt): once, the
+# same range three times in a row, or a ref it made up.
+READS_EVERY, REPEATS_EVERY, INVENTS_EVERY = 23, 61, 89
 
 
-def tool_output(rng: random.Random, turn: int) -> str:
-    """Realistic agent tool output: mostly small, sometimes a long log or file."""
-    size = rng.choice([200, 400, 800, 1500, 3000, 6000, 20000, 45000])
-    lines = [f"[{turn}:{i}] src/module_{i % 17}.py:{10 + i} result={rng.randint(0, 10**6)} ok" for i in range(size // 48 + 1)]
-    return "\n".join(lines)[:size]
+Message = dict[str, Any]
 
 
-def responder(body: dict[str, Any]) -> Reply:
-    first = body["messages"][0]
-    if first["role"] == "system" and SUMMARIZER_MARK in first["content"]:
-        return Reply.text("Goal: keep the service green.\n" + "Work done: edited modules, ran tests, fixed failures. " * 12)
-    if first["role"] == "system" and TOOL_MARK in first["content"]:
-        return Reply.text("Tool output summary: tests mostly pass; see failures listed. " * 4)
-    return Reply.text("Noted; continuing with the next step of the plan. " * 3)
+@dataclass
+class Prompt:
+    """One request as the upstream received it, in a neutral form (chat messages and tools)."""
+
+    messages: list[Message]
+    tools: list[dict[str, Any]]
+    summary: bool  # a summarizer's request, not the agent's
+    output: str = ""  # what the upstream answered (for a summarizer call: what it cost to write)
+    refused: bool = False  # the strict fake refused it as the real API would (4xx)
 
 
-def run_config(loop: LoopThread, upstream: FakeUpstream, name: str, overrides: dict[str, Any], turns: int, seed: int) -> dict[str, Any]:
+class Wire(Protocol):
+    """One wire format, both sides: how the client asks the proxy, and how the upstream's requests read."""
+
+    name: str
+
+    def ask(self, http: httpx.Client, run: Run, transcript: list[Message]) -> tuple[int, Message | None]:
+        """Send the transcript (chat-shaped) with the run's tools; (status, the assistant's message)."""
+
+    def prompts(self, upstream: FakeUpstream) -> list[Prompt]:
+        """Every request the upstream received, in order."""
+
+
+class ChatWire:
+    name = "chat completions"
+
+    def ask(self, http: httpx.Client, run: Run, transcript: list[Message]) -> tuple[int, Message | None]:
+        response = http.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": transcript, "tools": run.tools},
+            headers={"Authorization": f"Bearer {KEY}", "X-Conversation-ID": "bench"},
+        )
+        if response.status_code != 200:
+            return response.status_code, None
+        message = response.json()["choices"][0]["message"]
+        return 200, {k: v for k, v in message.items() if v is not None and k in ("role", "content", "tool_calls")}
+
+    def prompts(self, upstream: FakeUpstream) -> list[Prompt]:
+        out = []
+        for record in upstream.requests:
+            body = record.body
+            if not record.path.endswith("/chat/completions") or not isinstance(body, dict) or "messages" not in body:
+                continue
+            summary = is_summary_request(body) or is_tool_summary_request(body)
+            refused = 400 <= record.status_sent < 500
+            out.append(Prompt(body["messages"], body.get("tools") or [], summary, SUMMARY_TEXT if summary else "", refused))
+        return out
+
+
+class ScriptedModel:
+    """The agent's model as the fake upstream plays it: the current step's answer, after the reads
+    the step calls for; and the summarizer that keeps nothing."""
+
+    def __init__(self) -> None:
+        self.step: Step | None = None
+        self.reads = 0  # read_tool_output calls to make before answering this step
+        self.ref: str | None = None  # a made-up ref to read, instead of a real one
+        self.made = 0
+
+    def __call__(self, body: dict) -> Reply:
+        if is_summary_request(body) or is_tool_summary_request(body):
+            return Reply.text(SUMMARY_TEXT)
+        offered = any((t.get("function") or {}).get("name") == READ_TOOL for t in body.get("tools") or ())
+        refs = REF.findall(json.dumps(body["messages"][-12:]))
+        if self.made < self.reads and offered and (refs or self.ref):
+            self.made += 1
+            arguments = json.dumps({"ref": self.ref or refs[-1], "offset": 2000, "length": 8000})
+            return Reply("message", calls=[ToolCall(f"call_read_{self.made}", READ_TOOL, arguments)])
+        assert self.step is not None
+        return Reply("message", content=self.step.content, calls=[ToolCall(*c) for c in self.step.calls])
+
+    def start(self, index: int, step: Step) -> None:
+        self.step, self.made = step, 0
+        self.reads = 3 if index % REPEATS_EVERY == 0 else 1 if index % READS_EVERY == 0 or index % INVENTS_EVERY == 0 else 0
+        self.ref = "10020" if index % INVENTS_EVERY == 0 else None
+
+
+@dataclass
+class Result:
+    name: str
+    prompts: list[Prompt]
+    transcripts: list[list[Message]]  # what the client held at each step (the naive prompt)
+    failed: int  # steps the proxy did not answer with a 200
+    plants_left: dict[str, list[bool]] = field(default_factory=dict)  # kind -> retained?, for facts that left
+
+
+def run_config(loop: LoopThread, upstream: FakeUpstream, wire: Wire, name: str, overrides: dict[str, Any], run: Run) -> Result:
     upstream.reset()
-    upstream.responder = responder
+    model = ScriptedModel()
+    upstream.responder = model
     with tempfile.TemporaryDirectory() as data:
         proxy = ProxyServer(loop, proxy_settings(upstream.base_url, Path(data), **overrides)).start()
-        counter = TokenCounter()
-        rng = random.Random(seed)
-        messages: list[dict[str, Any]] = [
-            {"role": "system", "content": "You are a careful coding agent. Work step by step."},
-            {"role": "user", "content": "Task: make the test suite of the service pass; the failing ids are in CI run 88213."},
-        ]
-        sent, naive, kept = [], [], []
+        transcript: list[Message] = [{"role": "system", "content": run.system}, {"role": "user", "content": run.task}]
+        transcripts: list[list[Message]] = []
+        failed = 0
+        carriers: dict[int, int] = {}  # step -> the model's message of that step, in the transcript
         try:
-            with httpx.Client(base_url=proxy.url, timeout=60) as http:
-                for turn in range(turns):
-                    call = f"call_{turn}"
-                    messages.append({"role": "assistant", "content": None, "tool_calls": [
-                        {"id": call, "type": "function", "function": {"name": "run", "arguments": json.dumps({"step": turn})}}]})
-                    messages.append({"role": "tool", "tool_call_id": call, "content": tool_output(rng, turn)})
-                    response = http.post(
-                        "/v1/chat/completions",
-                        json={"model": MODEL, "messages": messages},
-                        headers={"Authorization": f"Bearer {KEY}", "X-Conversation-ID": "bench"},
-                    )
-                    response.raise_for_status()
-                    sent.append(int(response.headers["X-Context-Tokens-Sent"]))
-                    naive.append(sum(counter.count_many(messages, MODEL)))
-                    kept.append(len(messages) - int(response.headers["X-Context-Messages-Left-Out"]))
-                    messages.append({"role": "assistant", "content": response.json()["choices"][0]["message"]["content"]})
-                    if turn % 3 == 2:
-                        messages.append({"role": "user", "content": f"Good. Next: check module {turn % 17}."})
-                record = http.get("/v1/conversations/bench/trajectory", params={"limit": 1000}).json()
+            with httpx.Client(base_url=proxy.url, timeout=120) as http:
+                for index, step in enumerate(run.steps):
+                    if step.user is not None:
+                        transcript.append({"role": "user", "content": step.user})
+                    model.start(index, step)
+                    transcripts.append(list(transcript))
+                    _, reply = wire.ask(http, run, transcript)
+                    if reply is None:  # the run goes on as the script says, so configurations stay comparable
+                        failed += 1
+                        reply = {"role": "assistant", "content": step.content}
+                        if step.calls:
+                            reply["tool_calls"] = [{"id": c, "type": "function", "function": {"name": n, "arguments": a}}
+                                                   for c, n, a in step.calls]
+                    transcript.append(reply)
+                    carriers[index] = len(transcript) - 1
+                    for call_id, output in step.outputs.items():
+                        transcript.append({"role": "tool", "tool_call_id": call_id, "content": output})
+                    loop.run(proxy.app[COMPACTION].idle(), timeout=120)  # background compaction, done before the next step
         finally:
             proxy.stop()
-    summaries = record["summaries"]
-    return {"name": name, "sent": sent, "naive": naive, "kept": kept, "summarizer_inputs": [s["tokens_in"] for s in summaries]}
+    result = Result(name, wire.prompts(upstream), transcripts, failed)
+    result.plants_left = retention(run, result, transcript, carriers)
+    return result
 
 
-def table(results: list[dict[str, Any]], turns: int) -> str:
-    marks = [t for t in (10, 50, 100, 200, 300, 1000) if t <= turns]
-    naive = results[0]["naive"]
-    head = "| configuration | " + " | ".join(f"turn {t}" for t in marks) + " | total | vs naive | messages sent, last turn |"
-    rows = [head, "|" + " --- |" * (len(marks) + 4)]
-    rows.append(
-        "| naive (whole transcript) | " + " | ".join(f"{naive[t - 1]:,}" for t in marks)
-        + f" | {sum(naive):,} | 100% | all |"
-    )
-    for r in results:
-        rows.append(
-            f"| {r['name']} | " + " | ".join(f"{r['sent'][t - 1]:,}" for t in marks)
-            + f" | {sum(r['sent']):,} | {100 * sum(r['sent']) / sum(naive):.1f}% | {r['kept'][-1]} |"
+def retention(run: Run, result: Result, transcript: list[Message], carriers: dict[int, int]) -> dict[str, list[bool]]:
+    """For each planted fact whose message (the user's, for a decision; else the model's) is not in
+    the last agent prompt as it was written: is its value in that prompt?"""
+    last = next(p for p in reversed(result.prompts) if not p.summary and not p.refused)
+    everything = json.dumps(last.messages, ensure_ascii=False)  # none of the planted values has a character JSON escapes
+    out: dict[str, list[bool]] = defaultdict(list)
+    for plant in run.plants:
+        carrier = carriers[plant.step]
+        if plant.kind == "decision":
+            carrier = next(i for i, m in enumerate(transcript) if m.get("content") == plant.value)
+        if transcript[carrier] in last.messages:
+            continue  # still in the prompt as it was: nothing to measure
+        out[plant.kind].append(occurs(plant.value, everything))
+    return out
+
+
+# -- figures ----------------------------------------------------------------------------------
+
+
+class Pricing:
+    def __init__(self) -> None:
+        self.counter = TokenCounter()
+
+    def tokens(self, messages: list[Message], tools: list[dict[str, Any]]) -> list[int]:
+        """Tokens of the tools (first: they come first in the model's prompt), then of each message."""
+        tool_tokens = self.counter.count({"role": "system", "content": json.dumps(tools)}, MODEL) if tools else 0
+        return [tool_tokens, *self.counter.count_many(messages, MODEL)]
+
+    def cost(self, prompts: list[tuple[list[Message], list[dict[str, Any]]]]) -> tuple[int, float]:
+        """(tokens, cache-priced cost) of prompts sent in this order."""
+        total, cost = 0, 0.0
+        previous: tuple[list[Message], list[dict[str, Any]]] | None = None
+        for messages, tools in prompts:
+            counts = self.tokens(messages, tools)
+            total += sum(counts)
+            cached = 0
+            if previous is not None and previous[1] == tools:
+                shared = _shared_prefix(previous[0], messages)
+                cached = counts[0] + sum(counts[1 : 1 + shared])
+            cost += cached * CACHED_PRICE + (sum(counts) - cached)
+            previous = (messages, tools)
+        return total, cost
+
+
+def _shared_prefix(a: list[Message], b: list[Message]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _summary_of(prompt: Prompt) -> str | None:
+    messages = prompt.messages
+    return messages[1]["content"] if len(messages) > 1 and messages[1].get("role") == "system" else None
+
+
+def _why(before: Prompt, after: Prompt) -> str:
+    if before.tools != after.tools:
+        return "tools"
+    if any(c.get("function", {}).get("name") == READ_TOOL for m in before.messages for c in m.get("tool_calls") or ()) and not any(
+            c.get("function", {}).get("name") == READ_TOOL for m in after.messages for c in m.get("tool_calls") or ()):
+        return "read-back"
+    return "window"  # the window's start moved, or mask masked another output
+
+
+def figures(result: Result, pricing: Pricing, naive_cost: float, limit: int) -> dict[str, Any]:
+    # A request the API refuses is not billed and caches nothing: it is counted apart.
+    agent = [p for p in result.prompts if not p.summary and not p.refused]
+    summaries = [p for p in result.prompts if p.summary and not p.refused]
+    tokens, cost = pricing.cost([(p.messages, p.tools) for p in agent])
+    summary_tokens = sum(sum(pricing.tokens(p.messages, [])) + pricing.counter.count({"role": "assistant", "content": p.output}, MODEL) for p in summaries)
+    extends = pairs = 0
+    breaks: dict[str, int] = defaultdict(int)  # why a prompt did not extend the one before
+    for before, after in zip(agent, agent[1:]):
+        if _summary_of(before) != _summary_of(after):
+            breaks["summary"] += 1
+            continue  # a compaction between them: a new prefix is expected
+        pairs += 1
+        if before.tools == after.tools and after.messages[: len(before.messages)] == before.messages:
+            extends += 1
+        else:
+            breaks[_why(before, after)] += 1
+    history = [sum(pricing.tokens([m for m in p.messages if m.get("role") != "system"], p.tools)) for p in agent]
+    kept = {kind: result.plants_left.get(kind, []) for kind in KINDS}
+    left = sum(len(v) for v in kept.values())
+    return {
+        "name": result.name,
+        "tokens": tokens,
+        "cost": cost + summary_tokens,
+        "cost_share": (cost + summary_tokens) / naive_cost,
+        "summarizer_calls": len(summaries),
+        "summarizer_inputs": [sum(pricing.tokens(p.messages, [])) for p in summaries],
+        "prefix": extends / pairs if pairs else 1.0,
+        "facts": sum(sum(v) for v in kept.values()) / left if left else None,
+        "by_kind": kept,
+        "max_prompt": max(history),
+        "over_limit": sum(1 for h in history if h > limit),
+        "failed": result.failed,
+        "refused": sum(1 for p in result.prompts if p.refused),
+        "requests": len(agent),
+        "breaks": dict(breaks),
+    }
+
+
+def naive_figures(result: Result, pricing: Pricing, run: Run) -> dict[str, Any]:
+    tokens, cost = pricing.cost([(t, run.tools) for t in result.transcripts])
+    return {"tokens": tokens, "cost": cost}
+
+
+def table(rows: list[dict[str, Any]], naive: dict[str, Any], run: Run, steps: int) -> str:
+    kinds = " | ".join(KINDS)
+    lines = [
+        f"Context economy: {steps} steps, {len(run.plants)} planted facts, {run.size() / 1e6:.1f} MB of messages; "
+        f"default limits, summarizer keeps nothing.",
+        "",
+        f"| configuration | tokens | cost (cached at {CACHED_PRICE:g}) | vs naive | prefix kept | facts kept | {kinds} "
+        "| summaries | max prompt | over limit | refused | failed |",
+        "|" + " --- |" * (11 + len(KINDS)),
+        f"| naive (whole transcript) | {naive['tokens']:,} | {naive['cost']:,.0f} | 100% | 100% | — |"
+        + " — |" * len(KINDS) + " — | — | — | — | — |",
+    ]
+    for r in rows:
+        by_kind = " | ".join(f"{sum(v)}/{len(v)}" if v else "—" for v in (r["by_kind"][k] for k in KINDS))
+        lines.append(
+            f"| {r['name']} | {r['tokens']:,} | {r['cost']:,.0f} | {100 * r['cost_share']:.1f}% | {100 * r['prefix']:.0f}% "
+            f"| {'—' if r['facts'] is None else format(r['facts'], '.0%')} | {by_kind} | {r['summarizer_calls']} "
+            f"| {r['max_prompt']:,} | {r['over_limit']} | {r['refused']} | {r['failed']} |"
         )
-    lines = ["Tokens sent upstream per turn (agent requests):", "", *rows, ""]
-    for r in results:
+    lines.append("")
+    for r in rows:
         inputs = r["summarizer_inputs"]
         if inputs:
-            lines.append(
-                f"- {r['name']}: {len(inputs)} summaries; summarizer input tokens first {inputs[0]:,}, "
-                f"median {statistics.median(inputs):,.0f}, last {inputs[-1]:,}, max {max(inputs):,}"
-            )
+            lines.append(f"- {r['name']}: summarizer input tokens first {inputs[0]:,}, median {statistics.median(inputs):,.0f}, "
+                         f"max {max(inputs):,}, last {inputs[-1]:,}")
+    for r in rows:
+        causes = ", ".join(f"{n} {why}" for why, n in sorted(r["breaks"].items())) or "none"
+        lines.append(f"- {r['name']}: prompts not extending the one before: {causes}")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--turns", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--only", default="", help="comma-separated configuration names")
     args = parser.parse_args(argv)
+    logging.getLogger("proxy").setLevel(logging.ERROR)  # the table says what failed; warnings would bury it
+    run = generate_run(args.steps, args.seed)
+    names = [n for n in CONFIGS if not args.only or n in args.only.split(",")]
     loop = LoopThread()
     upstream = FakeUpstream()
     loop.run(upstream.start())
+    wire = ChatWire()
     try:
-        results = [run_config(loop, upstream, name, cfg, args.turns, args.seed) for name, cfg in CONFIGS.items()]
+        results = [run_config(loop, upstream, wire, name, CONFIGS[name], run) for name in names]
     finally:
         loop.run(upstream.close())
         loop.stop()
-    print(table(results, args.turns))
+    pricing = Pricing()
+    naive = naive_figures(results[0], pricing, run)
+    rows = [figures(r, pricing, naive["cost"], DEFAULT_LIMIT) for r in results]
+    print(table(rows, naive, run, args.steps))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ named instead of becoming a silent no-op.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -186,7 +187,7 @@ class CompactionSettings(Section):
     )
     every_n_user_messages: int = Field(10, ge=1, description="turns: summarize after N new user messages.")
     max_history_summary_length: int = Field(
-        40000, ge=1000, description="budget: summarize once the live history exceeds this many characters."
+        40000, ge=1000, description="budget: summarize once the summary plus the live history exceed this many characters."
     )
     compaction_percent: int = Field(50, ge=1, le=100, description="budget: share of the history a window takes.")
     recent_context_messages: int = Field(6, ge=0, le=100, description="budget: messages after the window shown to the summarizer.")
@@ -194,10 +195,62 @@ class CompactionSettings(Section):
     max_summarizer_input_tokens: int = Field(
         60000, ge=1000, description="Larger windows are summarized in chunks of this size."
     )
-    max_key_facts: int = Field(40, ge=0, le=500, description="Most identifiers appended when a summary lost them.")
+    max_summary_tokens: int = Field(
+        1024, ge=64, le=32768, description="The summarizer's max_tokens; a longer answer is cut to it."
+    )
+    max_key_facts: int = Field(100, ge=0, le=500, description="Most identifiers kept as key facts.")
+    key_facts_chars: int = Field(
+        3000, ge=0, le=100_000, description="Characters of the key facts list; the least salient go first past it."
+    )
+    user_messages_chars: int = Field(
+        12000, ge=500, le=200_000,
+        description="Characters of the user's own messages a summary carries; past it the oldest are shortened to a head and a ref.",
+    )
+    retry_backoff_s: float = Field(
+        60, ge=0, le=86400, description="After a failed summary, wait this long (doubling per failure) and at least one turn."
+    )
     compactor_class: str | None = Field(
         "proxy.compaction.llm.LLMCompactor", description="Dotted path of the compactor class (turns/budget)."
     )
+
+    @field_validator("strategy", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        # YAML 1.1 reads an unquoted `off` (and `no`, `false`) as false.
+        return "off" if value is False or (isinstance(value, str) and value.strip().lower() == "false") else value
+
+
+# A knowledge namespace: the charset of conversation ids, shorter. "versions" and "diff" name
+# admin API paths under /v1/knowledge, so no namespace may take them.
+KNOWLEDGE_NAMESPACE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+RESERVED_NAMESPACES = frozenset({"versions", "diff"})
+
+
+def is_knowledge_namespace(value: str) -> bool:
+    return bool(KNOWLEDGE_NAMESPACE.fullmatch(value)) and value not in RESERVED_NAMESPACES and set(value) != {"."}
+
+
+class KnowledgeSettings(Section):
+    enabled: bool = Field(
+        False, description="Send the tenant's long-term knowledge document upstream and offer the tools that edit it."
+    )
+    namespace: str | None = Field(
+        None, description="The document's namespace (X-Knowledge-Namespace wins); null = the tenant's default document."
+    )
+    max_tokens: int = Field(
+        2000, ge=100, le=100_000,
+        description="Most tokens the document takes in the prompt (its system message); the agent's edits keep within.",
+    )
+    editable: bool = Field(
+        True, description="Offer the agent the tools that edit the document (reading it is always offered)."
+    )
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, value: str | None) -> str | None:
+        if value is not None and not is_knowledge_namespace(value):
+            raise ValueError("a namespace is 1-64 characters of A-Z a-z 0-9 . _ : - (not 'versions' or 'diff')")
+        return value
 
 
 class Profile(Section):
@@ -207,9 +260,10 @@ class Profile(Section):
     truncation: TruncationSettings = TruncationSettings()
     compaction: CompactionSettings = CompactionSettings()
     quota: QuotaSettings = QuotaSettings()
+    knowledge: KnowledgeSettings = KnowledgeSettings()
 
 
-PROFILE_SECTIONS = ("context", "truncation", "compaction", "quota")
+PROFILE_SECTIONS = ("context", "truncation", "compaction", "quota", "knowledge")
 
 
 class ProfileOverrides(Section):
@@ -217,11 +271,24 @@ class ProfileOverrides(Section):
     truncation: dict[str, Any] = Field(default_factory=dict)
     compaction: dict[str, Any] = Field(default_factory=dict)
     quota: dict[str, Any] = Field(default_factory=dict)
+    knowledge: dict[str, Any] = Field(default_factory=dict)
+
+
+class InboxSettings(Section):
+    max_message_chars: int = Field(8000, ge=1, le=100_000, description="Longest inbox message accepted (characters).")
+    max_pending: int = Field(
+        50, ge=1, le=1000, description="Most undelivered inbox messages a conversation holds (429 past it)."
+    )
 
 
 class SummarizerSettings(Section):
     model: str | None = Field(None, description="Model that writes summaries; null = the request's own model.")
     timeout_s: float = Field(120, gt=0, le=3600, description="Longest a summary may take before it counts as failed.")
+    yield_to_agent: bool = Field(
+        False,
+        description="Queue summaries behind the agent's requests to the same upstream and stop one when an agent "
+        "request starts (a local model serving one request at a time).",
+    )
 
 
 class ModelSettings(Section):
@@ -345,6 +412,8 @@ class Settings(BaseSettings):
     truncation: TruncationSettings = TruncationSettings()
     compaction: CompactionSettings = CompactionSettings()
     quota: QuotaSettings = QuotaSettings()
+    knowledge: KnowledgeSettings = KnowledgeSettings()
+    inbox: InboxSettings = InboxSettings()
     summarizer: SummarizerSettings = SummarizerSettings()
     profiles: dict[str, ProfileOverrides] = Field(default_factory=dict)
     models: dict[str, ModelSettings] = Field(default_factory=dict)
@@ -354,7 +423,10 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _resolve_profiles(self) -> Settings:
         """Merge each profile over the defaults once, so a bad override stops start-up, naming it."""
-        default = Profile(context=self.context, truncation=self.truncation, compaction=self.compaction, quota=self.quota)
+        default = Profile(
+            context=self.context, truncation=self.truncation, compaction=self.compaction, quota=self.quota,
+            knowledge=self.knowledge,
+        )
         self._profiles[None] = default
         for name, overrides in self.profiles.items():
             merged: dict[str, Any] = {}

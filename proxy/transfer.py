@@ -4,19 +4,18 @@ from one store, as a JSON document, and written into another, diskcache or Redis
 The document holds what the store holds: every message with its seq, status, hash and time, the
 rewrites, the first-forwarded quota marks, the pipeline's marks (where the window and mask cut),
 the boundary and current summary, every summary, every turn record, the response ids that name
-its replies (`previous_response_id`), the LLM-call count and the times; the tenant and id are
-kept. Refs are not in it: they are HMACs of (tenant, id, seq) under each store's own secret,
+its replies (`previous_response_id`), every inbox message and where it was delivered, the
+LLM-call count and the times; the tenant and id are kept. Refs are not in it: they are HMACs of (tenant, id, seq) under each store's own secret,
 derived whenever they are shown, so after an import every ref the proxy shows or answers is the
 target store's.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
 from .identity import CONVERSATION_ID, ConversationKey
-from .store import LIVE, Conversation, ConversationDump, Store, StoredMessage, Summary
+from .store import LIVE, Conversation, ConversationDump, InboxMessage, Store, StoredMessage, Summary
 
 FORMAT = "context-proxy.conversation"
 VERSION = 1
@@ -44,6 +43,7 @@ async def read_dump(store: Store, key: ConversationKey) -> ConversationDump | No
         summaries=await store.summaries(key),
         turns=turns,
         responses=responses,
+        inbox=await store.inbox(key),
     )
 
 
@@ -67,9 +67,10 @@ def dump_to_json(dump: ConversationDump) -> dict[str, Any]:
         ],
         "first_forwarded": {str(seq): calls for seq, calls in sorted(c.first_forwarded.items())},
         "rewrites": {str(seq): content for seq, content in sorted(dump.rewrites.items())},
-        "summaries": [asdict(s) for s in dump.summaries],
+        "summaries": [s.to_record() for s in dump.summaries],
         "turns": dump.turns,
         "responses": dump.responses,
+        "inbox": [{k: v for k, v in m.to_api().items() if k != "object"} | {"note": m.note} for m in dump.inbox],
     }
 
 
@@ -90,9 +91,10 @@ def dump_from_json(doc: Any) -> ConversationDump:
         rewrites = {_key(seq): _str(content) for seq, content in _object(doc["rewrites"]).items()}
         summaries = []
         for raw in _list(doc["summaries"]):
-            if set(_object(raw)) != set(SUMMARY_FIELDS):
-                raise InvalidExport(f"a summary must have exactly the fields {sorted(SUMMARY_FIELDS)}")
-            summaries.append(Summary(**{name: check(raw[name]) for name, check in SUMMARY_FIELDS.items()}))
+            if set(_object(raw)) - set(SUMMARY_PARTS) != set(SUMMARY_FIELDS):
+                raise InvalidExport(f"a summary must have exactly the fields {sorted(SUMMARY_FIELDS)} (and {sorted(SUMMARY_PARTS)})")
+            fields = {name: check(raw[name]) for name, check in (SUMMARY_FIELDS | SUMMARY_PARTS).items() if name in raw}
+            summaries.append(Summary.from_record(fields))
         conversation = Conversation(
             key,
             created_at=_number(doc["created_at"]),
@@ -116,13 +118,22 @@ def dump_from_json(doc: Any) -> ConversationDump:
         )
         turns = [_object(t) for t in _list(doc["turns"])]
         responses = {_str(rid): _int(seq) for rid, seq in _object(doc["responses"]).items()}
-        dump = ConversationDump(conversation, messages, rewrites, summaries, turns, responses)
+        inbox = [_inbox_message(_object(m)) for m in _list(doc.get("inbox", []))]  # none in older exports
+        dump = ConversationDump(conversation, messages, rewrites, summaries, turns, responses, inbox)
         dump.check()
     except KeyError as exc:
         raise InvalidExport(f"the export has no {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:
         raise InvalidExport(str(exc)) from None
     return dump
+
+
+def _inbox_message(raw: dict[str, Any]) -> InboxMessage:
+    return InboxMessage(
+        _int(raw["id"]), _str(raw["content"]), _str(raw["note"]), _number(raw["created_at"]), _str(raw["status"]),
+        _optional_int(raw["seq"]), None if raw["placement"] is None else _str(raw["placement"]),
+        _optional_int(raw["turn"]), None if raw["delivered_at"] is None else _number(raw["delivered_at"]),
+    )
 
 
 def _optional_int(value: Any) -> int | None:
@@ -185,3 +196,29 @@ SUMMARY_FIELDS = {
     "text": _str, "first_seq": _int, "last_seq": _int, "strategy": _str, "model": _str,
     "tokens_in": _int, "tokens_out": _int, "created_at": _number, "id": _int,
 }  # Summary's fields, each with its check
+
+
+def _records(fields: dict[str, Any]) -> Any:
+    """A check of a list of objects with exactly `fields` (name -> check)."""
+
+    def check(value: Any) -> list[dict[str, Any]]:
+        out = []
+        for item in _list(value):
+            if set(_object(item)) != set(fields):
+                raise InvalidExport(f"expected objects with exactly the fields {sorted(fields)}")
+            out.append({name: part(item[name]) for name, part in fields.items()})
+        return out
+
+    return check
+
+
+def _optional_str(value: Any) -> str | None:
+    return None if value is None else _str(value)
+
+
+# A summary's parts kept as data; an export written before them has none.
+SUMMARY_PARTS = {
+    "facts": _records({"value": _str, "named": _int, "seen": _int, "last_seq": _int}),
+    "user_messages": _records({"seq": _int, "text": _str, "chars": _int, "ref": _optional_str}),
+    "user_messages_omitted": _int,
+}

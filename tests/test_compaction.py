@@ -12,14 +12,9 @@ from proxy.state import COMPACTION
 from proxy.store import StoredMessage
 from tests.conftest import ALICE
 from tests.fake_upstream import Reply, default_responder
+from tests.responders import is_summary_request
 
-SUMMARIZER_MARK = "You maintain the working memory of an AI agent"
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
-
-
-def is_summary_request(body: dict) -> bool:
-    first = body["messages"][0]
-    return first["role"] == "system" and SUMMARIZER_MARK in first["content"]
 
 
 def summary_requests(upstream) -> list[dict]:
@@ -42,9 +37,9 @@ def responder(summary_text: str = "SUMMARY: the agent fixed things."):
 class Agent:
     """A full-history client that keeps its transcript, over raw HTTP (headers visible)."""
 
-    def __init__(self, proxy, cid: str, **headers: str) -> None:
+    def __init__(self, proxy, cid: str, model: str = "gpt-4o-mini", **headers: str) -> None:
         self.http = httpx.Client(base_url=proxy.url, timeout=30)
-        self.cid, self.headers = cid, headers
+        self.cid, self.model, self.headers = cid, model, headers
         self.messages: list[dict] = [SYSTEM]
         self.last: httpx.Response | None = None
 
@@ -63,7 +58,7 @@ class Agent:
     def _send(self, headers: dict) -> httpx.Response:
         self.last = self.http.post(
             "/v1/chat/completions",
-            json={"model": "gpt-4o-mini", "messages": self.messages},
+            json={"model": self.model, "messages": self.messages},
             headers={"Authorization": f"Bearer {ALICE}", "X-Conversation-ID": self.cid, **self.headers, **headers},
         )
         assert self.last.status_code == 200, self.last.text
@@ -93,12 +88,17 @@ def test_turns_summarizes_every_n_user_messages_and_pins_the_task(make_proxy, up
     assert [m["content"] for m in sent[2:]] == ["task: fix bug 4711 in src/app.py", "u3", "reply to: u3", "u4"]
     assert response.headers["X-Context-Messages-Left-Out"] == "3"
 
-    for text in ("u5", "u6", "u7"):
-        agent.say(text)
+    agent.say("u5")
+    agent.say("u6")  # u3 stayed after the boundary, counted already: u4 and u5 are only two new ones
+    assert len(summary_requests(upstream)) == 1
+    agent.say("u7")  # u4, u5, u6: three new user messages
     second = summary_requests(upstream)[-1]["messages"][1]["content"]
     # Incremental: the previous summary plus only the messages since; nothing older resent.
     assert "SUMMARY: the agent fixed things." in second and "u4" in second and "u2" not in second
     assert len(summary_requests(upstream)) == 2
+    for text in ("u8", "u9", "u10"):
+        agent.say(text)
+    assert len(summary_requests(upstream)) == 3  # every 3 user messages, not every 2
 
 
 def test_budget_window_is_expanded_so_a_call_never_splits_from_its_result(make_proxy, upstream):
@@ -151,14 +151,19 @@ def test_mask_masks_in_batches_so_prompts_extend_between_them(make_proxy, upstre
 def test_lost_identifiers_come_back_as_key_facts(make_proxy, upstream):
     upstream.responder = responder("The agent worked on the server.")
     agent = Agent(make_proxy(**foreground(strategy="turns", every_n_user_messages=3)), "facts")
-    agent.say("edit src/server/main.py to listen on port 8080, see https://docs.example.com/cfg")
-    agent.say("then bump version 2.4.1")
+    agent.say("task: make the server configurable")
+    agent.messages.append({"role": "assistant", "content": "I will edit src/server/main.py to listen on port 8080, "
+                           "as https://docs.example.com/cfg says, and bump version 2.4.1."})
     agent.say("third")
+    agent.say("fourth")
     agent.say("next")
-    text = agent.trajectory()["summaries"][0]["text"]
-    assert "Key facts" in text
-    for fact in ("src/server/main.py", "8080", "https://docs.example.com/cfg", "2.4.1"):
-        assert f"- {fact}" in text
+    [summary] = agent.trajectory()["summaries"]
+    assert summary["text"].startswith("The agent worked on the server.")  # the summarizer's own text, apart
+    assert summary["key_facts"] == ["src/server/main.py", "8080", "https://docs.example.com/cfg", "2.4.1"]
+    sent = agent_requests(upstream)[-1]["messages"][1]["content"]
+    assert "Key facts (kept verbatim from the summarized messages):\n- src/server/main.py\n" in sent
+    for fact in ("https://docs.example.com/cfg", "2.4.1", "8080"):
+        assert f"\n- {fact}" in sent
 
 
 def test_a_window_too_big_for_the_summarizer_is_summarized_in_chunks(make_proxy, upstream):
@@ -224,8 +229,8 @@ def test_background_compaction_does_not_hold_the_reply(make_proxy, upstream, ser
     Reply.error(500, {"error": {"message": "down", "type": "server_error", "code": None}}),
     Reply.text("   "),  # junk: an empty summary
 ])
-def test_a_failing_summarizer_loses_nothing_and_retries_later(make_proxy, upstream, failure):
-    proxy = make_proxy(**foreground(strategy="turns", every_n_user_messages=2))
+def test_a_failing_summarizer_loses_nothing_and_retries_later_not_on_the_next_turn(make_proxy, upstream, failure):
+    proxy = make_proxy(**foreground(strategy="turns", every_n_user_messages=2, retry_backoff_s=0))
     failed_once = []
 
     def respond(body: dict) -> Reply:
@@ -243,7 +248,10 @@ def test_a_failing_summarizer_loses_nothing_and_retries_later(make_proxy, upstre
     assert proxy.app[COMPACTION].failures == 1
     assert agent.trajectory()["summaries"] == []
     assert [m["status"] for m in agent.trajectory()["data"]] == ["live"] * 9
-    agent.say("five")  # retried
+    agent.say("five")  # backing off: no summarizer call on the turn right after a failure
+    assert len(summary_requests(upstream)) == 1
+    agent.say("six")  # retried
+    assert len(summary_requests(upstream)) == 2
     assert [s["text"] for s in agent.trajectory()["summaries"]][0].startswith("SUMMARY after retry")
 
 
@@ -287,16 +295,23 @@ def stored(seq: int, role: str, **fields) -> StoredMessage:
     return StoredMessage(seq, {"role": role, "content": fields.pop("content", f"m{seq}"), **fields}, "h", "live", 0.0)
 
 
+def as_entries(messages: list[StoredMessage]) -> list:
+    from proxy.compaction.windows import entries
+    from proxy.dialects.chat import CHAT
+
+    return entries(CHAT.codec, messages)
+
+
 def test_budget_window_expands_forward_past_a_calls_results():
     from proxy.compaction.windows import budget_window
     from proxy.config import CompactionSettings, TruncationSettings
 
     call = {"tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}], "content": None}
-    messages = [
+    messages = as_entries([
         stored(1, "user"), stored(2, "assistant", **call), stored(3, "tool", tool_call_id="c"),
         stored(4, "tool", tool_call_id="c"), stored(5, "tool", tool_call_id="c"), stored(6, "assistant"),
         stored(7, "user"), stored(8, "assistant"),
-    ]
+    ])
     settings = CompactionSettings(strategy="budget", compaction_percent=40)  # 40% of 8 = 4: inside the results
     window = budget_window(messages, settings, TruncationSettings(), force=True)
     assert [m.seq for m in window] == [1, 2, 3, 4, 5]

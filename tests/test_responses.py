@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from tests.agents_sdk import run_tests_agent
 from tests.conftest import ALICE, live_messages, openai_client, trajectory
 from tests.fake_upstream import Reply
 
@@ -199,25 +200,36 @@ def test_bad_input_is_a_400_in_openai_shape_and_stores_nothing(proxy, upstream, 
 
 
 def test_the_agents_sdk_on_its_default_model_runs_its_tool_loop_through_the_proxy(proxy, upstream, http):
-    from agents import Agent, RunConfig, Runner, function_tool, set_tracing_disabled
-    from agents.models.openai_responses import OpenAIResponsesModel
-    from openai import AsyncOpenAI
-
-    set_tracing_disabled(True)
-    ran: list[str] = []
-
-    @function_tool
-    def run_tests(path: str) -> str:
-        """Run the tests under a path."""
-        ran.append(path)
-        return f"{path}: 12 passed"
-
-    client = AsyncOpenAI(base_url=proxy.base_url, api_key=ALICE, max_retries=0, default_headers={"X-Conversation-ID": "sdk"})
-    agent = Agent(name="tester", instructions="Run the tests.", tools=[run_tests],
-                  model=OpenAIResponsesModel(model="gpt-4o-mini", openai_client=client))
     upstream.enqueue(Reply.tool_calls([("run_tests", '{"path": "tests/"}')]), Reply.text("All 12 passed."))
-    result = Runner.run_sync(agent, "run the tests", run_config=RunConfig(tracing_disabled=True))
-    assert result.final_output == "All 12 passed." and ran == ["tests/"]
+    assert run_tests_agent(proxy.base_url, "gpt-4o-mini", "sdk") == ("All 12 passed.", ["tests/"])
     stored = live_messages(http, "sdk")
     assert [m.get("type", "message") for m in stored] == ["message", "function_call", "function_call_output", "message"]
     assert stored[2]["output"] == "tests/: 12 passed"
+
+
+def test_compaction_reads_a_responses_conversation_through_its_codec(make_proxy, upstream, http):
+    """The summarizer sees the items' texts and calls, and the user's words are quoted verbatim,
+    whatever the wire format."""
+    proxy = make_proxy(compaction={"strategy": "turns", "every_n_user_messages": 2, "background": False})
+    prompts: list[str] = []
+
+    def responder(body: dict) -> Reply:
+        messages = body.get("messages") or []
+        if messages and "summar" in str(messages[0].get("content", "")).lower():  # the summarizer (chat)
+            prompts.append(messages[-1]["content"])
+            return Reply.text("The agent ran make.")
+        return Reply.text("ok")
+
+    upstream.responder = responder
+    client = openai_client(proxy, headers={"X-Conversation-ID": "resp-compact"})
+    history = [DEVELOPER, user("build the project"), *build_history("exit 0")[2:]]
+    for text in ("never touch legacy/ please", "then run the tests", "and report", "and commit", "done?"):
+        history.append(user(text))
+        reply = client.responses.create(model="gpt-4o-mini", input=history, tools=TOOLS)
+        history += dump(reply.output)
+    assert prompts, "no summary was made"
+    assert "-> calls exec_command" in prompts[0] and any("never touch legacy/ please" in p for p in prompts)
+    sent = upstream.responses_requests()[-1]["input"]
+    note = sent[1]["content"][0]["text"]
+    assert sent[1]["role"] == "system" and "The agent ran make." in note
+    assert "never touch legacy/ please" in note  # the user's own words, carried by the proxy

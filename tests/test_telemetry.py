@@ -21,6 +21,7 @@ from tests.conftest import openai_client
 from tests.fake_upstream import Reply, default_responder
 from tests.harness import ROOT, proxy_settings
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
+from tests.responders import by_kind
 
 REF = re.compile(r"out_\d+_[0-9a-f]{24}")
 BIG = "".join(f"line {i:05d}: linking libledger.so ... ok\n" for i in range(900))  # ~40k chars
@@ -208,6 +209,7 @@ def test_background_summaries_are_spans_under_the_turn_that_started_them(make_pr
     proxy = make_proxy(
         telemetry={"otlp_endpoint": otlp.endpoint}, compaction={"strategy": "turns", "every_n_user_messages": 2}
     )
+    upstream.responder = by_kind()  # a summary the proxy accepts (the default echoes its prompt)
     client = openai_client(proxy, headers={"X-Conversation-ID": "compacting"})
     messages: list[dict] = []
     for text in (TASK, "now the next file", "and the totals"):

@@ -16,11 +16,11 @@ import pytest
 
 from proxy.identity import tenant_of
 from proxy.store import Summary
-from proxy.transfer import SUMMARY_FIELDS
+from proxy.transfer import SUMMARY_FIELDS, SUMMARY_PARTS
 from tests.conftest import ALICE, BOB, openai_client
 from tests.fake_upstream import Reply, default_responder
 from tests.harness import ROOT, write_config
-from tests.test_compaction import SUMMARIZER_MARK
+from tests.responders import SUMMARIZER_MARK
 
 REF = re.compile(r"out_\d+_[0-9a-f]{24}")
 BIG = "".join(f"tests/test_io.py::case_{i:04d} PASSED\n" for i in range(600))  # ~22k characters
@@ -232,5 +232,5 @@ def test_import_reads_stdin_and_keeps_the_tenant(make_proxy, upstream, tmp_path)
 
 
 def test_the_export_format_checks_every_summary_field():
-    assert set(SUMMARY_FIELDS) == {f.name for f in fields(Summary)}
+    assert set(SUMMARY_FIELDS) | set(SUMMARY_PARTS) == {f.name for f in fields(Summary)}
 

@@ -169,6 +169,26 @@ def test_a_read_past_the_round_limit_never_reaches_the_client(make_proxy, upstre
     assert len(upstream.chat_requests()) == 3  # the first turn, then one round and the final call
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_reply_that_was_only_our_calls_can_be_sent_back(make_proxy, upstream, stream):
+    """Past the round limit the model called only our tool: the client gets an empty reply, and
+    sending that reply back (null content, no calls, as a stream client assembles it) is valid."""
+    proxy = make_proxy(truncation={"max_read_rounds": 1})
+    client = openai_client(proxy, headers={"X-Conversation-ID": f"empty-{stream}"})
+    client.chat.completions.create(model="m", messages=transcript(), tools=TOOLS)
+    ref = REF.search(sent_tool_message(upstream)["content"]).group(0)
+    upstream.enqueue(Reply.tool_calls([read_call(ref, 0, 5)]), Reply.tool_calls([read_call(ref, 5, 5)]))
+    history = transcript() + [{"role": "assistant", "content": "reply to: build it"}, {"role": "user", "content": "more"}]
+    result = client.chat.completions.create(model="m", messages=history, tools=TOOLS, stream=stream)
+    if stream:
+        content = "".join(c.choices[0].delta.content or "" for c in result if c.choices) or None
+    else:
+        content = result.choices[0].message.content
+        assert content == "" and result.choices[0].message.tool_calls is None
+    history += [{"role": "assistant", "content": content}, {"role": "user", "content": "go on"}]
+    assert client.chat.completions.create(model="m", messages=history, tools=TOOLS).choices[0].message.content == "reply to: go on"
+
+
 def first_turn(proxy, upstream, cid: str) -> str:
     """A conversation's first turn (a long build output): the ref of its shortened output."""
     openai_client(proxy, headers={"X-Conversation-ID": cid}).chat.completions.create(model="m", messages=transcript(), tools=TOOLS)

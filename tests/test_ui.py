@@ -136,7 +136,7 @@ def test_list_and_replay_show_calls_summaries_and_expandable_outputs(make_proxy,
     upstream.responder = responder
     proxy = make_proxy(
         quota={"max_llm_calls": 50},
-        compaction={"strategy": "turns", "every_n_user_messages": 3, "background": False},
+        compaction={"strategy": "turns", "every_n_user_messages": 2, "background": False},
     )
     build_conversation(proxy, upstream)
     openai_client(proxy, headers={"X-Conversation-ID": "another-agent"}).chat.completions.create(

@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from ..clients import client_name
-from ..config import Profile, Settings
+from ..config import Profile, Settings, is_knowledge_namespace
 from ..dialects.base import Dialect
 from ..dialects.chat import CHAT
 from ..dialects.responses import RESPONSES
@@ -29,8 +29,9 @@ from ..upstream import forwardable
 HISTORY_HEADER = "X-History"
 PROFILE_HEADER = "X-Context-Profile"
 COMPACTION_HEADER = "X-Compaction"
+KNOWLEDGE_HEADER = "X-Knowledge-Namespace"
 # Our own request headers: meant for the proxy, never forwarded upstream.
-OWN_HEADERS = frozenset({"x-history", "x-context-profile", "x-compaction", TITLE_HEADER.lower()})
+OWN_HEADERS = frozenset({"x-history", "x-context-profile", "x-compaction", "x-knowledge-namespace", TITLE_HEADER.lower()})
 
 
 async def read_json_object(request: web.Request, transcript_key: str) -> dict[str, Any]:
@@ -58,6 +59,20 @@ def compaction_control(request: web.Request) -> str | None:
     if control not in ("force", "skip"):
         raise InvalidRequest(f"{COMPACTION_HEADER} must be 'force' or 'skip'", param=COMPACTION_HEADER)
     return control
+
+
+def knowledge_namespace(request: web.Request, profile: Profile) -> str | None:
+    """`X-Knowledge-Namespace`, else the profile's `knowledge.namespace` (None: the default document)."""
+    value = request.headers.get(KNOWLEDGE_HEADER)
+    if value is None:
+        return profile.knowledge.namespace
+    value = value.strip()
+    if not is_knowledge_namespace(value):
+        raise InvalidRequest(
+            f"{KNOWLEDGE_HEADER} must be 1-64 characters of A-Z a-z 0-9 . _ : - (not 'versions' or 'diff')",
+            param=KNOWLEDGE_HEADER,
+        )
+    return value
 
 
 def history_mode(request: web.Request, default: str) -> str:
@@ -112,6 +127,7 @@ def managed(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamRes
         # A missing or malformed transcript is a 400 before anything else, too long a one a 413.
         check_message_count(dialect.transcript(body), settings.server.max_messages, dialect.transcript_key)
         title = check_title(request.headers.get(TITLE_HEADER), TITLE_HEADER)
+        profile = request_profile(request, settings, dialect.model(body))
         turn = TurnRequest(
             dialect=dialect,
             body=body,
@@ -120,9 +136,10 @@ def managed(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamRes
             conversation_id=explicit_conversation_id(request, settings.conversation),
             session_id=dialect.session_id(body, request.headers),
             history=history_mode(request, settings.conversation.history),
-            profile=request_profile(request, settings, dialect.model(body)),
+            profile=profile,
             compaction=compaction_control(request),
             headers=dict(forwardable(request.headers, drop=OWN_HEADERS | {settings.conversation.id_header.lower()})),
+            knowledge_namespace=knowledge_namespace(request, profile),
         )
         key = await engine.conversation_key(turn)
         request[CONVERSATION] = key

@@ -1,7 +1,9 @@
 """History compaction: when and how a conversation's older history becomes a summary.
 
-- `windows.py` picks what to summarize, `facts.py` keeps identifiers, `llm.py` is the built-in
-  compactor, `runner.py` runs compactions one at a time per conversation, in the background.
+- `windows.py` picks what to summarize, `facts.py` keeps identifiers, `quotes.py` the user's own
+  words, `render.py` makes a summary's system message, `llm.py` is the built-in compactor,
+  `runner.py` runs compactions one at a time per conversation, in the background, backing off
+  after a failure.
 - The pipeline stage that applies a summary (and the no-LLM `mask` strategy) is
   `proxy/pipeline/compaction.py`.
 """

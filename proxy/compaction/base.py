@@ -13,6 +13,7 @@ from ..config import Profile
 from ..identity import ConversationKey
 from ..quota import QuotaFigures
 from ..store import Store, Summary
+from ..transcript import Codec
 
 if TYPE_CHECKING:
     from ..summarizer import Summarizer
@@ -28,6 +29,7 @@ class CompactionJob:
     model: str  # the model that writes the summary
     headers: dict[str, str]  # the client's credentials, for the summarizer's call (kept in memory only)
     quota: QuotaFigures | None
+    codec: Codec  # how the conversation's stored items are read (its wire format's)
     force: bool = False
 
 

@@ -1,13 +1,19 @@
 """Runs compactions: in the background after the reply (the default) or before forwarding, one at a
 time per conversation (a store lease, so across replicas too for a shared store). A failure is
-logged and counted; the conversation simply compacts on a later turn. Nothing is ever lost: a
+logged and counted; the conversation compacts on a later turn. Nothing is ever lost: a
 compaction only adds a summary and moves the boundary.
+
+After a failure the retry backs off, so a summarizer that keeps failing (a model too small for
+the window, an outage) is not called again on every turn: the conversation skips its next turn's
+compaction (then 2, 4, ... up to 16 turns), and the lease stays held for `retry_backoff_s`
+(doubling likewise), which other replicas of a shared store respect too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 from ..config import Settings
@@ -22,6 +28,8 @@ from .base import CompactionJob, Compactor
 log = logging.getLogger("proxy.compaction")
 
 LEASE_MARGIN_S = 30
+MAX_BACKOFF_FACTOR = 16
+MAX_TRACKED_FAILURES = 10_000  # conversations whose last compaction failed, remembered per process
 
 
 class CompactionRunner:
@@ -45,6 +53,8 @@ class CompactionRunner:
             if compaction.strategy in ("turns", "budget") and path not in self._compactors:
                 self._compactors[path] = compactor_class(path)(store, summarizer, counter)
         self._tasks: set[asyncio.Task[None]] = set()
+        # conversation -> (consecutive failures, turns still to skip); oldest first, bounded
+        self._backoff: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self.runs = 0
         self.failures = 0
 
@@ -59,16 +69,19 @@ class CompactionRunner:
         return await compactor.get_summary(job.key) if compactor is not None else None
 
     async def run_now(self, job: CompactionJob) -> Summary | None:
-        """Compact if due, under the conversation's lease; None if nothing was due, busy or failed."""
+        """Compact if due, under the conversation's lease; None if nothing was due, busy, backing
+        off after a failure, or failed."""
         compactor = self.compactor(job)
-        if compactor is None:
+        if compactor is None or self._skip_turn(str(job.key)):
             return None
         lease = f"compact:{job.key}"
         token = await self.store.acquire_lease(lease, self.lease_ttl)
         if token is None:
-            return None  # another compaction of this conversation is running
+            return None  # another compaction of this conversation is running, or a failed one backs off
+        hold_s: float | None = None
         try:
             summary = await compactor.compact_if_needed(job)
+            self._backoff.pop(str(job.key), None)
             if summary is not None:
                 self.runs += 1
                 self.metrics.compactions.labels("done").inc()
@@ -76,17 +89,39 @@ class CompactionRunner:
                     await self.on_summary(job.key)
             return summary
         except SummarizerFailed as exc:
-            self.failures += 1
-            self.metrics.compactions.labels("failed").inc()
-            log.warning("compaction failed; the window trims meanwhile", extra={"conversation": str(job.key), "reason": str(exc)})
+            hold_s = self._failed(job)
+            log.warning(
+                "compaction failed; the window trims meanwhile",
+                extra={"conversation": str(job.key), "reason": str(exc), "retry_after_s": hold_s},
+            )
             return None
         except Exception:
-            self.failures += 1
-            self.metrics.compactions.labels("failed").inc()
+            hold_s = self._failed(job)
             log.exception("compaction crashed", extra={"conversation": str(job.key)})
             return None
         finally:
             await self.store.release_lease(lease, token)
+            if hold_s:
+                await self.store.acquire_lease(lease, hold_s)  # held until it expires: the backoff
+
+    def _failed(self, job: CompactionJob) -> float:
+        """Count a failure and set the backoff; returns how long the lease stays held."""
+        self.failures += 1
+        self.metrics.compactions.labels("failed").inc()
+        name = str(job.key)
+        failures = self._backoff.pop(name, (0, 0))[0] + 1
+        factor = min(2 ** (failures - 1), MAX_BACKOFF_FACTOR)
+        self._backoff[name] = (failures, factor)
+        while len(self._backoff) > MAX_TRACKED_FAILURES:
+            self._backoff.popitem(last=False)
+        return job.profile.compaction.retry_backoff_s * factor
+
+    def _skip_turn(self, name: str) -> bool:
+        failures, skip = self._backoff.get(name, (0, 0))
+        if skip <= 0:
+            return False
+        self._backoff[name] = (failures, skip - 1)
+        return True
 
     def schedule(self, job: CompactionJob) -> None:
         """Compact after the reply, off the request's path; the next request uses the newest summary."""

@@ -62,6 +62,9 @@ class ChatCodec:
     def system_note(self, text: str) -> Item:
         return Item({"role": "system", "content": text}, Role.SYSTEM)
 
+    def user_note(self, text: str) -> Item:
+        return Item({"role": "user", "content": text}, Role.USER)
+
     def tool_result(self, call: Call, text: str) -> Item:
         return Item({"role": "tool", "tool_call_id": call.id, "content": text}, Role.TOOL, answers=call.id, joins=True)
 
@@ -132,7 +135,7 @@ class ChatDialect:
         }
 
     def upstream_body(self, body: dict[str, Any], items: Sequence[Item], tools: Sequence[ToolSpec]) -> dict[str, Any]:
-        out = {**body, "messages": [item.raw for item in items]}
+        out = {**body, "messages": [_sendable(item.raw) for item in items]}
         if tools:
             out["tools"] = [*(body.get("tools") or ()), *(self.tool_definition(t) for t in tools)]
         return out
@@ -156,6 +159,8 @@ class ChatDialect:
         raw_message["tool_calls"] = [c for c in raw_message.get("tool_calls") or () if c.get("id") in kept_ids]
         if not raw_message["tool_calls"]:  # only ours were left: the model has to answer in words
             del raw_message["tool_calls"]
+            if raw_message.get("content") is None:
+                raw_message["content"] = ""  # an assistant message needs content or calls
             if choice.get("finish_reason") == "tool_calls":
                 choice["finish_reason"] = "stop"
         message = reply_message(raw_message)
@@ -166,6 +171,14 @@ class ChatDialect:
 
     def error_body(self, exc: ProxyError) -> dict[str, Any]:
         return error_body(exc.message, exc.type, exc.code, exc.param)
+
+
+def _sendable(raw: Raw) -> Raw:
+    """An assistant message with neither content nor calls (a streamed reply whose calls were all
+    the proxy's) goes upstream with empty content: the API refuses a null one."""
+    if raw.get("role") == "assistant" and raw.get("content") is None and not raw.get("tool_calls"):
+        return {**raw, "content": ""}
+    return raw
 
 
 CHAT = ChatDialect()

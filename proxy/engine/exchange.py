@@ -129,7 +129,7 @@ class Exchange:
             self.turn.headers, self.items, self.internal, (self.report.tokens_sent or 0) + self.internal_tokens
         )
         self._call_started = time.perf_counter()
-        reply = await self.upstream.call(self.dialect.name, body, headers)
+        reply = await self.turn.summarizer.inflight.agent_call(self.upstream, self.dialect.name, body, headers)
         self.trace.upstream_replied(reply.status)
         return reply
 

@@ -59,6 +59,8 @@ class TurnReport:
     client: str | None = None  # from the User-Agent
     title: str | None = None  # X-Conversation-Title
     task: str | None = None  # the task's first words, set on a conversation's first turns only
+    inbox_delivered: list[int] = field(default_factory=list)  # inbox message ids this turn's prompt delivered
+    knowledge: dict[str, Any] | None = None  # the knowledge document the prompt carried: namespace, version
 
     def saved(self, stage: str, chars: int) -> None:
         self.chars_saved[stage] = self.chars_saved.get(stage, 0) + chars
@@ -124,6 +126,8 @@ class TurnReport:
             "llm_call_limit": self.llm_call_limit,
             "read_rounds": self.read_rounds,
             "response_id": self.response_id,
+            "inbox": self.inbox_delivered,
+            "knowledge": self.knowledge,
             "status": status,
             "new_seqs": new_seqs,
             "client": self.client,

@@ -12,13 +12,14 @@ The summaries themselves are made by proxy/compaction (after the reply, by defau
 
 from __future__ import annotations
 
+from ..compaction.render import render_summary
 from ..config import Settings
 from ..tools.readback import READ_TOOL
 from ..transcript import Item, Role, first_user, leading_system_count
 from .base import Turn
 
 MASK_MARK = "mask_through"  # outputs up to this seq go as placeholders
-SUMMARY_HEADER = "Summary of the earlier part of this conversation (older messages are not shown):\n\n"
+SUMMARY = "summary"  # the origin of the summary's note (the window adds what it leaves out to it)
 
 
 class Compaction:
@@ -37,11 +38,14 @@ class Compaction:
         task = rest[task_at] if task_at is not None else None
         kept = [it for it in rest if it.seq is None or it.seq > boundary]
         pinned = task is not None and task.seq is not None and task.seq <= boundary
-        summary = turn.codec.system_note(SUMMARY_HEADER + turn.summary.text)
+        rendered = render_summary(turn.summary, turn.profile.compaction)
+        assert rendered is not None
+        # A shortened user message in it reads back by ref: the item carries one, so the read tool goes too.
+        summary = turn.codec.system_note(rendered.text).but(ref=next(iter(rendered.refs.values()), None), origin=SUMMARY)
         turn.report.messages_left_out += len(rest) - len(kept) - pinned
         turn.report.summary_id = turn.summary.id
         dropped = sum(len(turn.codec.text(it) or "") for it in rest if it.seq is not None and it.seq <= boundary)
-        turn.report.saved("compaction", dropped - len(turn.summary.text))
+        turn.report.saved("compaction", dropped - len(rendered.text))
         head = [task.but(pinned=True)] if pinned and task is not None else []
         return [*items[:n_system], summary, *head, *kept]
 

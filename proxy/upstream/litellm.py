@@ -4,7 +4,8 @@
 OpenAI parameters go to `litellm.acompletion` (Anthropic, Gemini, Bedrock, Ollama, vLLM, ...), and
 the reply comes back as OpenAI bytes: a `chat.completion` JSON body, or `data: {chunk}` SSE events
 ending with `data: [DONE]`, tool calls included, with `model` set to the public name the client
-asked for. The chat handler can't tell it from an OpenAI-compatible upstream.
+asked for. The chat handler can't tell it from an OpenAI-compatible upstream. A Responses request
+is translated to a chat completion and back (litellm_responses.py).
 
 litellm is heavy (~2 s and ~190 MB to import), so it is imported on first use, in a thread, and
 only by this module: a proxy without litellm models never loads it, and passthrough requests
@@ -38,7 +39,9 @@ from typing import Any
 
 from ..config import ModelSettings
 from ..errors import ProxyError
+from .base import UpstreamReply
 from .limits import ReplyLimits, ReplyMeter
+from .litellm_responses import call_responses
 
 log = logging.getLogger("proxy.litellm")
 
@@ -388,7 +391,9 @@ class LiteLLMUpstream:
             kwargs["extra_headers"] = dict(self.entry.extra_headers)
         return kwargs
 
-    async def call(self, dialect: str, body: Mapping[str, Any], headers: Mapping[str, str]) -> LiteLLMReply:
+    async def call(self, dialect: str, body: Mapping[str, Any], headers: Mapping[str, str]) -> UpstreamReply:
+        if dialect == "responses":
+            return await call_responses(self, body, headers)
         if dialect != "chat":
             raise ValueError(f"litellm routes serve chat completions, not {dialect!r}")
         return await self.chat(body, headers)

@@ -68,8 +68,13 @@ class UpstreamRouter:
             return
         from litellm.llms.custom_httpx.async_client_cleanup import close_litellm_async_clients
 
+        import litellm
+
         try:
             await close_litellm_async_clients()
+            # Closed clients must not stay cached: the next app in this process (a restart in
+            # tests or an embedding program) would get them and fail every call.
+            litellm.in_memory_llm_clients_cache.flush_cache()
         except Exception as exc:  # noqa: BLE001  # shutting down: log, don't fail
             litellm_upstream.log.warning("closing litellm's clients failed: %s", exc)
 

@@ -1,0 +1,42 @@
+"""bench/context.py works end to end in a tiny run (it proves the machinery, it measures nothing),
+and its generator plants what it says."""
+
+from __future__ import annotations
+
+import collections
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.agent_run import PLANTS_PER_KIND, generate_run, occurs
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_the_generator_plants_each_fact_once_where_a_run_names_it():
+    run = generate_run(120, seed=3)
+    assert len(run.steps) == 120
+    assert collections.Counter(p.kind for p in run.plants) == PLANTS_PER_KIND
+    for plant in run.plants:
+        step = run.steps[plant.step]
+        where = {"decision": step.user, "number": step.content, "ticket": step.content}.get(plant.kind)
+        if where is None:  # paths, shas and URLs are a tool call's arguments
+            where = json.dumps([json.loads(a) for _, _, a in step.calls])
+        assert occurs(plant.value, where), plant
+    assert not occurs("12", "v12.3") and occurs("INV-1234", "as INV-1234;")
+
+
+def test_the_context_bench_prints_its_table():
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.context", "--steps", "80", "--only", "turns"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows[0].startswith("| configuration | tokens | cost") and len(rows) == 3  # header, naive, turns
+    header = [cell.strip() for cell in rows[0].strip("|").split("|")]
+    turns = dict(zip(header, (cell.strip() for cell in rows[2].strip("|").split("|")), strict=True))
+    assert turns["configuration"] == "turns" and turns["facts kept"].endswith("%")
+    assert all(turns[column].isdigit() for column in ("summaries", "over limit", "refused", "failed"))
+    assert "turns: prompts not extending the one before:" in proc.stdout
