@@ -178,11 +178,18 @@ def test_list_and_replay_show_calls_summaries_and_expandable_outputs(make_proxy,
     assert turns and "tokens sent" in text(turns[-1]) and "LLM calls used" in text(turns[-1])
     # "show window" highlights what the turn sent upstream, as its turn record says.
     [last_turn] = httpx.get(f"{proxy.url}/v1/conversations/ui-demo/turns").json()["data"][-1:]
-    turns[-1].find_element(By.CSS_SELECTOR, "button.window-toggle").click()
-    highlighted = [int(m.get_attribute("data-seq")) for m in timeline.find_elements(By.CSS_SELECTOR, ".message.in-window")]
-    assert highlighted == last_turn["sent_seqs"]
-    turns[-1].find_element(By.CSS_SELECTOR, "button.window-toggle").click()
-    assert not timeline.find_elements(By.CSS_SELECTOR, ".message.in-window")
+    toggle = turns[-1].find_element(By.CSS_SELECTOR, "button.window-toggle")
+
+    def in_window() -> list[int]:
+        return [int(m.get_attribute("data-seq")) for m in timeline.find_elements(By.CSS_SELECTOR, ".message.in-window")]
+
+    # The click's handler runs in the page, not in the click command: wait for what it draws.
+    toggle.click()
+    wait(browser).until(lambda _: toggle.get_attribute("aria-pressed") == "true")
+    assert in_window() == last_turn["sent_seqs"]
+    toggle.click()
+    wait(browser).until(lambda _: toggle.get_attribute("aria-pressed") == "false")
+    assert in_window() == []
     assert browser.find_elements(By.CSS_SELECTOR, "#token-chart svg rect.bar.sent")
     assert browser.find_elements(By.CSS_SELECTOR, "#token-chart svg polyline.line.stored")
     # The failed turn: marked in the replay and the chart, with the upstream's status and message.

@@ -534,8 +534,8 @@
         limit += AUTO_LOAD;
       }
     }
-    view.finish();
     markInboxDeliveries(view, await inboxLoad);
+    view.finish(); // last: #timeline[data-complete] says the replay is drawn, inbox deliveries too
   }
 
   class Replay {
