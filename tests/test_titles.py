@@ -12,7 +12,7 @@ from proxy.clients import client_name
 from proxy.dialects.chat import CHAT
 from proxy.dialects.responses import RESPONSES
 from proxy.errors import InvalidRequest
-from proxy.titles import MAX_TASK_CHARS, check_title, task_of, title_from_task
+from proxy.titles import MAX_OPENINGS, MAX_TASK_CHARS, check_title, task_of, title_from_task, without_wrapped_blocks
 from proxy.usage import TokenUsage
 from tests.harness import ROOT
 
@@ -33,6 +33,15 @@ def test_a_chat_task_skips_system_prompts_and_wrapped_blocks_and_is_cut():
     assert task_of(CHAT.codec, raws) == "fix the build <b>now</b>"  # a tag inside the sentence stays
     assert task_of(CHAT.codec, [{"role": "user", "content": "word " * 200}]) == ("word " * 200)[:MAX_TASK_CHARS].strip()
     assert task_of(CHAT.codec, [{"role": "system", "content": "only a system prompt"}]) is None
+
+
+def test_openings_never_closed_stay_and_blocks_are_cut_within_a_bound():
+    # Openings with no closing are the user's text (a regex over whole blocks rescanned the rest
+    # of the message from each of them: seconds of the event loop for this one).
+    assert task_of(CHAT.codec, [{"role": "user", "content": "<a>\n" * 16000}]) == ("<a> " * 75).strip()
+    assert without_wrapped_blocks("<r>\nq\n</r>\n<a>\nfix <r>it</r>\n<b k='1'>\nx\n</b>done") == " \n<a>\nfix <r>it</r>\n done"
+    blocks = "<r>x</r>\n" * (MAX_OPENINGS + 1)  # one more block than are looked at: it stays
+    assert task_of(CHAT.codec, [{"role": "user", "content": blocks + "the task"}]) == "<r>x</r> the task"
 
 
 def test_a_title_from_a_long_task_ends_at_a_word():
