@@ -248,3 +248,24 @@ def test_a_stream_that_breaks_off_keeps_its_error_with_the_turn(proxy, upstream,
     assert record["status"] == "failed" and record["error"]["source"] == "upstream"
     assert record["error"]["status"] == 502 and "stream" in record["error"]["message"]
     assert admin_get(http, "/broken").json()["failures"] == 1
+
+
+def test_a_client_that_leaves_mid_stream_leaves_an_incomplete_turn_not_a_failure(proxy, upstream, http):
+    reply = Reply.text("a long answer the client stops reading", chunk_size=4, pause_after_chunks=4)
+    upstream.enqueue(reply)
+    headers = {"Authorization": f"Bearer {ALICE}", "X-Conversation-ID": "walked-away"}
+    body = {"model": "m", "messages": [{"role": "user", "content": "go"}], "stream": True}
+    with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
+        next(line for line in r.iter_lines() if line.startswith("data: "))
+        assert reply.reached.wait(10)
+    upstream.enqueue(Reply.text("ok"))  # the next turn waits for the first to end: its record is kept by then
+    assert http.post("/v1/chat/completions", json={**body, "stream": False}, headers=headers).status_code == 200
+    reply.release()
+    first, second = admin_get(http, "/walked-away/turns").json()["data"]
+    # The turn's messages joined the transcript (the upstream took it); its reply is incomplete.
+    assert first["status"] == second["status"] == "live" and second["error"] is None
+    assert [m["status"] for m in admin_get(http, "/walked-away/trajectory").json()["data"]][:2] == ["live", "incomplete"]
+    assert first["error"] == {"status": None, "message": "The client went away before the reply was complete", "source": "client"}
+    shown = admin_get(http, "/walked-away").json()
+    assert shown["failures"] == 0 and shown["last_error"] is None  # the client's choice, not a failure
+    assert admin_get(http, "", failed="true").json()["data"] == []

@@ -23,9 +23,9 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
-from tests.conftest import BOB, openai_client
+from tests.conftest import ALICE, BOB, openai_client
 from tests.fake_upstream import Reply, default_responder
-from tests.harness import ROOT
+from tests.harness import ROOT, wait_until
 
 ARTIFACTS = ROOT / "test-artifacts"
 INSTALL_HINT = "chromium and chromedriver are needed for tests/test_ui.py: run scripts/ensure-chromium.sh (as root)"
@@ -277,6 +277,25 @@ def test_search_finds_a_conversation_by_a_word_of_its_task_and_failures_filter_t
     turn = wait(browser).until(EC.presence_of_element_located((By.CSS_SELECTOR, "li.turn.failed")))
     assert "429 from the upstream: Rate limit reached for gpt-4o-mini" in text(turn)
     assert text(browser.find_element(By.CSS_SELECTOR, "h1.conversation-title .title")) == "summarize the incident report"
+
+
+def test_a_turn_the_client_left_is_marked_incomplete_with_why(proxy, upstream, browser):
+    reply = Reply.text("a long answer the client stops reading", chunk_size=4, pause_after_chunks=4)
+    upstream.enqueue(reply)
+    body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "stream me the ledger"}], "stream": True}
+    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+        headers = {"Authorization": f"Bearer {ALICE}", "X-Conversation-ID": "left"}
+        with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
+            next(line for line in r.iter_lines() if line.startswith("data: "))
+            assert reply.reached.wait(10)
+        reply.release()  # the proxy sees the client gone at its next write
+        wait_until(lambda: http.get("/v1/conversations/left/turns").json()["data"], what="the turn's record")
+    open_ui(browser, proxy, "#/c/left")
+    turn = wait(browser).until(EC.presence_of_element_located((By.CSS_SELECTOR, "#timeline[data-complete] li.turn")))
+    assert text(turn.find_element(By.CSS_SELECTOR, ".turn-error")) == "IncompleteThe client went away before the reply was complete"
+    assert browser.find_elements(By.CSS_SELECTOR, "#timeline .message.status-incomplete")
+    [band] = browser.find_elements(By.CSS_SELECTOR, "#token-chart svg rect.failed-band")
+    assert "Turn 1 is incomplete" in text(band)
 
 
 LONG = "Migrate every service of the payments platform to the new ledger schema and verify the balances " * 3

@@ -478,7 +478,8 @@
 
   /** A failed turn's error, for people: "500 from the upstream: upstream broke". */
   function failureText(error) {
-    const by = { upstream: "the upstream", proxy: "the proxy", client: "the client" }[error.source] || error.source || "?";
+    if (error.source === "client") return error.message || "the client went away"; // its message says who
+    const by = { upstream: "the upstream", proxy: "the proxy" }[error.source] || error.source || "?";
     return `${error.status ? `${error.status} from ` : ""}${by}: ${error.message || "no message"}`;
   }
 
