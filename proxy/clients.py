@@ -8,6 +8,7 @@ token, cut short. The most specific patterns come first: the Agents SDK rides on
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 MAX_CLIENT_CHARS = 64
 
@@ -32,6 +33,7 @@ KNOWN_CLIENTS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
 PRODUCT = re.compile(r"[!-~]+")
 
 
+@lru_cache(maxsize=256)  # a few User-Agents send nearly every request: each is matched once
 def client_name(user_agent: str | None) -> str | None:
     """"Codex 0.171.0", "OpenAI Python SDK 1.99.1", ...; None without a User-Agent."""
     if not user_agent or not user_agent.strip():
