@@ -114,40 +114,47 @@ def test_the_clients_traceparent_is_continued_and_upstream_gets_the_calls(make_p
     assert upstream.requests[-1].headers["tracestate"] == "vendor=1"
 
 
-def test_read_back_rounds_and_summarizer_calls_are_spans_of_the_turn(make_proxy, upstream, otlp):
-    def responder(body: dict) -> Reply:
-        messages = body["messages"]
-        if messages[0]["role"] == "system" and TOOL_PROMPT_MARK in messages[0]["content"]:
-            return Reply.text("SUMMARY: the build linked libledger.so")
-        last, before = messages[-1], messages[-2]
-        if last["role"] == "tool" and before["tool_calls"][0]["function"]["name"] == "read_tool_output":
-            return Reply.text("the build is fine")
-        if last["role"] == "tool" and (ref := REF.search(last["content"] or "")):
-            return Reply.tool_calls([("read_tool_output", json.dumps({"ref": ref.group(0), "offset": 0, "length": 300}))])
-        return default_responder(body)
+def summarize_then_read_back(body: dict) -> Reply:
+    """The summarizer condenses the build log; the model reads part of it back, then answers."""
+    messages = body["messages"]
+    if messages[0]["role"] == "system" and TOOL_PROMPT_MARK in messages[0]["content"]:
+        return Reply.text("SUMMARY: the build linked libledger.so")
+    last, before = messages[-1], messages[-2]
+    if last["role"] == "tool" and before["tool_calls"][0]["function"]["name"] == "read_tool_output":
+        return Reply.text("the build is fine")
+    if last["role"] == "tool" and (ref := REF.search(last["content"] or "")):
+        return Reply.tool_calls([("read_tool_output", json.dumps({"ref": ref.group(0), "offset": 0, "length": 300}))])
+    return default_responder(body)
 
-    upstream.responder = responder
+
+BUILD_TURN = [
+    {"role": "user", "content": TASK},
+    {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "run_build", "arguments": "{}"}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": BIG},
+]
+
+
+# The span tree of BUILD_TURN (what the README and docs/telemetry.md show).
+TREE = [
+    "chat gpt-4o-mini",
+    "  chat gpt-4o-mini",  # the summarizer, on the tool output (before the first call)
+    "  upstream gpt-4o-mini",
+    "  read_back round 1",
+    "    execute_tool read_tool_output",
+    "  upstream gpt-4o-mini",
+]
+
+
+def test_read_back_rounds_and_summarizer_calls_are_spans_of_the_turn(make_proxy, upstream, otlp):
+    upstream.responder = summarize_then_read_back
     proxy = make_proxy(
         telemetry={"otlp_endpoint": otlp.endpoint, "capture_content": True}, truncation={"tools": {"run_build": "summarize"}}
     )
-    call = {"id": "call_1", "type": "function", "function": {"name": "run_build", "arguments": "{}"}}
-    messages = [
-        {"role": "user", "content": TASK},
-        {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": "call_1", "content": BIG},
-    ]
-    reply = openai_client(proxy).chat.completions.create(model="gpt-4o-mini", messages=messages, tools=TOOLS)
+    reply = openai_client(proxy).chat.completions.create(model="gpt-4o-mini", messages=BUILD_TURN, tools=TOOLS)
     assert reply.choices[0].message.content == "the build is fine"
     spans = otlp.wait_for(lambda spans: has_turns(1)(spans) and len(spans) >= 6)
     [turn] = turns(spans)
-    assert tree(spans, turn) == [
-        "chat gpt-4o-mini",
-        "  chat gpt-4o-mini",  # the summarizer, on the tool output (before the first call)
-        "  upstream gpt-4o-mini",
-        "  read_back round 1",
-        "    execute_tool read_tool_output",
-        "  upstream gpt-4o-mini",
-    ]
+    assert tree(spans, turn) == TREE
     summarizer, first, round_, second = children(spans, turn)
     assert summarizer.kind == "CLIENT" and summarizer.attributes["context_proxy.operation"] == "summarize"
     assert summarizer.attributes["gen_ai.usage.output_tokens"] > 0  # its own cost: a GenAI span of its own
@@ -166,6 +173,19 @@ def test_read_back_rounds_and_summarizer_calls_are_spans_of_the_turn(make_proxy,
     assert inputs[0] == {"role": "user", "parts": [{"type": "text", "content": TASK}]}
     assert "SUMMARY: the build linked libledger.so" in inputs[2]["parts"][0]["response"]
     assert json.loads(a["gen_ai.output.messages"]) == [{"role": "assistant", "parts": [{"type": "text", "content": "the build is fine"}]}]
+
+
+def test_without_capture_content_no_span_holds_a_word_of_the_conversation(make_proxy, upstream, otlp):
+    upstream.responder = summarize_then_read_back
+    proxy = make_proxy(telemetry={"otlp_endpoint": otlp.endpoint}, truncation={"tools": {"run_build": "summarize"}})
+    openai_client(proxy).chat.completions.create(model="gpt-4o-mini", messages=BUILD_TURN, tools=TOOLS)
+    spans = otlp.wait_for(lambda spans: has_turns(1)(spans) and len(spans) >= 6)
+    [turn] = turns(spans)
+    assert tree(spans, turn) == TREE  # the same spans as with contents, only without them
+    words = ("quarterly ledger", "libledger", "SUMMARY", "the build is fine", "condense")
+    values = [str(v) for s in spans for v in s.attributes.values()]
+    assert not [v for v in values if any(w in v for w in words)]
+    assert not any(k.startswith(("gen_ai.input", "gen_ai.output", "gen_ai.tool.call.a", "gen_ai.tool.call.r")) for s in spans for k in s.attributes)
 
 
 def test_a_failed_turn_is_an_error_span_with_the_upstreams_status_and_message(make_proxy, upstream, otlp):
