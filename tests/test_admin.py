@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import ALICE, BOB, admin_get, openai_client
+from tests.conftest import ALICE, BOB, admin_get, leave_mid_stream, openai_client
 from tests.fake_upstream import Reply
 
 TOKEN = "admin-token-for-tests"
@@ -251,15 +251,11 @@ def test_a_stream_that_breaks_off_keeps_its_error_with_the_turn(proxy, upstream,
 
 
 def test_a_client_that_leaves_mid_stream_leaves_an_incomplete_turn_not_a_failure(proxy, upstream, http):
-    reply = Reply.text("a long answer the client stops reading", chunk_size=4, pause_after_chunks=4)
-    upstream.enqueue(reply)
-    headers = {"Authorization": f"Bearer {ALICE}", "X-Conversation-ID": "walked-away"}
-    body = {"model": "m", "messages": [{"role": "user", "content": "go"}], "stream": True}
-    with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
-        next(line for line in r.iter_lines() if line.startswith("data: "))
-        assert reply.reached.wait(10)
+    reply, _ = leave_mid_stream(http, upstream, "walked-away", "a long answer the client stops reading")
     upstream.enqueue(Reply.text("ok"))  # the next turn waits for the first to end: its record is kept by then
-    assert http.post("/v1/chat/completions", json={**body, "stream": False}, headers=headers).status_code == 200
+    body = {"model": "m", "messages": [{"role": "user", "content": "go"}]}
+    headers = {"Authorization": f"Bearer {ALICE}", "X-Conversation-ID": "walked-away"}
+    assert http.post("/v1/chat/completions", json=body, headers=headers).status_code == 200
     reply.release()
     first, second = admin_get(http, "/walked-away/turns").json()["data"]
     # The turn's messages joined the transcript (the upstream took it); its reply is incomplete.

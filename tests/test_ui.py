@@ -23,7 +23,7 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
-from tests.conftest import ALICE, BOB, openai_client
+from tests.conftest import BOB, leave_mid_stream, openai_client
 from tests.fake_upstream import Reply, default_responder
 from tests.harness import ROOT, wait_until
 
@@ -280,14 +280,8 @@ def test_search_finds_a_conversation_by_a_word_of_its_task_and_failures_filter_t
 
 
 def test_a_turn_the_client_left_is_marked_incomplete_with_why(proxy, upstream, browser):
-    reply = Reply.text("a long answer the client stops reading", chunk_size=4, pause_after_chunks=4)
-    upstream.enqueue(reply)
-    body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "stream me the ledger"}], "stream": True}
     with httpx.Client(base_url=proxy.url, timeout=30) as http:
-        headers = {"Authorization": f"Bearer {ALICE}", "X-Conversation-ID": "left"}
-        with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
-            next(line for line in r.iter_lines() if line.startswith("data: "))
-            assert reply.reached.wait(10)
+        reply, _ = leave_mid_stream(http, upstream, "left", "a long answer the client stops reading", "stream me the ledger")
         reply.release()  # the proxy sees the client gone at its next write
         wait_until(lambda: http.get("/v1/conversations/left/turns").json()["data"], what="the turn's record")
     open_ui(browser, proxy, "#/c/left")
