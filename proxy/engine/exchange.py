@@ -48,8 +48,9 @@ class Exchange:
         upstream: Upstream,
         sink: ClientSink,
         metrics: Metrics,
+        query: str = "",
     ) -> None:
-        self.turn, self.writer, self.dialect, self.body = turn, writer, dialect, body
+        self.turn, self.writer, self.dialect, self.body, self.query = turn, writer, dialect, body, query
         self.streaming, self.pipeline, self.upstream, self.sink, self.metrics = streaming, pipeline, upstream, sink, metrics
         self.report = turn.report
         self.items: list[Item] = []  # what the pipeline made of the client's transcript
@@ -114,7 +115,9 @@ class Exchange:
         specs = [tool.spec for tool in self.tools.values()]
         body = self.dialect.upstream_body(self.body, self.items + self.internal, specs)
         self._call_started = time.perf_counter()
-        return await self.turn.summarizer.inflight.agent_call(self.upstream, self.dialect.name, body, self.turn.headers)
+        return await self.turn.summarizer.inflight.agent_call(
+            self.upstream, self.dialect.name, body, self.turn.headers, self.query
+        )
 
     async def _read_round(self, reply: ReplyRead, ours: list[Call]) -> UpstreamReply | None:
         """Answer our calls, keep the round in the trajectory, and ask the upstream again.

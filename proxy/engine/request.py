@@ -26,6 +26,7 @@ class TurnRequest:
     compaction: str | None  # "force" | "skip" | None (X-Compaction)
     headers: dict[str, str]  # what goes upstream with the request (credentials, betas, ...)
     anchor_seq: int | None = None  # set by the engine: the stored reply the request continues
+    query: str = ""  # the request's query string, forwarded with each upstream call (`beta=true`)
 
 
 @dataclass(slots=True)

@@ -41,6 +41,8 @@ class Turn:
     summary: Summary | None = None  # the conversation's current compaction summary, if any
     marks: dict[str, int] = field(default_factory=dict)  # where the cuts stood after the last turn (see Conversation)
     body: dict[str, Any] | None = None  # the request as received (for custom stages); never edited
+    # A dry run (count_tokens: the prompt a turn would send): stages write nothing and call no LLM.
+    dry_run: bool = False
 
 
 class Stage(Protocol):

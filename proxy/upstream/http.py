@@ -194,13 +194,15 @@ class HttpUpstream:
             headers["Authorization"] = self._basic_auth
         return headers
 
-    async def call(self, dialect: str, body: Mapping[str, Any], headers: Mapping[str, str]) -> HttpReply:
+    async def call(
+        self, dialect: str, body: Mapping[str, Any], headers: Mapping[str, str], query: str = ""
+    ) -> HttpReply:
         path = ENDPOINTS.get(dialect)
         if path is None:
             raise ValueError(f"no upstream endpoint for the {dialect!r} wire format")
         out = self._auth(CIMultiDict(headers))
         out["Content-Type"] = "application/json"
-        return await self.send("POST", path, out, orjson.dumps(body), limits=self.turn_limits)
+        return await self.send("POST", path + (f"?{query}" if query else ""), out, orjson.dumps(body), limits=self.turn_limits)
 
     async def chat(self, body: Mapping[str, Any], headers: Mapping[str, str]) -> HttpReply:
         return await self.call("chat", body, headers)

@@ -388,7 +388,9 @@ class LiteLLMUpstream:
             kwargs["extra_headers"] = dict(self.entry.extra_headers)
         return kwargs
 
-    async def call(self, dialect: str, body: Mapping[str, Any], headers: Mapping[str, str]) -> LiteLLMReply:
+    async def call(
+        self, dialect: str, body: Mapping[str, Any], headers: Mapping[str, str], query: str = ""
+    ) -> LiteLLMReply:
         if dialect != "chat":
             raise ValueError(f"litellm routes serve chat completions, not {dialect!r}")
         return await self.chat(body, headers)
