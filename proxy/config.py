@@ -97,7 +97,12 @@ class UpstreamSettings(Section):
         description="Longest a chat turn's upstream reply may take, from the request sent to its last byte, "
         "however steadily it trickles (a 504 after; timeout_s bounds each silence within it).",
     )
-
+    anthropic_base_url: str = Field(
+        "https://api.anthropic.com", description="Anthropic API root for Messages requests (no /v1)."
+    )
+    anthropic_api_key: SecretStr | None = Field(
+        None, description="Sent to the Anthropic API as x-api-key instead of the client's key when set."
+    )
 
     @model_validator(mode="after")
     def _one_credential(self) -> UpstreamSettings:

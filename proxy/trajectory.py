@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from .dialects.formats import as_tool_output
 from .messages import SYSTEM_ROLES
 from .refs import RefSigner
 from .store import LIVE, Conversation, Store, StoredMessage
@@ -42,7 +43,7 @@ def trajectory_message(
     """One message of the trajectory: the stored message plus seq, created_at, status (and ref)."""
     out = stored.to_api(with_status=False)
     out["status"] = shown_status(stored.status, stored.seq, out.get("role"), conversation.boundary, task_seq)
-    if out.get("role") == "tool":
+    if as_tool_output(stored.message) is not None:  # in any wire format
         out["ref"] = refs.make(conversation.key, stored.seq)  # derived, never stored: valid under this store's secret
     return out
 

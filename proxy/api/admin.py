@@ -12,9 +12,9 @@ from typing import Any
 
 from aiohttp import web
 
+from ..dialects.formats import as_tool_output
 from ..errors import InvalidRequest, NotFound, Unauthorized
 from ..identity import ConversationKey, bearer_token, check_conversation_id, request_tenant
-from ..messages import text_of
 from ..state import REFS, SETTINGS, STORE, TRAJECTORIES
 from ..store import Conversation, StoredMessage
 from ..trajectory import build_trajectory
@@ -137,15 +137,17 @@ async def tool_output(request: web.Request) -> web.Response:
     ref = request.match_info["ref"]
     seq = request.app[REFS].seq_of(conversation.key, ref)
     stored = await request.app[STORE].message(conversation.key, seq) if seq is not None else None
-    if stored is None or stored.message.get("role") != "tool":
+    found = as_tool_output(stored.message, stored.seq) if stored is not None else None
+    if stored is None or found is None:
         raise NotFound(f"No tool output with ref '{ref}' in this conversation")
-    content = text_of(stored.message.get("content")) or ""
+    item, codec = found
+    content = codec.text(item) or ""
     return web.json_response(
         {
             "object": "tool_output",
             "ref": ref,
             "seq": stored.seq,
-            "tool_call_id": stored.message.get("tool_call_id"),
+            "tool_call_id": item.answers,
             "length": len(content),
             "content": content,
         }

@@ -16,9 +16,10 @@ from ..config import Profile, Settings
 from ..dialects.base import Dialect
 from ..dialects.chat import CHAT
 from ..dialects.responses import RESPONSES
+from ..dialects.messages import MESSAGES
 from ..engine import TurnReport, TurnRequest
 from ..errors import ERROR_SHAPE, InvalidRequest
-from ..identity import explicit_conversation_id, request_tenant
+from ..identity import ConversationKey, explicit_conversation_id, request_tenant
 from ..messages import MAX_DEPTH, too_deep
 from ..request_limits import check_message_count, parse_json
 from ..state import CONVERSATION, ENGINE, LOG_FIELDS, METRICS, SETTINGS, TRAJECTORIES
@@ -98,35 +99,45 @@ class ResponseSink:
             await self.response.write_eof()
 
 
+async def turn_request(request: web.Request, dialect: Dialect, body: dict[str, Any]) -> TurnRequest:
+    """The engine's view of a managed request (its transcript already checked at the top)."""
+    settings = request.app[SETTINGS]
+    return TurnRequest(
+        dialect=dialect,
+        body=body,
+        size=len(await request.read()),  # aiohttp keeps the bytes read
+        tenant=request_tenant(request, settings.conversation),
+        conversation_id=explicit_conversation_id(request, settings.conversation),
+        session_id=dialect.session_id(body, request.headers),
+        history=history_mode(request, settings.conversation.history),
+        profile=request_profile(request, settings, dialect.model(body)),
+        compaction=compaction_control(request),
+        headers=dict(forwardable(request.headers, drop=OWN_HEADERS | {settings.conversation.id_header.lower()})),
+        query=request.query_string,
+    )
+
+
+async def read_turn(request: web.Request, dialect: Dialect) -> tuple[TurnRequest, ConversationKey, TurnReport]:
+    """A managed request read: the turn, the conversation it belongs to, its (empty) report."""
+    request[ERROR_SHAPE] = dialect.error_body  # errors from here on take this format's shape
+    body = await read_json_object(request, dialect.transcript_key)
+    # A missing or malformed transcript is a 400 before anything else, too long a one a 413.
+    check_message_count(dialect.transcript(body), request.app[SETTINGS].server.max_messages, dialect.transcript_key)
+    turn = await turn_request(request, dialect, body)
+    key = await request.app[ENGINE].conversation_key(turn)
+    request[CONVERSATION] = key
+    return turn, key, TurnReport(key, dialect.name, dialect.model(body))
+
+
 def managed(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     """The handler of one managed wire format."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        request[ERROR_SHAPE] = dialect.error_body  # errors from here on take this format's shape
         app = request.app
-        settings = app[SETTINGS]
-        engine = app[ENGINE]
-        body = await read_json_object(request, dialect.transcript_key)
-        # A missing or malformed transcript is a 400 before anything else, too long a one a 413.
-        check_message_count(dialect.transcript(body), settings.server.max_messages, dialect.transcript_key)
-        turn = TurnRequest(
-            dialect=dialect,
-            body=body,
-            size=len(await request.read()),  # aiohttp keeps the bytes read
-            tenant=request_tenant(request, settings.conversation),
-            conversation_id=explicit_conversation_id(request, settings.conversation),
-            session_id=dialect.session_id(body, request.headers),
-            history=history_mode(request, settings.conversation.history),
-            profile=request_profile(request, settings, dialect.model(body)),
-            compaction=compaction_control(request),
-            headers=dict(forwardable(request.headers, drop=OWN_HEADERS | {settings.conversation.id_header.lower()})),
-        )
-        key = await engine.conversation_key(turn)
-        request[CONVERSATION] = key
-        report = TurnReport(key, dialect.name, dialect.model(body))
+        turn, key, report = await read_turn(request, dialect)
         sink = ResponseSink(request)
         try:
-            outcome = await engine.run(turn, key, report, sink)
+            outcome = await app[ENGINE].run(turn, key, report, sink)
         finally:  # failed turns are measured and logged too
             report.observe(app[METRICS])
             request[LOG_FIELDS].update(report.log_fields())
@@ -141,11 +152,16 @@ def managed(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamRes
 
 chat_completions = managed(CHAT)
 responses = managed(RESPONSES)
+messages = managed(MESSAGES)
 
 
 def add_routes(app: web.Application) -> None:
+    from .count_tokens import count_tokens  # it builds on this module
+
     for prefix in ("", "/c/{conversation_id}"):
         app.router.add_post(prefix + "/v1/chat/completions", chat_completions)
         app.router.add_post(prefix + "/chat/completions", chat_completions)
         app.router.add_post(prefix + "/v1/responses", responses)
         app.router.add_post(prefix + "/responses", responses)
+        app.router.add_post(prefix + "/v1/messages", messages)
+        app.router.add_post(prefix + "/v1/messages/count_tokens", count_tokens)

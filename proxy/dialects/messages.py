@@ -1,0 +1,508 @@
+"""Anthropic Messages (`POST /v1/messages`): Claude Code's wire format.
+
+Items. One item per message, except that a user message's `tool_result` blocks each become a
+TOOL item of their own: a user message holding just that block, joining the item before it, so
+truncation, quota, the window and the pairing guard work per result as they do on chat `tool`
+messages. The message's other blocks (Claude Code's `<system-reminder>` text after its results)
+form a USER item that joins the results before it. What is stored is these parts; what goes
+upstream is the messages rebuilt (`upstream_body`): a run of parts that joins becomes one user
+message again, its blocks in order and byte for byte, `tool_result`s first (where a stage added
+one, or dropped some, the message stays one the API accepts). Thinking, redacted_thinking and
+tool_use blocks stay inside their assistant message, untouched: signatures stay valid, and the
+window drops a thinking + tool_use message with its results as one unit. A `role: "system"`
+message inside `messages` (a beta) joins the item before it.
+
+The top-level `system` stays the client's; the proxy's own notes (the compaction summary) are
+appended to it as text blocks after the client's. Claude Code re-sends a message as blocks that
+was a string, and moves its `cache_control` breakpoint to the newest message each turn: the
+canonical hash compares messages by meaning, so neither looks new. Breakpoints stay valid:
+never more than four in the body (the oldest messages' go first, e.g. stored messages replayed
+in proxy-history mode), and a dropped block takes its own with it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from ..errors import InvalidRequest, ProxyError
+from ..identity import session_conversation_id
+from ..messages import MAX_DEPTH, text_of, too_deep
+from ..tokens import IMAGE_TOKENS, PER_MESSAGE
+from ..transcript import Call, Item, Raw, Role
+from .base import ReplyRead, ToolSpec
+from .messages_stream import MessagesRelay, calls_of
+
+log = logging.getLogger("proxy.messages")
+
+ROLES = {"user": Role.USER, "assistant": Role.ASSISTANT, "system": Role.SYSTEM}
+SESSION_HEADER = "X-Claude-Code-Session-Id"
+MAX_CACHE_BREAKPOINTS = 4  # the API refuses a fifth
+# Sent first when the window leaves a prompt starting on an assistant message.
+OMITTED_NOTE = "(Earlier messages of this conversation are not shown.)"
+REDACTED_THINKING_TOKENS = 100  # an opaque blob: a flat estimate
+
+# The proxy's errors in Anthropic's error types, by status; the upstream's own pass unmodified.
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+def is_result(block: Any) -> bool:
+    return isinstance(block, dict) and block.get("type") == "tool_result"
+
+
+def split_message(message: Any) -> list[Any]:
+    """The stored parts of one client message: the message itself, or for a user message holding
+    tool_result blocks, one part per result and one per run of other blocks, in order."""
+    if not isinstance(message, dict) or message.get("role") != "user":
+        return [message]
+    content = message.get("content")
+    if not isinstance(content, list) or len(content) < 2 or not any(is_result(b) for b in content):
+        return [message]
+    parts: list[Raw] = []
+    run: list[Any] = []
+    for block in content:
+        if is_result(block):
+            if run:
+                parts.append({"role": "user", "content": run})
+                run = []
+            parts.append({"role": "user", "content": [block]})
+        else:
+            run.append(block)
+    if run:
+        parts.append({"role": "user", "content": run})
+    # Keys besides role and content (the API has none for user messages) stay on the first part.
+    extra = {k: v for k, v in message.items() if k not in ("role", "content")}
+    if extra:
+        parts[0] = {**extra, **parts[0]}
+    return parts
+
+
+def result_block(raw: Raw) -> dict[str, Any] | None:
+    """The tool_result block of a TOOL part, else None."""
+    if raw.get("role") != "user":
+        return None
+    content = raw.get("content")
+    if isinstance(content, list) and len(content) == 1 and is_result(content[0]):
+        return content[0]
+    return None
+
+
+def is_note(raw: Raw) -> bool:
+    """A system note of the proxy's own: the text block it adds to `system`."""
+    return "role" not in raw and raw.get("type") == "text"
+
+
+# -- meaning, not bytes -------------------------------------------------------------------------
+
+
+def canonical_content(content: Any) -> Any:
+    """Content by meaning: a string is one text block; `cache_control` markers, null fields and
+    `is_error: false` say nothing."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    if isinstance(content, list):
+        return [canonical_block(block) for block in content]
+    return content
+
+
+def canonical_block(block: Any) -> Any:
+    if not isinstance(block, dict):
+        return block
+    out = {}
+    for key, value in block.items():
+        if key == "cache_control" or value is None or (key == "is_error" and value is False):
+            continue
+        if key == "content":
+            value = canonical_content(value)
+        out[key] = value
+    return out
+
+
+def canonical(raw: Raw) -> Raw:
+    return {key: canonical_content(value) if key == "content" else value for key, value in raw.items() if value is not None}
+
+
+def system_blocks(system: Any) -> list[Any]:
+    """The top-level `system` as a list of blocks."""
+    if isinstance(system, str):
+        return [{"type": "text", "text": system}] if system else []
+    return list(system) if isinstance(system, list) else []
+
+
+# -- text ---------------------------------------------------------------------------------------
+
+
+def _with_text(content: Any, text: str) -> Any:
+    """`content` with its text replaced by `text`; other blocks (images, thinking) stay in place."""
+    if not isinstance(content, list) or all(isinstance(b, dict) and b.get("type") == "text" for b in content):
+        return text
+    out: list[Any] = []
+    placed = False
+    for block in content:
+        if isinstance(block, dict) and block.get("type") == "text":
+            if not placed:
+                out.append({"type": "text", "text": text})
+                placed = True
+            continue
+        out.append(block)
+    if not placed:
+        out.append({"type": "text", "text": text})
+    return out
+
+
+def _with_appended_text(content: Any, text: str) -> Any:
+    if isinstance(content, str):
+        return content + text
+    if isinstance(content, list):
+        return [*content, {"type": "text", "text": text}]
+    return text
+
+
+def _add_counted(content: Any, texts: list[str]) -> int:
+    """Append what `content` holds as text to `texts`; return the flat tokens of the rest."""
+    if isinstance(content, str):
+        texts.append(content)
+        return 0
+    extra = 0
+    for block in content if isinstance(content, list) else ():
+        if not isinstance(block, dict):
+            continue
+        kind = block.get("type")
+        if kind == "text":
+            texts.append(str(block.get("text") or ""))
+        elif kind == "thinking":
+            texts.append(str(block.get("thinking") or ""))
+        elif kind == "tool_use" or kind == "server_tool_use":
+            texts.append(str(block.get("name") or ""))
+            texts.append(orjson.dumps(block.get("input")).decode())
+        elif kind == "tool_result":
+            extra += _add_counted(block.get("content"), texts)
+        elif kind == "redacted_thinking":
+            extra += REDACTED_THINKING_TOKENS
+        elif kind in ("image", "document"):
+            extra += IMAGE_TOKENS
+        else:  # server tool results, search results...: their JSON, as an estimate
+            texts.append(orjson.dumps(block).decode())
+    return extra
+
+
+class MessagesCodec:
+    def items(self, raws: Sequence[Raw], seqs: Sequence[int | None], hashes: Sequence[str | None]) -> list[Item]:
+        out: list[Item] = []
+        after_result = False  # the previous item is a TOOL part: a user part after it continues its message
+        for raw, seq, digest in zip(raws, seqs, hashes, strict=True):
+            block = result_block(raw)
+            if block is not None:
+                out.append(Item(raw, Role.TOOL, seq, digest, answers=str(block.get("tool_use_id")), joins=True))
+                after_result = True
+                continue
+            role = ROLES.get(raw.get("role"), Role.SYSTEM if is_note(raw) else Role.OTHER)
+            if role is Role.USER:
+                joins = after_result and isinstance(raw.get("content"), list)
+                out.append(Item(raw, role, seq, digest, joins=joins))
+            elif role is Role.ASSISTANT:
+                out.append(Item(raw, role, seq, digest, calls=calls_of(raw.get("content"))))
+            else:  # a system message joins what it stands beside; a note stands alone
+                out.append(Item(raw, role, seq, digest, joins=bool(out) and not is_note(raw)))
+            after_result = False
+        return out
+
+    def hash(self, raw: Raw) -> str:
+        blob = orjson.dumps(canonical(raw), option=orjson.OPT_SORT_KEYS)
+        return hashlib.sha256(blob).hexdigest()[:32]
+
+    def text(self, item: Item) -> str | None:
+        raw = item.raw
+        if is_note(raw):
+            return str(raw.get("text") or "")
+        block = result_block(raw)
+        if block is not None:
+            return text_of(block.get("content"))
+        return text_of(raw.get("content"))
+
+    def with_text(self, item: Item, text: str) -> Item:
+        raw = item.raw
+        if is_note(raw):
+            return item.but(raw={**raw, "text": text}, hash=None)
+        block = result_block(raw)
+        if block is not None:
+            block = {**block, "content": _with_text(block.get("content"), text)}
+            return item.but(raw={**raw, "content": [block]}, hash=None)
+        return item.but(raw={**raw, "content": _with_text(raw.get("content"), text)}, hash=None)
+
+    def with_appended_text(self, item: Item, text: str) -> Item:
+        raw = item.raw
+        if is_note(raw):
+            return item.but(raw={**raw, "text": str(raw.get("text") or "") + text}, hash=None)
+        block = result_block(raw)
+        if block is not None:
+            block = {**block, "content": _with_appended_text(block.get("content"), text)}
+            return item.but(raw={**raw, "content": [block]}, hash=None)
+        return item.but(raw={**raw, "content": _with_appended_text(raw.get("content"), text)}, hash=None)
+
+    def counted_parts(self, raw: Raw) -> tuple[tuple[str, ...], int]:
+        if is_note(raw):
+            return (str(raw.get("text") or ""),), 0
+        texts = [str(raw.get("role") or "")]
+        extra = PER_MESSAGE + _add_counted(raw.get("content"), texts)
+        return tuple(texts), extra
+
+    def system_note(self, text: str) -> Item:
+        return Item({"type": "text", "text": text}, Role.SYSTEM)
+
+    def tool_result(self, call: Call, text: str) -> Item:
+        block = {"type": "tool_result", "tool_use_id": call.id, "content": text}
+        return Item({"role": "user", "content": [block]}, Role.TOOL, answers=call.id, joins=True)
+
+
+# -- the request body ---------------------------------------------------------------------------
+
+
+def rebuild_messages(items: Sequence[Item]) -> tuple[list[Raw], list[Raw]]:
+    """(the messages to send, the proxy's notes for `system`) from the transcript's items.
+
+    A run of joined user parts becomes one user message, its tool_result blocks first (a valid
+    client message has them first already: nothing moves then). The prompt starts on a user
+    message, as the API wants."""
+    messages: list[Raw] = []
+    notes: list[Raw] = []
+    open_user: Raw | None = None  # the user message being rebuilt from parts
+    for item in items:
+        raw = item.raw
+        if is_note(raw):
+            notes.append(raw)
+            continue
+        if item.role is Role.TOOL or (item.role is Role.USER and item.joins):
+            if open_user is None:
+                open_user = {**raw, "content": list(raw.get("content") or ())}
+                messages.append(open_user)
+            else:
+                open_user["content"].extend(raw.get("content") or ())
+            continue
+        open_user = None
+        messages.append(raw)
+    for k, message in enumerate(messages):
+        content = message.get("content")
+        if message.get("role") == "user" and isinstance(content, list) and _results_not_first(content):
+            ordered = [b for b in content if is_result(b)] + [b for b in content if not is_result(b)]
+            messages[k] = {**message, "content": ordered}
+    first = next((m for m in messages if m.get("role") != "system"), None)
+    if first is not None and first.get("role") == "assistant":
+        messages.insert(messages.index(first), {"role": "user", "content": OMITTED_NOTE})
+    return messages, notes
+
+
+def _results_not_first(content: list[Any]) -> bool:
+    seen_other = False
+    for block in content:
+        if not is_result(block):
+            seen_other = True
+        elif seen_other:
+            return True
+    return False
+
+
+def _marked(value: Any) -> bool:
+    return isinstance(value, dict) and value.get("cache_control") is not None
+
+
+def limit_breakpoints(body: dict[str, Any]) -> None:
+    """At most four `cache_control` breakpoints: past that, the oldest messages' are taken off
+    (in copies of their blocks; the client's own breakpoints, at most four, are all kept)."""
+    fixed = sum(_marked(b) for b in system_blocks(body.get("system")))
+    fixed += sum(_marked(t) for t in body.get("tools") or ())
+    fixed += _marked(body)  # a top-level cache_control (automatic caching) is one too
+    spots: list[tuple[int, int, int | None]] = []  # (message, block, inner block) of each marked block
+    for m, message in enumerate(body["messages"]):
+        content = message.get("content") if isinstance(message, dict) else None
+        for b, block in enumerate(content if isinstance(content, list) else ()):
+            if _marked(block):
+                spots.append((m, b, None))
+            inner = block.get("content") if is_result(block) else None
+            for i, inner_block in enumerate(inner if isinstance(inner, list) else ()):
+                if _marked(inner_block):
+                    spots.append((m, b, i))
+    excess = fixed + len(spots) - MAX_CACHE_BREAKPOINTS
+    if excess <= 0:
+        return
+    for m, b, i in spots[:excess]:
+        message = body["messages"][m] = {**body["messages"][m]}
+        content = message["content"] = list(message["content"])
+        if i is None:
+            content[b] = {k: v for k, v in content[b].items() if k != "cache_control"}
+        else:
+            inner = list(content[b]["content"])
+            inner[i] = {k: v for k, v in inner[i].items() if k != "cache_control"}
+            content[b] = {**content[b], "content": inner}
+
+
+# -- the dialect --------------------------------------------------------------------------------
+
+
+class MessagesDialect:
+    name = "messages"
+    transcript_key = "messages"
+
+    def __init__(self) -> None:
+        self.codec = MessagesCodec()
+
+    def transcript(self, body: dict[str, Any]) -> list[Raw]:
+        if "messages" not in body:
+            raise InvalidRequest("messages: Field required", param="messages")
+        messages = body["messages"]
+        if not isinstance(messages, list):
+            raise InvalidRequest("messages: Input should be a valid list", param="messages")
+        out: list[Raw] = []
+        for message in messages:
+            out.extend(split_message(message))
+        return out
+
+    def validate(self, raws: Sequence[Raw], start: int) -> None:
+        for i in range(start, len(raws)):
+            _validate_part(raws[i], i)
+
+    def anchor(self, body: dict[str, Any]) -> str | None:
+        return None  # a Messages request carries its history
+
+    def detach_anchor(self, body: dict[str, Any]) -> dict[str, Any]:
+        return body
+
+    def session_id(self, body: dict[str, Any], headers: Mapping[str, str]) -> str | None:
+        named = session_conversation_id(headers.get(SESSION_HEADER))
+        if named is not None:
+            return named
+        metadata = body.get("metadata")
+        user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
+        if not isinstance(user_id, str) or "session_id" not in user_id:
+            return None
+        try:
+            parsed = orjson.loads(user_id)  # Claude Code: a JSON string holding device, account and session
+        except ValueError:
+            return None
+        return session_conversation_id(parsed.get("session_id")) if isinstance(parsed, dict) else None
+
+    def identity_basis(self, body: dict[str, Any], raws: Sequence[Raw]) -> Any:
+        # By meaning: a run keeps its name when a breakpoint moves or a string becomes blocks.
+        system = canonical_content(body.get("system"))
+        first_user = next(
+            (canonical_content(m.get("content")) for m in raws if isinstance(m, dict) and m.get("role") == "user"),
+            None,
+        )
+        return [system, first_user]
+
+    def model(self, body: dict[str, Any]) -> str:
+        return str(body.get("model") or "")
+
+    def streaming(self, body: dict[str, Any]) -> bool:
+        return body.get("stream") is True
+
+    def reply_reserve(self, body: dict[str, Any]) -> int:
+        value = body.get("max_tokens")
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+    def fixed_parts(self, body: dict[str, Any]) -> list[str]:
+        parts = [str(b.get("text") or "") for b in system_blocks(body.get("system")) if isinstance(b, dict)]
+        tools = body.get("tools")
+        if isinstance(tools, list) and tools:
+            parts.append(orjson.dumps(tools).decode())
+        return parts
+
+    def has_tool(self, body: dict[str, Any], name: str) -> bool:
+        tools = body.get("tools")
+        return isinstance(tools, list) and any(isinstance(t, dict) and t.get("name") == name for t in tools)
+
+    def tool_definition(self, tool: ToolSpec) -> dict[str, Any]:
+        return {"name": tool.name, "description": tool.description, "input_schema": tool.parameters}
+
+    def upstream_body(self, body: dict[str, Any], items: Sequence[Item], tools: Sequence[ToolSpec]) -> dict[str, Any]:
+        messages, notes = rebuild_messages(items)
+        out = {**body, "messages": messages}
+        if notes:
+            out["system"] = [*system_blocks(body.get("system")), *notes]
+        if tools:
+            out["tools"] = [*(body.get("tools") or ()), *(self.tool_definition(t) for t in tools)]
+        limit_breakpoints(out)
+        return out
+
+    def read_reply(self, data: bytes) -> ReplyRead | None:
+        try:
+            parsed = orjson.loads(data)
+            content = parsed["content"]
+            if parsed.get("type") != "message" or not isinstance(content, list):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            log.warning("upstream 2xx reply that is not a message; nothing to persist")
+            return None
+        usage = parsed.get("usage") if isinstance(parsed.get("usage"), dict) else None
+        message = {"role": "assistant", "content": content}
+        return ReplyRead(
+            [message], list(calls_of(content)), usage, response_id=parsed.get("id"),
+            complete=parsed.get("stop_reason") is not None,
+        )
+
+    def without_calls(self, data: bytes, reply: ReplyRead, keep: Sequence[Call]) -> tuple[bytes, ReplyRead]:
+        parsed = orjson.loads(data)
+        kept_ids = {call.id for call in keep}
+        parsed["content"] = [
+            b for b in parsed["content"] if not (isinstance(b, dict) and b.get("type") == "tool_use") or b.get("id") in kept_ids
+        ]
+        if not kept_ids and parsed.get("stop_reason") == "tool_use":  # only ours were left: the turn ends
+            parsed["stop_reason"] = "end_turn"
+        content = parsed["content"]
+        message = {"role": "assistant", "content": content}
+        return orjson.dumps(parsed), ReplyRead([message], list(calls_of(content)), reply.usage, reply.response_id)
+
+    def relay(self) -> MessagesRelay:
+        return MessagesRelay()
+
+    def error_body(self, exc: ProxyError) -> dict[str, Any]:
+        return error_body(exc)
+
+
+def error_body(exc: ProxyError) -> dict[str, Any]:
+    """`exc` in Anthropic's shape: `{"type": "error", "error": {"type", "message"}}`."""
+    kind = ERROR_TYPES.get(exc.status, "invalid_request_error" if exc.status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": exc.message}}
+
+
+def _validate_part(raw: Any, i: int) -> None:
+    """What storing and forwarding need: objects, known roles, blocks with a type, the ids and
+    inputs the engine reads. The upstream checks the rest (and its refusal reaches the client)."""
+    where = f"messages (part {i})"
+    if not isinstance(raw, dict):
+        raise InvalidRequest(f"{where}: Input should be an object", param="messages")
+    role = raw.get("role")
+    if role not in ROLES:
+        raise InvalidRequest(f"{where}.role: Input should be 'user', 'assistant' or 'system'", param="messages")
+    content = raw.get("content")
+    if not isinstance(content, (str, list)):
+        raise InvalidRequest(f"{where}.content: Input should be a valid string or list of content blocks", param="messages")
+    for block in content if isinstance(content, list) else ():
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            raise InvalidRequest(f"{where}.content: every block must be an object with a 'type'", param="messages")
+        kind = block["type"]
+        if kind == "tool_use" and not (
+            isinstance(block.get("id"), str) and isinstance(block.get("name"), str) and isinstance(block.get("input"), dict)
+        ):
+            raise InvalidRequest(f"{where}: a tool_use block needs a string id and name and an object input", param="messages")
+        if kind == "tool_result" and not isinstance(block.get("tool_use_id"), str):
+            raise InvalidRequest(f"{where}: a tool_result block needs a string tool_use_id", param="messages")
+    if too_deep(raw, MAX_DEPTH - 2):
+        raise InvalidRequest(f"{where} is nested too deeply", param="messages", code="invalid_json")
+
+
+MESSAGES = MessagesDialect()
