@@ -14,6 +14,10 @@ from . import litellm as litellm_upstream
 from .base import Upstream
 from .limits import ReplyLimits
 from .litellm import LiteLLMUpstream
+from .litellm_messages import messages_call
+
+# What a litellm route serves besides chat completions: Anthropic Messages (Claude Code on any model).
+FORMATS = {"messages": messages_call}
 
 
 class UpstreamRouter:
@@ -25,7 +29,9 @@ class UpstreamRouter:
         self.timeout_s = timeout_s
         self.limits = limits
         self.routes: dict[str, LiteLLMUpstream] = {
-            name: LiteLLMUpstream(name, entry, timeout_s, limits) for name, entry in models.items() if entry.litellm_model
+            name: LiteLLMUpstream(name, entry, timeout_s, limits, FORMATS)
+            for name, entry in models.items()
+            if entry.litellm_model
         }
         self._adhoc: dict[tuple[str, str], LiteLLMUpstream] = {}
 
@@ -49,7 +55,7 @@ class UpstreamRouter:
         key = (name, entry.model_dump_json())  # entries hold dicts: not hashable
         upstream = self._adhoc.get(key)
         if upstream is None:
-            upstream = self._adhoc[key] = LiteLLMUpstream(name, entry, self.timeout_s, self.limits)
+            upstream = self._adhoc[key] = LiteLLMUpstream(name, entry, self.timeout_s, self.limits, FORMATS)
         return upstream
 
     def litellm_names(self) -> Iterator[str]:
@@ -70,6 +76,11 @@ class UpstreamRouter:
 
         try:
             await close_litellm_async_clients()
+            # The cache is litellm's, for the whole process: another app started in it later (the
+            # tests start many) must make new clients, not be handed the closed ones.
+            import litellm
+
+            litellm.in_memory_llm_clients_cache.flush_cache()
         except Exception as exc:  # noqa: BLE001  # shutting down: log, don't fail
             litellm_upstream.log.warning("closing litellm's clients failed: %s", exc)
 
