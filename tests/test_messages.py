@@ -295,7 +295,7 @@ def test_the_summary_goes_into_system_after_the_clients_own_blocks(
 def test_mask_turns_older_results_into_placeholders_inside_their_message(
     make_proxy: MakeProxy, upstream: FakeUpstream
 ) -> None:
-    proxy = messages_proxy(make_proxy, upstream, compaction={"strategy": "mask", "keep_tool_outputs": 1})
+    proxy = messages_proxy(make_proxy, upstream, compaction={"strategy": "mask", "keep_tool_outputs": 1, "mask_batch": 1})
     client = claude_client(proxy, headers={"X-Conversation-ID": "mask-1"})
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Weather in three cities?"}]
     for city in ("Paris", "Rome", "Oslo"):

@@ -29,3 +29,8 @@ async def count_tokens(request: web.Request) -> web.Response:
     finally:
         reply.close()
     return web.Response(body=data, status=reply.status, headers={**forwardable(reply.headers), **headers})
+
+
+def add_routes(app: web.Application) -> None:
+    for prefix in ("", "/c/{conversation_id}"):
+        app.router.add_post(prefix + "/v1/messages/count_tokens", count_tokens)

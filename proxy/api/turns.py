@@ -15,8 +15,8 @@ from aiohttp import web
 from ..config import Profile, Settings
 from ..dialects.base import Dialect
 from ..dialects.chat import CHAT
-from ..dialects.responses import RESPONSES
 from ..dialects.messages import MESSAGES
+from ..dialects.responses import RESPONSES
 from ..engine import TurnReport, TurnRequest
 from ..errors import ERROR_SHAPE, InvalidRequest
 from ..identity import ConversationKey, explicit_conversation_id, request_tenant
@@ -156,12 +156,9 @@ messages = managed(MESSAGES)
 
 
 def add_routes(app: web.Application) -> None:
-    from .count_tokens import count_tokens  # it builds on this module
-
     for prefix in ("", "/c/{conversation_id}"):
         app.router.add_post(prefix + "/v1/chat/completions", chat_completions)
         app.router.add_post(prefix + "/chat/completions", chat_completions)
         app.router.add_post(prefix + "/v1/responses", responses)
         app.router.add_post(prefix + "/responses", responses)
         app.router.add_post(prefix + "/v1/messages", messages)
-        app.router.add_post(prefix + "/v1/messages/count_tokens", count_tokens)

@@ -35,7 +35,7 @@ from ..messages import MAX_DEPTH, text_of, too_deep
 from ..tokens import IMAGE_TOKENS, PER_MESSAGE
 from ..transcript import Call, Item, Raw, Role
 from .base import ReplyRead, ToolSpec
-from .messages_stream import MessagesRelay, calls_of
+from .messages_stream import MessagesRelay, calls_of, error_body
 
 log = logging.getLogger("proxy.messages")
 
@@ -45,20 +45,6 @@ MAX_CACHE_BREAKPOINTS = 4  # the API refuses a fifth
 # Sent first when the window leaves a prompt starting on an assistant message.
 OMITTED_NOTE = "(Earlier messages of this conversation are not shown.)"
 REDACTED_THINKING_TOKENS = 100  # an opaque blob: a flat estimate
-
-# The proxy's errors in Anthropic's error types, by status; the upstream's own pass unmodified.
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    503: "overloaded_error",
-    504: "timeout_error",
-    529: "overloaded_error",
-}
-
 
 def is_result(block: Any) -> bool:
     return isinstance(block, dict) and block.get("type") == "tool_result"
@@ -471,12 +457,6 @@ class MessagesDialect:
 
     def error_body(self, exc: ProxyError) -> dict[str, Any]:
         return error_body(exc)
-
-
-def error_body(exc: ProxyError) -> dict[str, Any]:
-    """`exc` in Anthropic's shape: `{"type": "error", "error": {"type", "message"}}`."""
-    kind = ERROR_TYPES.get(exc.status, "invalid_request_error" if exc.status < 500 else "api_error")
-    return {"type": "error", "error": {"type": kind, "message": exc.message}}
 
 
 def _validate_part(raw: Any, i: int) -> None:

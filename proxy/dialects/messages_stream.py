@@ -28,6 +28,26 @@ log = logging.getLogger("proxy.messages")
 
 
 
+# The proxy's errors in Anthropic's error types, by status; the upstream's own pass unmodified.
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+def error_body(exc: ProxyError) -> dict[str, Any]:
+    """`exc` in Anthropic's shape: `{"type": "error", "error": {"type", "message"}}`."""
+    kind = ERROR_TYPES.get(exc.status, "invalid_request_error" if exc.status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": exc.message}}
+
+
 def calls_of(content: Any) -> tuple[Call, ...]:
     """The tool_use blocks of an assistant message's content, as the engine sees them."""
     if not isinstance(content, list):
@@ -233,8 +253,6 @@ class MessagesRelay:
     def error_event(self, exc: ProxyError) -> bytes:
         if self._upstream_error is not None:  # the upstream's own error event went out already, unmodified
             return b""
-        from .messages import error_body  # here: that module imports this one
-
         return sse_event(error_body(exc))
 
     @property
