@@ -266,20 +266,24 @@ def rebuild_messages(items: Sequence[Item]) -> tuple[list[Raw], list[Raw]]:
     message, as the API wants."""
     messages: list[Raw] = []
     notes: list[Raw] = []
-    open_user: Raw | None = None  # the user message being rebuilt from parts
+    open_user = False  # the last message is a user message being rebuilt from parts
+    merged = False  # ... and it is our copy already (a lone part goes as it is)
     for item in items:
         raw = item.raw
         if is_note(raw):
             notes.append(raw)
             continue
         if item.role is Role.TOOL or (item.role is Role.USER and item.joins):
-            if open_user is None:
-                open_user = {**raw, "content": list(raw.get("content") or ())}
-                messages.append(open_user)
-            else:
-                open_user["content"].extend(raw.get("content") or ())
+            if not open_user:
+                messages.append(raw)
+                open_user, merged = True, False
+                continue
+            if not merged:
+                messages[-1] = {**messages[-1], "content": list(messages[-1].get("content") or ())}
+                merged = True
+            messages[-1]["content"].extend(raw.get("content") or ())
             continue
-        open_user = None
+        open_user = False
         messages.append(raw)
     for k, message in enumerate(messages):
         content = message.get("content")
@@ -345,8 +349,15 @@ class MessagesDialect:
 
     def __init__(self) -> None:
         self.codec = MessagesCodec()
+        # The split of the last body asked for: a turn asks for its transcript more than once
+        # (handler, identity, engine), and splitting costs per message. Held by identity, so a
+        # concurrent request's body can only miss it, never get another body's parts.
+        self._last: tuple[dict[str, Any], list[Raw]] | None = None
 
     def transcript(self, body: dict[str, Any]) -> list[Raw]:
+        last = self._last
+        if last is not None and last[0] is body:
+            return last[1]
         if "messages" not in body:
             raise InvalidRequest("messages: Field required", param="messages")
         messages = body["messages"]
@@ -355,6 +366,7 @@ class MessagesDialect:
         out: list[Raw] = []
         for message in messages:
             out.extend(split_message(message))
+        self._last = (body, out)
         return out
 
     def validate(self, raws: Sequence[Raw], start: int) -> None:
