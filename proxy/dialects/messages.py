@@ -22,7 +22,6 @@ in proxy-history mode), and a dropped block takes its own with it.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -31,7 +30,7 @@ import orjson
 
 from ..errors import InvalidRequest, ProxyError
 from ..identity import session_conversation_id
-from ..messages import MAX_DEPTH, text_of, too_deep
+from ..messages import MAX_DEPTH, canonical_digest, text_of, too_deep
 from ..tokens import IMAGE_TOKENS, PER_MESSAGE
 from ..transcript import Call, Item, Raw, Role
 from .base import ReplyRead, ToolSpec
@@ -208,8 +207,7 @@ class MessagesCodec:
         return out
 
     def hash(self, raw: Raw) -> str:
-        blob = orjson.dumps(canonical(raw), option=orjson.OPT_SORT_KEYS)
-        return hashlib.sha256(blob).hexdigest()[:32]
+        return canonical_digest(canonical(raw))
 
     def text(self, item: Item) -> str | None:
         raw = item.raw

@@ -175,8 +175,7 @@ class Engine:
         dialect, codec, body = request.dialect, request.dialect.codec, request.body
         raws = dialect.transcript(body)
         known = self.prefixes.known_prefix(key, raws)
-        dialect.validate(raws, start=len(known))
-        hashes = known + [codec.hash(m) for m in raws[len(known) :]]
+        hashes = known + await validated_hashes(dialect.validate, codec.hash, raws, len(known), request.size)
         conversation = await self.store.get(key)
         plan = await self._plan(request, key, raws, hashes, conversation)
         turn, job = self._turn(request, key, conversation, report, dry_run=True)
