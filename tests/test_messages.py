@@ -260,6 +260,27 @@ def test_read_back_in_a_json_reply(proxy: ProxyServer, upstream: FakeUpstream, h
     assert int(answer.headers["X-Context-Tokens-Sent"]) < len(BUILD_LOG) // 8
 
 
+def test_a_reply_that_was_only_a_read_past_the_limit_goes_back_upstream_valid(
+    make_proxy: MakeProxy, upstream: FakeUpstream
+) -> None:
+    proxy = messages_proxy(make_proxy, upstream, truncation={"max_read_rounds": 0})
+    upstream.responder = reading_model
+    client = claude_client(proxy, headers={"X-Conversation-ID": "read-3"})
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Why does the build fail?"}]
+    first = client.messages.create(model=MODEL, max_tokens=4096, tools=[BUILD], messages=messages)
+    messages += [as_params(first), results(first, BUILD_LOG)]
+    empty = client.messages.create(model=MODEL, max_tokens=4096, tools=[BUILD], messages=messages)
+    assert (empty.content, empty.stop_reason) == ([], "end_turn")  # only our call, taken out
+    upstream.responder = lambda body: Reply.text("Let me look again.")
+    client.messages.create(
+        model=MODEL, max_tokens=4096, tools=[BUILD],
+        messages=[*messages, as_params(empty), {"role": "user", "content": "Well?"}],
+    )
+    sent = upstream.messages_requests()[-1]["messages"]
+    assert all(m["content"] for m in sent)  # no empty message: the real API refuses one
+    assert sent[-1] == {"role": "user", "content": "Well?"} and sent[-2]["content"][0]["type"] == "tool_result"
+
+
 # -- compaction, the window, cache breakpoints ---------------------------------------------------
 
 

@@ -260,8 +260,9 @@ def rebuild_messages(items: Sequence[Item]) -> tuple[list[Raw], list[Raw]]:
     """(the messages to send, the proxy's notes for `system`) from the transcript's items.
 
     A run of joined user parts becomes one user message, its tool_result blocks first (a valid
-    client message has them first already: nothing moves then). The prompt starts on a user
-    message, as the API wants."""
+    client message has them first already: nothing moves then). An assistant message left empty
+    (a reply that held only the proxy's calls, past the read-back limit) is not sent: the API
+    refuses empty messages. The prompt starts on a user message, as the API wants."""
     messages: list[Raw] = []
     notes: list[Raw] = []
     open_user = False  # the last message is a user message being rebuilt from parts
@@ -282,6 +283,8 @@ def rebuild_messages(items: Sequence[Item]) -> tuple[list[Raw], list[Raw]]:
             messages[-1]["content"].extend(raw.get("content") or ())
             continue
         open_user = False
+        if item.role is Role.ASSISTANT and not raw.get("content"):
+            continue  # a reply that was only the proxy's calls: the API refuses an empty message
         messages.append(raw)
     for k, message in enumerate(messages):
         content = message.get("content")
