@@ -332,6 +332,35 @@ def test_mask_turns_older_results_into_placeholders_inside_their_message(
     assert "read_tool_output" in [t["name"] for t in upstream.messages_requests()[-1]["tools"]]
 
 
+def test_an_llm_summary_of_a_tool_loop_keeps_calls_with_their_results(
+    make_proxy: MakeProxy, upstream: FakeUpstream
+) -> None:
+    """The built-in compactor on a Messages conversation: its summarizer is a chat model here
+    (summarizer.model), its window cut between units, and what stays after it valid upstream."""
+    proxy = messages_proxy(
+        make_proxy, upstream,
+        upstream={"api_key": "sk-summarizer-0123456789"},  # the chat fake wants a Bearer key
+        summarizer={"model": "gpt-4o-mini"},
+        compaction={"strategy": "budget", "background": False, "max_history_summary_length": 1000},
+    )
+    client = claude_client(proxy, headers={"X-Conversation-ID": "llm-summary"})
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Check the weather in four cities."}]
+    for city in ("Paris", "Rome", "Oslo", "Lima"):
+        upstream.enqueue(Reply.tool_calls([("get_weather", json.dumps({"city": city}))], reasoning=f"Now {city}."))
+        reply = client.messages.create(model=MODEL, max_tokens=4096, tools=[WEATHER], thinking=THINKING, messages=messages)
+        messages += [as_params(reply), results(reply, f"{city}: " + "mild and dry. " * 30)]
+    upstream.enqueue(Reply.text("Done.", reasoning="All four."))
+    client.messages.create(model=MODEL, max_tokens=4096, tools=[WEATHER], thinking=THINKING, messages=messages)
+    (summarizer_call, *_) = [b for b in upstream.chat_requests() if "working memory" in json.dumps(b["messages"][0])]
+    assert "Paris: mild and dry" in summarizer_call["messages"][-1]["content"]  # the results, read by the codec
+    sent = upstream.messages_requests()[-1]
+    assert "Summary of the earlier part" in sent["system"][-1]["text"]
+    assert sent["messages"][0] == messages[0]  # the task, pinned
+    kept = sent["messages"][1:]
+    assert kept and kept[0]["role"] == "assistant" and len(kept) < len(messages) - 1
+    assert all(m in messages for m in kept)  # whole messages: no call without its result (the fake checked)
+
+
 def test_the_window_drops_thinking_tool_use_and_results_as_one_unit(
     make_proxy: MakeProxy, upstream: FakeUpstream
 ) -> None:
