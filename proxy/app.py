@@ -11,7 +11,7 @@ from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from . import connections, guard
-from .api import admin, count_tokens, models, turns, ui
+from .api import admin, count_tokens, inbox, knowledge, models, turns, ui
 from .api.passthrough import passthrough
 from .compaction import check_compactors
 from .compaction.runner import CompactionRunner
@@ -189,8 +189,10 @@ def build_app(settings: Settings) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_handler)
     admin.add_routes(app)
+    inbox.add_routes(app)
+    knowledge.add_routes(app)
     ui.add_routes(app)
-    guard.add_fallback_routes(app)  # the rest of /v1/conversations, /healthz, /metrics: never upstream
+    guard.add_fallback_routes(app)  # the rest of /v1/conversations, /v1/knowledge, /healthz, /metrics: never upstream
     turns.add_routes(app)
     count_tokens.add_routes(app)
     if settings.models:  # else /v1/models stays plain passthrough

@@ -8,6 +8,7 @@ named instead of becoming a silent no-op.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -224,6 +225,39 @@ class CompactionSettings(Section):
         return "off" if value is False or (isinstance(value, str) and value.strip().lower() == "false") else value
 
 
+# A knowledge namespace: the charset of conversation ids, shorter. "versions" and "diff" name
+# admin API paths under /v1/knowledge, so no namespace may take them.
+KNOWLEDGE_NAMESPACE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+RESERVED_NAMESPACES = frozenset({"versions", "diff"})
+
+
+def is_knowledge_namespace(value: str) -> bool:
+    return bool(KNOWLEDGE_NAMESPACE.fullmatch(value)) and value not in RESERVED_NAMESPACES and set(value) != {"."}
+
+
+class KnowledgeSettings(Section):
+    enabled: bool = Field(
+        False, description="Send the tenant's long-term knowledge document upstream and offer the tools that edit it."
+    )
+    namespace: str | None = Field(
+        None, description="The document's namespace (X-Knowledge-Namespace wins); null = the tenant's default document."
+    )
+    max_tokens: int = Field(
+        2000, ge=100, le=100_000,
+        description="Most tokens the document takes in the prompt (its system message); the agent's edits keep within.",
+    )
+    editable: bool = Field(
+        True, description="Offer the agent the tools that edit the document (reading it is always offered)."
+    )
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, value: str | None) -> str | None:
+        if value is not None and not is_knowledge_namespace(value):
+            raise ValueError("a namespace is 1-64 characters of A-Z a-z 0-9 . _ : - (not 'versions' or 'diff')")
+        return value
+
+
 class Profile(Section):
     """The per-request settings of every pipeline stage: the defaults, or a profile's overrides of them."""
 
@@ -231,9 +265,10 @@ class Profile(Section):
     truncation: TruncationSettings = TruncationSettings()
     compaction: CompactionSettings = CompactionSettings()
     quota: QuotaSettings = QuotaSettings()
+    knowledge: KnowledgeSettings = KnowledgeSettings()
 
 
-PROFILE_SECTIONS = ("context", "truncation", "compaction", "quota")
+PROFILE_SECTIONS = ("context", "truncation", "compaction", "quota", "knowledge")
 
 
 class ProfileOverrides(Section):
@@ -241,6 +276,14 @@ class ProfileOverrides(Section):
     truncation: dict[str, Any] = Field(default_factory=dict)
     compaction: dict[str, Any] = Field(default_factory=dict)
     quota: dict[str, Any] = Field(default_factory=dict)
+    knowledge: dict[str, Any] = Field(default_factory=dict)
+
+
+class InboxSettings(Section):
+    max_message_chars: int = Field(8000, ge=1, le=100_000, description="Longest inbox message accepted (characters).")
+    max_pending: int = Field(
+        50, ge=1, le=1000, description="Most undelivered inbox messages a conversation holds (429 past it)."
+    )
 
 
 class SummarizerSettings(Section):
@@ -351,6 +394,8 @@ class Settings(BaseSettings):
     truncation: TruncationSettings = TruncationSettings()
     compaction: CompactionSettings = CompactionSettings()
     quota: QuotaSettings = QuotaSettings()
+    knowledge: KnowledgeSettings = KnowledgeSettings()
+    inbox: InboxSettings = InboxSettings()
     summarizer: SummarizerSettings = SummarizerSettings()
     profiles: dict[str, ProfileOverrides] = Field(default_factory=dict)
     models: dict[str, ModelSettings] = Field(default_factory=dict)
@@ -360,7 +405,10 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _resolve_profiles(self) -> Settings:
         """Merge each profile over the defaults once, so a bad override stops start-up, naming it."""
-        default = Profile(context=self.context, truncation=self.truncation, compaction=self.compaction, quota=self.quota)
+        default = Profile(
+            context=self.context, truncation=self.truncation, compaction=self.compaction, quota=self.quota,
+            knowledge=self.knowledge,
+        )
         self._profiles[None] = default
         for name, overrides in self.profiles.items():
             merged: dict[str, Any] = {}

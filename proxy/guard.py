@@ -33,12 +33,12 @@ from .config import Settings
 from .errors import Forbidden, InvalidRequest, NotFound, Unauthorized, UnsupportedMediaType
 
 # The routes that are the proxy's own (the same decoded path the router matches on).
-ADMIN_PATH = re.compile(r"/v1/conversations(?:/.*)?|/ui(?:/.*)?|/metrics")
+ADMIN_PATH = re.compile(r"/v1/conversations(?:/.*)?|/v1/knowledge(?:/.*)?|/ui(?:/.*)?|/metrics")
 # The managed wire formats' POSTs, with or without the /c/<id> prefix and /v1.
 MANAGED_PATH = re.compile(r"(?:/c/[^/]+)?(?:/v1)?/(?:chat/completions|responses|messages(?:/count_tokens)?)")
 OWN_PATH = re.compile(rf"{ADMIN_PATH.pattern}|{MANAGED_PATH.pattern}|/healthz")
 JSON_METHODS = frozenset({"POST", "PUT", "PATCH"})
-ALLOW_METHODS = "GET, POST, PATCH, DELETE, OPTIONS"
+ALLOW_METHODS = "GET, POST, PUT, PATCH, DELETE, OPTIONS"
 PREFLIGHT_MAX_AGE_S = 600
 LOOPBACK_NAMES = frozenset({"localhost", "localhost."})
 
@@ -212,5 +212,6 @@ async def not_ours(request: web.Request) -> web.Response:
 
 def add_fallback_routes(app: web.Application) -> None:
     """Our prefixes end here: add after our routes and before the passthrough catch-all."""
-    for path in ("/v1/conversations", "/v1/conversations/{tail:.*}", "/healthz", "/metrics"):
+    for path in ("/v1/conversations", "/v1/conversations/{tail:.*}", "/v1/knowledge", "/v1/knowledge/{tail:.*}",
+                 "/healthz", "/metrics"):
         app.router.add_route("*", path, not_ours)

@@ -3,7 +3,10 @@
 Every message ever written, in seq order, with its status (live, superseded, failed, incomplete,
 internal, pending, and `compacted` for a live message behind the compaction boundary that no
 longer goes upstream); tool outputs with their ref; every summary; every turn record (what went
-upstream at each turn); and the conversation record. `GET /v1/conversations/{id}/trajectory`
+upstream at each turn); every inbox message (pending, or when, in which turn and with which
+message it was delivered); and the conversation record. Which items are system prompts, the task
+or tool outputs is the conversation's codec's to say (dialects/formats.py: the format its turn
+records name), so every wire format is shown alike. `GET /v1/conversations/{id}/trajectory`
 answers it a page of messages at a time, and `storage.trajectory_dir` keeps it as a file per
 conversation (trajectory_files.py builds that one incrementally, with the same rule and shape).
 
@@ -20,30 +23,41 @@ from typing import Any
 
 import orjson
 
-from .dialects.formats import as_tool_output
-from .messages import SYSTEM_ROLES
+from .dialects.formats import codec_for, format_of
 from .refs import RefSigner
 from .store import LIVE, Conversation, Store, StoredMessage
+from .transcript import Codec, Role
 
 COMPACTED = "compacted"
 TASK_PAGE = 16  # live messages read at a time looking for the task (it is almost always in the first few)
 
 
-def shown_status(status: str, seq: int, role: Any, boundary: int, task_seq: int | None) -> str:
+def shown_status(status: str, seq: int, role: Role, boundary: int, task_seq: int | None) -> str:
     """A message's status as the trajectory shows it: live messages behind the boundary are
     `compacted`, except system prompts and the pinned task, which are still sent every turn."""
-    if status == LIVE and seq <= boundary and role not in SYSTEM_ROLES and seq != task_seq:
+    if status == LIVE and seq <= boundary and role is not Role.SYSTEM and seq != task_seq:
         return COMPACTED
     return status
 
 
+def roles_of(codec: Codec, stored: Sequence[StoredMessage]) -> list[Role]:
+    """What each stored message is (system prompt, user, assistant, tool output, other), as its codec reads it."""
+    raws = [m.message for m in stored]
+    return [item.role for item in codec.items(raws, [m.seq for m in stored], [None] * len(raws))]
+
+
+async def conversation_codec(store: Store, conversation: Conversation) -> Codec:
+    """The codec of the format the conversation was started in (its first turn record's)."""
+    return codec_for(format_of(await store.turn_records(conversation.key, limit=1)))
+
+
 def trajectory_message(
-    stored: StoredMessage, conversation: Conversation, task_seq: int | None, refs: RefSigner
+    stored: StoredMessage, role: Role, conversation: Conversation, task_seq: int | None, refs: RefSigner
 ) -> dict[str, Any]:
     """One message of the trajectory: the stored message plus seq, created_at, status (and ref)."""
     out = stored.to_api(with_status=False)
-    out["status"] = shown_status(stored.status, stored.seq, out.get("role"), conversation.boundary, task_seq)
-    if as_tool_output(stored.message) is not None:  # in any wire format
+    out["status"] = shown_status(stored.status, stored.seq, role, conversation.boundary, task_seq)
+    if role is Role.TOOL:
         out["ref"] = refs.make(conversation.key, stored.seq)  # derived, never stored: valid under this store's secret
     return out
 
@@ -67,6 +81,7 @@ class TrajectoryDocument:
     summaries: Sequence[bytes]
     turns: Sequence[bytes]
     conversation: bytes
+    inbox: Sequence[bytes] = ()
 
     def chunks(self) -> list[bytes]:
         """The document as pieces to write out in order (no copy of the parts)."""
@@ -79,6 +94,8 @@ class TrajectoryDocument:
         out += _joined(self.summaries)
         out.append(b'],"turns":[')
         out += _joined(self.turns)
+        out.append(b'],"inbox":[')
+        out += _joined(self.inbox)
         out += [b'],"conversation":', self.conversation, b"}"]
         return out
 
@@ -99,33 +116,45 @@ async def build_trajectory(
     store: Store, refs: RefSigner, conversation: Conversation, *, after: int | None = None, limit: int | None = None
 ) -> TrajectoryDocument:
     """The trajectory read whole from the store: the messages after seq `after` (at most `limit`
-    of them, `has_more` saying whether more follow), with every summary and turn record."""
+    of them, `has_more` saying whether more follow), with every summary, turn record and inbox
+    message."""
     key = conversation.key
+    turns = await store.turn_records(key)
+    codec = codec_for(format_of(turns))
     rows = await store.messages(key, live_only=False, after=after, limit=None if limit is None else limit + 1)
     has_more = limit is not None and len(rows) > limit
     rows = rows[:limit] if limit is not None else rows
-    task_seq = await pinned_task_seq(store, conversation)
+    task_seq = await pinned_task_seq(store, conversation, codec)
+    shown = zip(rows, roles_of(codec, rows), strict=True)
     return TrajectoryDocument(
-        data=[encode(trajectory_message(m, conversation, task_seq, refs)) for m in rows],
+        data=[encode(trajectory_message(m, role, conversation, task_seq, refs)) for m, role in shown],
         first_id=rows[0].seq if rows else None,
         last_id=rows[-1].seq if rows else None,
         has_more=has_more,
         summaries=[encode(s.to_api()) for s in await store.summaries(key)],
-        turns=[encode(r) for r in await store.turn_records(key)],
+        turns=[encode(r) for r in turns],
         conversation=encode(conversation.to_api()),
+        inbox=await inbox_parts(store, conversation),
     )
 
 
-async def pinned_task_seq(store: Store, conversation: Conversation) -> int | None:
+async def inbox_parts(store: Store, conversation: Conversation) -> list[bytes]:
+    """The conversation's inbox messages, encoded (no store read for a conversation that has none)."""
+    if not conversation.inbox_open and not conversation.inbox_anchors:
+        return []
+    return [encode(m.to_api()) for m in await store.inbox(conversation.key)]
+
+
+async def pinned_task_seq(store: Store, conversation: Conversation, codec: Codec) -> int | None:
     """The seq of the first live user message (the task compaction pins) when it is behind the
     boundary; None when it is not (it is then simply live)."""
     after = 0
     while conversation.boundary:
         page = await store.messages(conversation.key, live_only=True, after=after, limit=TASK_PAGE)
-        for stored in page:
+        for stored, role in zip(page, roles_of(codec, page), strict=True):
             if stored.seq > conversation.boundary:
                 return None
-            if stored.message.get("role") == "user":
+            if role is Role.USER:
                 return stored.seq
         if len(page) < TASK_PAGE:
             return None
@@ -133,13 +162,13 @@ async def pinned_task_seq(store: Store, conversation: Conversation) -> int | Non
     return None
 
 
-def first_live_user(conversation: Conversation, roles: Sequence[Any]) -> int | None:
+def first_live_user(conversation: Conversation, roles: Sequence[Role]) -> int | None:
     """pinned_task_seq from roles already known (`roles[seq - 1]`), without reading the store."""
     if not conversation.boundary:
         return None
     for seq, _ in conversation.live:
         if seq > conversation.boundary:
             return None
-        if roles[seq - 1] == "user":
+        if roles[seq - 1] is Role.USER:
             return seq
     return None

@@ -31,10 +31,12 @@ from typing import Any
 
 from prometheus_client import Counter
 
+from .dialects.formats import codec_for, format_of
 from .identity import CONVERSATION_ID, ConversationKey
 from .refs import RefSigner
 from .store import PENDING, Conversation, Store, StoredMessage, Summary
-from .trajectory import TrajectoryDocument, encode, first_live_user, shown_status, trajectory_message
+from .trajectory import TrajectoryDocument, encode, first_live_user, inbox_parts, roles_of, shown_status, trajectory_message
+from .transcript import Role
 
 log = logging.getLogger("proxy.trajectory")
 
@@ -49,8 +51,9 @@ class _Mirror:
     """What a conversation's file holds, by seq (list index seq - 1), kept between turns."""
 
     created_at: float
+    format: str | None = None  # the conversation's (its first turn record's); None before there is one
     statuses: list[str] = field(default_factory=list)  # as stored
-    roles: list[Any] = field(default_factory=list)
+    roles: list[Role] = field(default_factory=list)  # as the conversation's codec reads each message
     shown: list[str] = field(default_factory=list)  # as the trajectory shows them (compacted marks)
     encoded: list[bytes] = field(default_factory=list)
     live: list[tuple[int, str]] = field(default_factory=list)  # the record's live transcript, as last seen
@@ -71,13 +74,13 @@ class _Mirror:
         same conversation is the same log further on, and is followed as such."""
         return self.created_at == conversation.created_at and self.next_seq <= conversation.next_seq
 
-    def note(self, stored: StoredMessage) -> None:
+    def note(self, stored: StoredMessage, role: Role) -> None:
         """Take a message as read from the store (new, or with a changed status)."""
         i = stored.seq - 1
         if i == len(self.statuses):
             self.size += PER_MESSAGE
             self.statuses.append(stored.status)
-            self.roles.append(stored.message.get("role"))
+            self.roles.append(role)
             self.shown.append("")
             self.encoded.append(b"")
         else:
@@ -96,8 +99,9 @@ class _Mirror:
         return {seq for seq, _ in seen} ^ {seq for seq, _ in live}  # an edit or regenerate
 
     def note_all(self, messages: dict[int, StoredMessage]) -> None:
-        for seq in sorted(messages):
-            self.note(messages[seq])
+        ordered = [messages[seq] for seq in sorted(messages)]
+        for stored, role in zip(ordered, roles_of(codec_for(self.format), ordered), strict=True):
+            self.note(stored, role)
 
     def shown_differently(self, read: AbstractSet[int], boundary: int, task_seq: int | None) -> set[int]:
         """The seqs to encode again: those just read, and those the trajectory now shows with
@@ -129,6 +133,7 @@ class _Changes:
     task_seq: int | None
     summaries: list[Summary]  # new ones
     turns: list[dict[str, Any]]  # new turn records
+    inbox: list[bytes]  # every inbox message, encoded (their statuses change: read whole, they are few)
 
 
 class TrajectoryWriter:
@@ -212,6 +217,12 @@ class TrajectoryWriter:
         mirror = self._drop(key)
         if mirror is None or not mirror.same_conversation(conversation):
             mirror = _Mirror(conversation.created_at)  # new here, or deleted and made again since
+        # Turn records never change once written: only new ones are read. The first names the
+        # conversation's format; a mirror made before it existed read the messages as the default
+        # format's, so it starts over.
+        turns = await self.store.turn_records(key, after=len(mirror.turns))
+        if not mirror.turns and format_of(turns) != mirror.format:
+            mirror = _Mirror(conversation.created_at, format_of(turns))
         # Statuses only ever move from pending, or from live: those are the ones to look at again.
         stale = {seq for seq in mirror.changed_live(conversation.live) | mirror.pending if seq < mirror.next_seq}
         mirror.live = conversation.live
@@ -222,20 +233,20 @@ class TrajectoryWriter:
         needed = await self._read(key, redo - fresh.keys(), 0, 0)  # to show it differently, read it again
         mirror.note_all(needed)
         fresh |= needed
-        # Summaries and turn records never change once written: only new ones are read.
+        # Summaries never change once written either.
         if not mirror.summaries:
             summaries = await self.store.summaries(key)
         else:
             summaries = []
             while (summary := await self.store.summary(key, len(mirror.summaries) + len(summaries) + 1)) is not None:
                 summaries.append(summary)
-        turns = await self.store.turn_records(key, after=len(mirror.turns))
-        return mirror, _Changes([fresh[seq] for seq in redo], task_seq, summaries, turns)
+        inbox = await inbox_parts(self.store, conversation)
+        return mirror, _Changes([fresh[seq] for seq in redo], task_seq, summaries, turns, inbox)
 
     def _encode_and_write(self, mirror: _Mirror, changes: _Changes, conversation: Conversation, path: Path) -> None:
         """In the worker thread: the changed parts encoded into the mirror, then the file written."""
         for stored in changes.messages:
-            entry = trajectory_message(stored, conversation, changes.task_seq, self.refs)
+            entry = trajectory_message(stored, mirror.roles[stored.seq - 1], conversation, changes.task_seq, self.refs)
             mirror.set_encoded(stored.seq, entry["status"], encode(entry))
         mirror.boundary, mirror.task_seq = conversation.boundary, changes.task_seq
         mirror.add_records([encode(s.to_api()) for s in changes.summaries], [encode(r) for r in changes.turns])
@@ -247,6 +258,7 @@ class TrajectoryWriter:
             summaries=mirror.summaries,
             turns=mirror.turns,
             conversation=encode(conversation.to_api()),
+            inbox=changes.inbox,
         )
         _write_file(path.parent.parent, path, document)
 

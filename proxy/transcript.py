@@ -13,8 +13,9 @@ with its call, a Responses function_call with the reasoning before it). A unit i
 of such items; the window and compaction cut only between units, so a call never splits from its
 result and a reasoning item never loses the item it belongs to.
 
-The shared facts stages leave on items: `pinned` (compaction: the task, always sent), `ref` (a
-shortened or masked tool output, readable through read_tool_output), `masked`.
+The shared facts stages leave on items: `pinned` (the task, always sent), `ref` (a shortened or
+masked tool output, readable through read_tool_output), `masked`, `origin` (an item a stage of
+the proxy made: the summary, knowledge, an inbox note; so a later stage can find it again).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class Item:
     pinned: bool = False
     ref: str | None = None
     masked: bool = False
+    origin: str | None = None  # which part of the proxy made this item ("summary", "knowledge", ...); None: the client
 
     def but(self, **changes: Any) -> Item:
         return replace(self, **changes)
@@ -84,6 +86,10 @@ class Codec(Protocol):
 
     def system_note(self, text: str) -> Item:
         """An instruction of the proxy's own (a summary), in this format."""
+
+    def user_note(self, text: str) -> Item:
+        """A user item of the proxy's making (an inbox message delivered as a message of its own),
+        in this format: it goes right before a user item of the client's."""
 
     def tool_result(self, call: Call, text: str) -> Item:
         """A result for `call` (a missing result filled in, a read_tool_output answered)."""

@@ -4,8 +4,8 @@ from one store, as a JSON document, and written into another, diskcache or Redis
 The document holds what the store holds: every message with its seq, status, hash and time, the
 rewrites, the first-forwarded quota marks, the pipeline's marks (where the window and mask cut),
 the boundary and current summary, every summary, every turn record, the response ids that name
-its replies (`previous_response_id`), the LLM-call count and the times; the tenant and id are
-kept. Refs are not in it: they are HMACs of (tenant, id, seq) under each store's own secret,
+its replies (`previous_response_id`), every inbox message and where it was delivered, the
+LLM-call count and the times; the tenant and id are kept. Refs are not in it: they are HMACs of (tenant, id, seq) under each store's own secret,
 derived whenever they are shown, so after an import every ref the proxy shows or answers is the
 target store's.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from .identity import CONVERSATION_ID, ConversationKey
-from .store import LIVE, Conversation, ConversationDump, Store, StoredMessage, Summary
+from .store import LIVE, Conversation, ConversationDump, InboxMessage, Store, StoredMessage, Summary
 
 FORMAT = "context-proxy.conversation"
 VERSION = 1
@@ -43,6 +43,7 @@ async def read_dump(store: Store, key: ConversationKey) -> ConversationDump | No
         summaries=await store.summaries(key),
         turns=turns,
         responses=responses,
+        inbox=await store.inbox(key),
     )
 
 
@@ -68,6 +69,7 @@ def dump_to_json(dump: ConversationDump) -> dict[str, Any]:
         "summaries": [s.to_record() for s in dump.summaries],
         "turns": dump.turns,
         "responses": dump.responses,
+        "inbox": [{k: v for k, v in m.to_api().items() if k != "object"} | {"note": m.note} for m in dump.inbox],
     }
 
 
@@ -107,13 +109,22 @@ def dump_from_json(doc: Any) -> ConversationDump:
         )
         turns = [_object(t) for t in _list(doc["turns"])]
         responses = {_str(rid): _int(seq) for rid, seq in _object(doc["responses"]).items()}
-        dump = ConversationDump(conversation, messages, rewrites, summaries, turns, responses)
+        inbox = [_inbox_message(_object(m)) for m in _list(doc.get("inbox", []))]  # none in older exports
+        dump = ConversationDump(conversation, messages, rewrites, summaries, turns, responses, inbox)
         dump.check()
     except KeyError as exc:
         raise InvalidExport(f"the export has no {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:
         raise InvalidExport(str(exc)) from None
     return dump
+
+
+def _inbox_message(raw: dict[str, Any]) -> InboxMessage:
+    return InboxMessage(
+        _int(raw["id"]), _str(raw["content"]), _str(raw["note"]), _number(raw["created_at"]), _str(raw["status"]),
+        _optional_int(raw["seq"]), None if raw["placement"] is None else _str(raw["placement"]),
+        _optional_int(raw["turn"]), None if raw["delivered_at"] is None else _number(raw["delivered_at"]),
+    )
 
 
 def _optional_int(value: Any) -> int | None:

@@ -124,6 +124,9 @@ def test_turn_records_say_what_went_upstream(make_proxy, upstream):
     assert [r["turn"] for r in records] == [1, 2, 3, 4]
     assert [r["llm_calls"] for r in records] == [1, 2, 3, 4]
     assert records[0]["sent_seqs"] == [1, 2] and records[0]["messages_left_out"] == 0
-    assert records[3]["sent_seqs"][0] == 1 and 2 not in records[3]["sent_seqs"]  # the window dropped old turns
-    assert records[3]["messages_left_out"] > 0 and records[3]["tokens_sent"] <= 100 + 10
+    # The window dropped old turns but pinned the task (seq 2); the dropped questions went into a note.
+    assert records[3]["sent_seqs"][:2] == [1, 2] and 4 not in records[3]["sent_seqs"]
+    assert records[3]["messages_left_out"] > 0
+    note = upstream.chat_requests()[-1]["messages"][1]
+    assert note["role"] == "system" and "question 1" in note["content"]
     assert all(r["status"] == "live" and r["reply_seq"] for r in records)

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from tests.agents_sdk import run_tests_agent
 from tests.conftest import ALICE, live_messages, openai_client, trajectory
 from tests.fake_upstream import Reply
 
@@ -199,25 +200,8 @@ def test_bad_input_is_a_400_in_openai_shape_and_stores_nothing(proxy, upstream, 
 
 
 def test_the_agents_sdk_on_its_default_model_runs_its_tool_loop_through_the_proxy(proxy, upstream, http):
-    from agents import Agent, RunConfig, Runner, function_tool, set_tracing_disabled
-    from agents.models.openai_responses import OpenAIResponsesModel
-    from openai import AsyncOpenAI
-
-    set_tracing_disabled(True)
-    ran: list[str] = []
-
-    @function_tool
-    def run_tests(path: str) -> str:
-        """Run the tests under a path."""
-        ran.append(path)
-        return f"{path}: 12 passed"
-
-    client = AsyncOpenAI(base_url=proxy.base_url, api_key=ALICE, max_retries=0, default_headers={"X-Conversation-ID": "sdk"})
-    agent = Agent(name="tester", instructions="Run the tests.", tools=[run_tests],
-                  model=OpenAIResponsesModel(model="gpt-4o-mini", openai_client=client))
     upstream.enqueue(Reply.tool_calls([("run_tests", '{"path": "tests/"}')]), Reply.text("All 12 passed."))
-    result = Runner.run_sync(agent, "run the tests", run_config=RunConfig(tracing_disabled=True))
-    assert result.final_output == "All 12 passed." and ran == ["tests/"]
+    assert run_tests_agent(proxy.base_url, "gpt-4o-mini", "sdk") == ("All 12 passed.", ["tests/"])
     stored = live_messages(http, "sdk")
     assert [m.get("type", "message") for m in stored] == ["message", "function_call", "function_call_output", "message"]
     assert stored[2]["output"] == "tests/: 12 passed"

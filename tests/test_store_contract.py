@@ -14,12 +14,18 @@ from proxy.config import StorageSettings
 from proxy.identity import ConversationKey
 from proxy.messages import message_hash
 from proxy.store import (
+    APPEND,
+    BEFORE,
     FAILED,
+    INBOX_DELIVERED,
+    INBOX_DELIVERING,
+    INBOX_PENDING,
     LIVE,
     PENDING,
     SUPERSEDED,
     ConversationDump,
     ConversationExists,
+    InboxFull,
     KeyFact,
     QuotedMessage,
     Store,
@@ -292,6 +298,9 @@ async def a_conversation_with_everything(store: Store, key: ConversationKey) -> 
     await store.set_marks(key, {"window_start": 5, "mask_through": 3})
     await store.add_summary(key, summary(1, 4, "first"))
     await store.add_summary(key, summary(1, 2, "stale"))
+    await store.post_inbox(key, "delivered before the task", "note 1", max_pending=5)
+    await store.deliver_inbox(key, 2, BEFORE, turn=1, stamp=12.25)
+    await store.post_inbox(key, "still waiting", "note 2", max_pending=5)
 
 
 def moved(dump: ConversationDump, key: ConversationKey) -> ConversationDump:
@@ -303,10 +312,13 @@ async def test_import_writes_exactly_what_was_exported_and_the_conversation_goes
     dump = await read_dump(store, A)
     statuses = [LIVE, LIVE, LIVE, LIVE, LIVE, FAILED, SUPERSEDED, LIVE, LIVE]
     assert dump is not None and [m.status for m in dump.messages] == statuses and dump.responses == {"resp_1": 5}
+    assert [(m.status, m.seq) for m in dump.inbox] == [(INBOX_DELIVERED, 2), (INBOX_PENDING, None)]
     await store.import_conversation(moved(dump, C))
     assert await read_dump(store, C) == moved(dump, C)
     assert await read_dump(store, A) == dump  # the original untouched
     assert await store.response_owner(C.tenant, "resp_1") == ("copy", 5)
+    copied = await store.get(C)
+    assert (copied.inbox_open, copied.inbox_anchors) == (1, frozenset({2}))  # the waiting one is still due
     everyone, _ = await store.list_conversations(None)
     assert [c.key for c in everyone] == [C, A]  # an import lists as the newest
     assert [c.key for c in await store.find("copy")] == [C]
@@ -353,8 +365,9 @@ async def test_import_refuses_a_taken_key_unless_told_to_replace(store):
         lambda d: d.turns.reverse(),
         lambda d: setattr(d, "responses", {"resp_x": 99}),
         lambda d: d.conversation.marks.update(window_start=99),
+        lambda d: setattr(d.inbox[0], "seq", 99),
     ],
-    ids=["seq-gap", "status", "summary-ids", "rewrite-seq", "turn-order", "response-seq", "mark-seq"],
+    ids=["seq-gap", "status", "summary-ids", "rewrite-seq", "turn-order", "response-seq", "mark-seq", "inbox-seq"],
 )
 async def test_import_refuses_a_dump_whose_parts_disagree_and_writes_nothing(store, spoil):
     await a_conversation_with_everything(store, A)
@@ -363,6 +376,132 @@ async def test_import_refuses_a_dump_whose_parts_disagree_and_writes_nothing(sto
     with pytest.raises(ValueError):
         await store.import_conversation(dump)
     assert await store.get(C) is None and await store.messages(C, live_only=False) == []
+
+
+# -- inbox -------------------------------------------------------------------------------------
+
+
+async def test_inbox_messages_wait_for_an_existing_conversation_only(store):
+    assert await store.post_inbox(A, "hello", "note: hello", max_pending=5) is None  # no such conversation
+    await add(store, A, ["task"])
+    first = await store.post_inbox(A, "look at b.py", "note 1", max_pending=2)
+    second = await store.post_inbox(A, "and c.py", "note 2", max_pending=2)
+    assert (first.id, second.id) == (1, 2)
+    with pytest.raises(InboxFull):
+        await store.post_inbox(A, "one too many", "note 3", max_pending=2)
+    listed = await store.inbox(A)
+    assert [(m.id, m.content, m.note, m.status, m.seq) for m in listed] == [
+        (1, "look at b.py", "note 1", INBOX_PENDING, None), (2, "and c.py", "note 2", INBOX_PENDING, None),
+    ]
+    assert [m.id for m in await store.inbox(A, after=1)] == [2]
+    assert (await store.get(A)).inbox_open == 2
+    assert await store.inbox(B) == []
+
+
+async def test_delivery_takes_every_waiting_message_once_and_follows_its_item(store):
+    await add(store, A, ["task"])
+    await store.post_inbox(A, "first", "n1", max_pending=5)
+    await store.post_inbox(A, "second", "n2", max_pending=5)
+    [item] = await add(store, A, ["tool result"], PENDING)
+    delivered = await store.deliver_inbox(A, item, APPEND, turn=3, stamp=123.5)
+    assert [(m.id, m.status, m.seq, m.placement, m.turn, m.delivered_at) for m in delivered] == [
+        (1, INBOX_DELIVERING, item, APPEND, 3, 123.5), (2, INBOX_DELIVERING, item, APPEND, 3, 123.5),
+    ]
+    assert (await store.get(A)).inbox_anchors == frozenset({item})
+    assert [m.id for m in (await store.inbox_at(A, [item, 1]))[item]] == [1, 2]
+    assert await store.inbox_at(A, [1]) == {}
+    await store.finish_turn(A, {item: LIVE}, [], LIVE, None)
+    assert [m.status for m in await store.inbox(A)] == [INBOX_DELIVERED, INBOX_DELIVERED]
+    # The next turn's delivery finds them delivered for good: nothing is open any more.
+    [later] = await add(store, A, ["next"], PENDING)
+    assert await store.deliver_inbox(A, later, BEFORE, turn=4, stamp=130.0) == []
+    assert (await store.get(A)).inbox_open == 0
+
+
+async def test_a_message_delivered_in_a_failed_turn_is_delivered_again(store):
+    await add(store, A, ["task"])
+    await store.post_inbox(A, "steer", "n", max_pending=5)
+    [failed] = await add(store, A, ["attempt"], PENDING)
+    await store.deliver_inbox(A, failed, BEFORE, turn=2, stamp=1.0)
+    await store.finish_turn(A, {failed: FAILED}, [], LIVE, None)
+    [waiting] = await store.inbox(A)
+    assert (waiting.status, waiting.seq, waiting.turn) == (INBOX_PENDING, None, None)
+    # A turn that never ended (its replica died) leaves its item pending: delivered again too.
+    [abandoned] = await add(store, A, ["attempt 2"], PENDING)
+    assert [m.id for m in await store.deliver_inbox(A, abandoned, BEFORE, turn=3, stamp=2.0)] == [1]
+    [retry] = await add(store, A, ["attempt 3"], PENDING)
+    [again] = await store.deliver_inbox(A, retry, APPEND, turn=3, stamp=3.0)
+    assert (again.id, again.seq, again.placement) == (1, retry, APPEND)
+    assert await store.inbox_at(A, [failed, abandoned]) == {}
+    assert (await store.get(A)).inbox_anchors == frozenset({retry})
+
+
+async def test_delivery_with_a_live_item_is_final_at_once(store):
+    [live] = await add(store, A, ["task"])
+    await store.post_inbox(A, "steer", "n", max_pending=5)
+    [message] = await store.deliver_inbox(A, live, BEFORE, turn=1, stamp=1.0)
+    assert message.status == INBOX_DELIVERED
+    assert (await store.get(A)).inbox_open == 0
+
+
+async def test_concurrent_turns_deliver_each_message_once(store):
+    """Turns deliver under the conversation's lock, as the engine's do: whichever turn comes first
+    takes what is waiting, the others find it delivered (for Redis: across replicas as well)."""
+    await add(store, A, ["task"])
+    posted = [await store.post_inbox(A, f"m{i}", f"n{i}", max_pending=10) for i in range(5)]
+
+    async def turn(n: int) -> list[int]:
+        async with store.lock(A):
+            [item] = await add(store, A, [f"turn {n}"], PENDING)
+            delivered = await store.deliver_inbox(A, item, BEFORE, n, float(n))
+            await store.finish_turn(A, {item: LIVE}, [], LIVE, None)
+            return [m.id for m in delivered]
+
+    batches = await asyncio.gather(*(turn(n) for n in range(4)))
+    assert sorted(i for batch in batches for i in batch) == [m.id for m in posted]
+    assert sum(1 for batch in batches if batch) == 1
+    assert {m.status for m in await store.inbox(A)} == {INBOX_DELIVERED}
+
+
+async def test_deleting_a_conversation_deletes_its_inbox(store):
+    await add(store, A, ["task"])
+    await store.post_inbox(A, "steer", "n", max_pending=5)
+    await store.delete(A)
+    await add(store, A, ["again"])
+    assert await store.inbox(A) == []
+    assert (await store.get(A)).inbox_open == 0
+
+
+# -- long-term knowledge -----------------------------------------------------------------------
+
+
+async def test_knowledge_versions_are_all_kept_per_tenant_and_namespace(store):
+    assert await store.knowledge("t1", "") is None
+    assert await store.knowledge_at("t1", "", cutoff=1e12) is None
+    first = await store.put_knowledge("t1", "", "# Notes\n", "seed", base_version=0)
+    assert (first.version, first.text, first.source) == (1, "# Notes\n", "seed")
+    assert await store.put_knowledge("t1", "", "lost race", "agent:c", base_version=0) is None
+    second = await store.put_knowledge("t1", "", "# Notes\nmore\n", "agent:c", base_version=1)
+    await store.put_knowledge("t1", "ops", "ops notes", "admin", base_version=0)
+    assert (await store.knowledge("t1", "")).version == 2
+    assert (await store.knowledge("t1", "", version=1)).text == "# Notes\n"
+    assert await store.knowledge("t1", "", version=3) is None
+    assert [v.version for v in await store.knowledge_versions("t1", "")] == [2, 1]
+    assert [v.version for v in await store.knowledge_versions("t1", "", before=2, limit=5)] == [1]
+    assert await store.knowledge("t2", "") is None and await store.knowledge("t1", "dev") is None
+    assert [(d.namespace, d.version) for d in await store.knowledge_documents("t1")] == [("", 2), ("ops", 1)]
+    await store.put_knowledge("t2", "", "bob", "api", base_version=0)
+    assert {(d.tenant, d.namespace) for d in await store.knowledge_documents(None)} == {("t1", ""), ("t1", "ops"), ("t2", "")}
+    # A conversation sees the newest version written by its cutoff, else the first one.
+    assert (await store.knowledge_at("t1", "", cutoff=second.created_at)).version == 2
+    assert (await store.knowledge_at("t1", "", cutoff=(first.created_at + second.created_at) / 2)).version in (1, 2)
+    assert (await store.knowledge_at("t1", "", cutoff=first.created_at - 100)).version == 1
+
+
+async def test_concurrent_knowledge_writes_on_one_base_let_one_win(store):
+    results = await asyncio.gather(*(store.put_knowledge("t", "", f"v{i}", "agent", base_version=0) for i in range(6)))
+    assert sum(r is not None for r in results) == 1
+    assert (await store.knowledge("t", "")).version == 1
 
 
 async def test_pending_messages_a_crash_left_are_marked_failed_once(store):

@@ -14,6 +14,7 @@ from proxy.config import ContextSettings, Profile, Settings
 from proxy.dialects.chat import CHAT
 from proxy.engine.report import TurnReport
 from proxy.identity import ConversationKey
+from proxy.refs import RefSigner
 from proxy.pipeline.window import TokenWindow, build, effective_limit, select_window as select_items
 from proxy.tokens import TokenCounter
 from proxy.transcript import Item, units
@@ -171,6 +172,7 @@ def turn(
     return SimpleNamespace(
         model=model, profile=profile, counter=COUNTER, codec=CHAT.codec, report=report,
         reply_reserve=CHAT.reply_reserve(body), fixed_tokens=0, proxy_tool_tokens=0, marks=marks or {},
+        summary=None, key=report.key, refs=RefSigner(b"k" * 32),
     )
 
 
@@ -195,21 +197,36 @@ def test_stage_sends_the_window_and_notes_tokens_and_left_out() -> None:
     out = run(build(Settings()), t, msgs)
     sent = [item.raw for item in out]
     assert sent[0] == msgs[0] and sent[-1] == msgs[-1]
-    assert sent[1]["role"] != "tool"
+    assert sent[1] == msgs[1] and out[1].pinned  # the task: left out by the window, so pinned
+    assert sent[2]["role"] != "tool"
     assert validate_chat_request({"model": "gpt-4o-mini", "messages": sent}) is None
     counts = [COUNTER.count(m, "gpt-4o-mini") for m in sent]
     assert t.report.tokens_sent == sum(counts)
     assert sum(counts[1:]) <= 2000
     assert t.report.messages_left_out == len(msgs) - len(sent) > 0
-    assert [item.seq for item in out] == [0, *range(len(msgs) - len(sent) + 1, len(msgs))]
+    assert [item.seq for item in out] == [0, 1, *range(len(msgs) - len(sent) + 2, len(msgs))]
+
+
+def test_user_messages_the_window_leaves_out_are_quoted_in_a_note_after_the_system_prompt() -> None:
+    msgs = [system(), user("fix the parser"), say("on it"), user("never touch legacy/ please"), say("ok " * 300),
+            user("x " * 300), say("y " * 300), user("and now?")]
+    t = turn(limit=700)
+    out = run(TokenWindow(), t, msgs)
+    note = out[1].raw["content"]
+    assert out[1].origin == "summary" and out[1].raw["role"] == "system"
+    assert "never touch legacy/ please" in note and "fix the parser" not in note  # the task is pinned, not quoted
+    assert out[2].raw == msgs[1] and out[-1].raw == msgs[-1]
+    assert all(m.raw != msgs[3] for m in out[2:])  # left out of the window, kept in the note
+    counts = [COUNTER.count(i.raw, "gpt-4o-mini") for i in out]
+    assert t.report.tokens_sent == sum(counts)
 
 
 def test_stage_adds_to_what_earlier_stages_left_out() -> None:
     t = turn(limit=64)
     t.report.messages_left_out = 7
     out = run(TokenWindow(), t, [system(), user("x " * 200), say("y " * 200), user()])
-    assert len(out) == 2
-    assert t.report.messages_left_out == 9
+    assert [i.raw["role"] for i in out] == ["system", "user", "user"]  # the task pinned, the newest
+    assert t.report.messages_left_out == 8
 
 
 def test_stage_keeps_everything_under_the_limit() -> None:
@@ -310,6 +327,11 @@ def test_window_properties(case: tuple[list[Msg], list[int], int]) -> None:
             assert sum(counts[previous:]) > limit or msgs[previous]["role"] == "tool"
 
 
+def history_of(out: list[Item]) -> list[Item]:
+    """What the window chose from the history: the output without system items, the pinned task, notes."""
+    return [i for i in out if i.raw.get("role") not in ("system", "developer") and not i.pinned]
+
+
 @settings(max_examples=100, deadline=None)
 @given(transcripts(), st.integers(64, 2000))
 def test_stage_properties_with_real_counts(msgs: list[Msg], limit: int) -> None:
@@ -318,19 +340,32 @@ def test_stage_properties_with_real_counts(msgs: list[Msg], limit: int) -> None:
     sent = [item.raw for item in out]
     assert validate_chat_request({"model": "gpt-4o-mini", "messages": sent}) is None
     assert sent[-1] is msgs[-1]
-    assert t.report.messages_left_out == len(msgs) - len(sent)
+    notes = [i for i in out if i.origin == "summary"]
+    assert t.report.messages_left_out == len(msgs) + len(notes) - len(sent)
     assert t.report.tokens_sent == sum(COUNTER.count(m, "gpt-4o-mini") for m in sent)
+    users = [m for m in msgs if m["role"] == "user"]
+    if users:  # the task goes, and every other user message goes or is quoted in the note
+        assert any(m is users[0] for m in sent)
+        note = notes[0].raw["content"] if notes else ""
+        assert all(any(m is s for s in sent) or m["content"] in note for m in users[1:])
+
+
+class CountingEverything(TokenWindow):
+    """The window as it would be if it counted every message: the reference for the one that
+    counts only as far back as it can reach."""
+
+    async def _tail_counts(self, turn, items, head, limit):  # type: ignore[override]
+        return [0] * head + await self._count(turn, items[head:]), head
 
 
 @settings(max_examples=100, deadline=None)
 @given(transcripts(), st.integers(64, 2000))
 def test_stage_counting_only_the_tail_chooses_what_counting_everything_would(msgs: list[Msg], limit: int) -> None:
     """The stage counts the newest messages only (as far back as the window can reach): the same
-    window as select_window over every message's count."""
-    full = COUNTER.count_many(msgs, "gpt-4o-mini")
-    expected = select_window(msgs, full, limit)
+    window as counting every message's tokens."""
+    expected = run(CountingEverything(), turn(limit=limit), msgs)
     out = run(TokenWindow(), turn(limit=limit), msgs)
-    assert [item.seq for item in out] == expected
+    assert [(item.seq, item.raw) for item in out] == [(item.seq, item.raw) for item in expected]
 
 
 def test_a_long_conversation_counts_only_its_window() -> None:
@@ -354,7 +389,7 @@ def test_the_window_cuts_in_steps_and_keeps_its_start_until_the_limit_is_reached
         transcript = [*msgs[:end], user(f"turn {end}")]
         t = turn(limit=3000, refill=0.5, marks=dict(marks))
         out = run(TokenWindow(), t, transcript)
-        history = out[1:]
+        history = history_of(out)
         assert sum(COUNTER.count(i.raw, "gpt-4o-mini") for i in history) <= 3000
         if t.report.marks:  # a cut: the new start fills about half the limit
             cuts += 1
@@ -371,4 +406,4 @@ def test_a_start_that_is_gone_is_cut_again() -> None:
     msgs = agent_run(30, "line of output\n" * 20)
     t = turn(limit=2000, refill=0.5, marks={"window_start": 10_000})  # beyond the transcript (a rewound branch)
     out = run(TokenWindow(), t, msgs)
-    assert t.report.marks["window_start"] == out[1].seq
+    assert t.report.marks["window_start"] == history_of(out)[0].seq

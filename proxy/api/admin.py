@@ -12,12 +12,12 @@ from typing import Any
 
 from aiohttp import web
 
-from ..dialects.formats import as_tool_output
 from ..errors import InvalidRequest, NotFound, Unauthorized
 from ..identity import ConversationKey, bearer_token, check_conversation_id, request_tenant
 from ..state import REFS, SETTINGS, STORE, TRAJECTORIES
 from ..store import Conversation, StoredMessage
-from ..trajectory import build_trajectory
+from ..trajectory import build_trajectory, conversation_codec
+from ..transcript import Role
 
 ALL_TENANTS = None
 
@@ -132,21 +132,24 @@ async def turns(request: web.Request) -> web.Response:
 
 
 async def tool_output(request: web.Request) -> web.Response:
-    """The full text of a shortened tool output; a ref of another conversation or tenant is a 404."""
+    """The full text of a shortened tool output (a chat tool message, a Responses
+    function_call_output, an Anthropic tool_result: the conversation's codec says); a ref of
+    another conversation or tenant is a 404."""
     conversation = await _conversation(request)
+    store = request.app[STORE]
     ref = request.match_info["ref"]
     seq = request.app[REFS].seq_of(conversation.key, ref)
-    stored = await request.app[STORE].message(conversation.key, seq) if seq is not None else None
-    found = as_tool_output(stored.message, stored.seq) if stored is not None else None
-    if stored is None or found is None:
+    stored = await store.message(conversation.key, seq) if seq is not None else None
+    codec = await conversation_codec(store, conversation)
+    item = codec.items([stored.message], [stored.seq], [None])[0] if stored is not None else None
+    if item is None or item.role is not Role.TOOL:
         raise NotFound(f"No tool output with ref '{ref}' in this conversation")
-    item, codec = found
     content = codec.text(item) or ""
     return web.json_response(
         {
             "object": "tool_output",
             "ref": ref,
-            "seq": stored.seq,
+            "seq": item.seq,
             "tool_call_id": item.answers,
             "length": len(content),
             "content": content,

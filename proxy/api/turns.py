@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..config import Profile, Settings
+from ..config import Profile, Settings, is_knowledge_namespace
 from ..dialects.base import Dialect
 from ..dialects.chat import CHAT
 from ..dialects.messages import MESSAGES
@@ -28,8 +28,9 @@ from ..upstream import forwardable
 HISTORY_HEADER = "X-History"
 PROFILE_HEADER = "X-Context-Profile"
 COMPACTION_HEADER = "X-Compaction"
+KNOWLEDGE_HEADER = "X-Knowledge-Namespace"
 # Our own request headers: meant for the proxy, never forwarded upstream.
-OWN_HEADERS = frozenset({"x-history", "x-context-profile", "x-compaction"})
+OWN_HEADERS = frozenset({"x-history", "x-context-profile", "x-compaction", "x-knowledge-namespace"})
 
 
 async def read_json_object(request: web.Request, transcript_key: str) -> dict[str, Any]:
@@ -57,6 +58,20 @@ def compaction_control(request: web.Request) -> str | None:
     if control not in ("force", "skip"):
         raise InvalidRequest(f"{COMPACTION_HEADER} must be 'force' or 'skip'", param=COMPACTION_HEADER)
     return control
+
+
+def knowledge_namespace(request: web.Request, profile: Profile) -> str | None:
+    """`X-Knowledge-Namespace`, else the profile's `knowledge.namespace` (None: the default document)."""
+    value = request.headers.get(KNOWLEDGE_HEADER)
+    if value is None:
+        return profile.knowledge.namespace
+    value = value.strip()
+    if not is_knowledge_namespace(value):
+        raise InvalidRequest(
+            f"{KNOWLEDGE_HEADER} must be 1-64 characters of A-Z a-z 0-9 . _ : - (not 'versions' or 'diff')",
+            param=KNOWLEDGE_HEADER,
+        )
+    return value
 
 
 def history_mode(request: web.Request, default: str) -> str:
@@ -102,6 +117,7 @@ class ResponseSink:
 async def turn_request(request: web.Request, dialect: Dialect, body: dict[str, Any]) -> TurnRequest:
     """The engine's view of a managed request (its transcript already checked at the top)."""
     settings = request.app[SETTINGS]
+    profile = request_profile(request, settings, dialect.model(body))
     return TurnRequest(
         dialect=dialect,
         body=body,
@@ -110,9 +126,10 @@ async def turn_request(request: web.Request, dialect: Dialect, body: dict[str, A
         conversation_id=explicit_conversation_id(request, settings.conversation),
         session_id=dialect.session_id(body, request.headers),
         history=history_mode(request, settings.conversation.history),
-        profile=request_profile(request, settings, dialect.model(body)),
+        profile=profile,
         compaction=compaction_control(request),
         headers=dict(forwardable(request.headers, drop=OWN_HEADERS | {settings.conversation.id_header.lower()})),
+        knowledge_namespace=knowledge_namespace(request, profile),
         query=request.query_string,
     )
 

@@ -62,6 +62,9 @@ class ChatCodec:
     def system_note(self, text: str) -> Item:
         return Item({"role": "system", "content": text}, Role.SYSTEM)
 
+    def user_note(self, text: str) -> Item:
+        return Item({"role": "user", "content": text}, Role.USER)
+
     def tool_result(self, call: Call, text: str) -> Item:
         return Item({"role": "tool", "tool_call_id": call.id, "content": text}, Role.TOOL, answers=call.id, joins=True)
 

@@ -119,6 +119,9 @@ class ResponsesCodec:
     def system_note(self, text: str) -> Item:
         return Item({"type": "message", "role": "system", "content": [{"type": "input_text", "text": text}]}, Role.SYSTEM)
 
+    def user_note(self, text: str) -> Item:
+        return Item({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}, Role.USER)
+
     def tool_result(self, call: Call, text: str) -> Item:
         return Item({"type": "function_call_output", "call_id": call.id, "output": text}, Role.TOOL, answers=call.id, joins=True)
 

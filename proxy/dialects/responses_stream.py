@@ -135,7 +135,8 @@ class ResponsesRelay:
     def error_event(self, exc: ProxyError) -> bytes:
         if self._upstream_error is not None:
             return b""  # the upstream's own failure event went to the client already
-        event = {"type": "error", "sequence_number": self._seq, **error_body(exc.message, exc.type, exc.code, exc.param)["error"]}
+        error = error_body(exc.message, exc.type, exc.code, exc.param)["error"]
+        event = {**error, "type": "error", "sequence_number": self._seq}  # the event type, not the error's
         self._seq += 1
         return sse_event(event)
 

@@ -34,7 +34,7 @@ from ..request_limits import validated_hashes
 from ..store import Conversation, Store
 from ..summarizer import Summarizer
 from ..tokens import TokenCounter
-from ..tools import offered
+from ..tools import offered, standing
 from ..tools.readback import READ_TOOL_SPEC
 from ..turns import TurnWriter
 from ..upstream.router import UpstreamRouter
@@ -199,14 +199,21 @@ class Engine:
             call_number=(conversation.llm_calls if conversation else 0) + 1,
             first_forwarded=dict(conversation.first_forwarded) if conversation else {},
         )
+        # The proxy's tools offered on every turn are sent with every call, like the client's own.
+        standing_tools = [
+            orjson.dumps(dialect.tool_definition(spec)).decode()
+            for spec in standing(profile) if not dialect.has_tool(body, spec.name)
+        ]
         turn = Turn(
             key, dialect.codec, model, self.store, profile, self.counter, self.refs, ledger, self.summarizer,
             request.headers, report,
             reply_reserve=dialect.reply_reserve(body),
-            fixed_tokens=self.counter.count_texts(dialect.fixed_parts(body), model),
+            fixed_tokens=self.counter.count_texts(dialect.fixed_parts(body) + standing_tools, model),
             proxy_tool_tokens=self.counter.count_texts([orjson.dumps(dialect.tool_definition(READ_TOOL_SPEC)).decode()], model),
             body=body,
             marks=dict(conversation.marks) if conversation else {},
+            conversation=conversation,
+            knowledge_namespace=request.knowledge_namespace,
             dry_run=dry_run,
         )
         job = CompactionJob(

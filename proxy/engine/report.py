@@ -41,6 +41,8 @@ class TurnReport:
     response_id: str | None = None  # the reply's id as the client saw it (Responses)
     marks: dict[str, int] = field(default_factory=dict)  # cuts a stage moved this turn, to keep
     stream_error: str | None = None  # why a streamed reply broke off, if it did
+    inbox_delivered: list[int] = field(default_factory=list)  # inbox message ids this turn's prompt delivered
+    knowledge: dict[str, Any] | None = None  # the knowledge document the prompt carried: namespace, version
 
     def saved(self, stage: str, chars: int) -> None:
         self.chars_saved[stage] = self.chars_saved.get(stage, 0) + chars
@@ -78,6 +80,8 @@ class TurnReport:
             "llm_call_limit": self.llm_call_limit,
             "read_rounds": self.read_rounds,
             "response_id": self.response_id,
+            "inbox": self.inbox_delivered,
+            "knowledge": self.knowledge,
             "status": status,
             "new_seqs": new_seqs,
         }

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ..config import Settings
-from . import compaction, pairing, quota, truncation, window
+from . import compaction, inbox, knowledge, pairing, quota, truncation, window
 from .base import Item, Stage, Turn
 
 __all__ = ["STAGES", "Item", "Pipeline", "Stage", "Turn", "build_pipeline"]
@@ -19,8 +19,11 @@ __all__ = ["STAGES", "Item", "Pipeline", "Stage", "Turn", "build_pipeline"]
 # settings leave it nothing to do.
 STAGES: list[Callable[[Settings], Stage | None]] = [
     truncation.build,  # first: one huge output must not by itself trigger a compaction
+    knowledge.build,  # before compaction: the summary goes after it, the document changes less often
     compaction.build,
+    inbox.build,  # after the rewrites of the client's items, before the window that counts its notes
     window.build,
+    knowledge.build_refresh,  # right after the window: it says whether the prompt was cut
     quota.build,
     pairing.build,  # last: whatever the stages before did, what goes upstream is well paired
 ]

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..config import Profile
 from ..identity import ConversationKey
-from ..store import Store, Summary
+from ..store import Conversation, Store, Summary
 from ..transcript import Codec, Item
 
 if TYPE_CHECKING:
@@ -41,6 +41,8 @@ class Turn:
     summary: Summary | None = None  # the conversation's current compaction summary, if any
     marks: dict[str, int] = field(default_factory=dict)  # where the cuts stood after the last turn (see Conversation)
     body: dict[str, Any] | None = None  # the request as received (for custom stages); never edited
+    conversation: Conversation | None = None  # its record as the turn began (None: its first turn)
+    knowledge_namespace: str | None = None  # the long-term knowledge document it uses (None: the default)
     # A dry run (count_tokens: the prompt a turn would send): stages write nothing and call no LLM.
     dry_run: bool = False
 

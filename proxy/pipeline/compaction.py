@@ -19,6 +19,7 @@ from ..transcript import Item, Role, first_user, leading_system_count, unit_end
 from .base import Turn
 
 MASK_MARK = "mask_through"  # outputs up to this seq go as placeholders
+SUMMARY = "summary"  # the origin of the summary's note (the window adds what it leaves out to it)
 
 
 class Compaction:
@@ -41,7 +42,7 @@ class Compaction:
         rendered = render_summary(turn.summary, turn.profile.compaction)
         assert rendered is not None
         # A shortened user message in it reads back by ref: the item carries one, so the read tool goes too.
-        summary = turn.codec.system_note(rendered.text).but(ref=next(iter(rendered.refs.values()), None))
+        summary = turn.codec.system_note(rendered.text).but(ref=next(iter(rendered.refs.values()), None), origin=SUMMARY)
         turn.report.messages_left_out += len(rest) - len(kept) - len(head)
         turn.report.summary_id = turn.summary.id
         dropped = sum(len(turn.codec.text(it) or "") for it in rest if it.seq is not None and it.seq <= boundary)

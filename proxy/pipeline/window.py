@@ -14,6 +14,10 @@ fits, the window starts there, so each prompt extends the previous one byte for 
 prompt caches bill that shared prefix at a tenth); once it does not, the start moves forward so
 the history fills only part of the limit, and the new start is kept with the conversation.
 
+What the window leaves out is never lost without a trace: the task (the first user item) is
+pinned right after the system items, and every user item left out is quoted verbatim in the
+summary's note ("What the user said", made even without a summary), within that note's budget.
+
 The limit is the profile's `context.history_token_limit` minus what every call sends besides the
 transcript (tool schemas, instructions; the proxy's read tool while a shortened output may go
 along), never more than the model's context window minus the
@@ -25,15 +29,33 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..compaction.quotes import quote
+from ..compaction.render import render_summary
 from ..config import Settings
 from ..transcript import Item, Role, leading_system_count, unit_start, units
 from .base import Turn
+from .compaction import SUMMARY
+
+MAX_PASSES = 4
 
 
 class TokenWindow:
     name = "window"
 
     async def __call__(self, turn: Turn, items: list[Item]) -> list[Item]:
+        for _ in range(MAX_PASSES):  # the window, then what it left out brought back: converges at once
+            kept, tokens, budget = await self._choose(turn, items)
+            redone = self._keep_what_it_leaves_out(turn, items, kept)
+            if redone is None:
+                break
+            items = redone
+        turn.report.tokens_sent = tokens
+        turn.report.token_budget = budget  # the most the prompt may hold, read-back rounds included
+        turn.report.messages_left_out += len(items) - len(kept)  # added to: compaction may have left some out
+        return [items[i] for i in kept]
+
+    async def _choose(self, turn: Turn, items: list[Item]) -> tuple[list[int], int, int]:
+        """(the indices of the items to send, the tokens they make, the budget of the prompt)."""
         n_system = leading_system_count(items)
         head = n_system
         while head < len(items) and items[head].pinned:
@@ -54,11 +76,38 @@ class TokenWindow:
         kept = self._stepped(turn, items, counts, limit, head, scan_from)
         if not any(items[i].ref is not None for i in kept):
             fixed = turn.fixed_tokens  # no shortened output left in the prompt: no read tool either
-        turn.report.tokens_sent = fixed + sum(counts[i] for i in kept)
-        # The most the prompt may hold, read-back rounds included.
-        turn.report.token_budget = turn.report.tokens_sent + limit - sum(counts[i] for i in kept[head:])
-        turn.report.messages_left_out += len(items) - len(kept)  # added to: compaction may have left some out
-        return [items[i] for i in kept]
+        tokens = fixed + sum(counts[i] for i in kept)
+        return kept, tokens, tokens + limit - sum(counts[i] for i in kept[head:])
+
+    @staticmethod
+    def _keep_what_it_leaves_out(turn: Turn, items: list[Item], kept: list[int]) -> list[Item] | None:
+        """The user's words are never left out without a trace: a task the window would leave out
+        is pinned instead, and the user messages it leaves out are quoted in the summary's note
+        (made if there is no summary yet). The new items to choose from, or None if nothing changes."""
+        n_system = leading_system_count(items)
+        head = n_system
+        while head < len(items) and items[head].pinned:
+            head += 1
+        start = next((i for i in kept if i >= head), len(items))
+        task = next((i for i in range(n_system, len(items)) if items[i].role is Role.USER), None)
+        if task is not None and task < start and not items[task].pinned:
+            return [*items[:n_system], items[task].but(pinned=True), *items[n_system:task], *items[task + 1 :]]
+        left_out = [items[i] for i in range(head, start) if items[i].role is Role.USER and items[i].seq is not None]
+        if not left_out:
+            return None
+        quotes = [quote(item.seq, turn.codec.text(item)) for item in left_out]  # type: ignore[arg-type]
+        rendered = render_summary(
+            turn.summary, turn.profile.compaction, left_out_user_messages=quotes,
+            ref_for=lambda seq: turn.refs.make(turn.key, seq),
+        )
+        assert rendered is not None
+        note = turn.codec.system_note(rendered.text).but(ref=next(iter(rendered.refs.values()), None), origin=SUMMARY)
+        at = next((i for i in range(n_system) if items[i].origin == SUMMARY), None)
+        if at is not None and items[at].raw == note.raw:
+            return None  # it holds them already
+        if at is not None:
+            return [*items[:at], note, *items[at + 1 :]]
+        return [*items[:n_system], note, *items[n_system:]]
 
     @staticmethod
     def _stepped(turn: Turn, items: list[Item], counts: list[int], limit: int, head: int, scan_from: int) -> list[int]:

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from ..config import ConfigError, StorageSettings
 from .base import (
+    APPEND,
+    BEFORE,
     FAILED,
+    INBOX_DELIVERED,
+    INBOX_DELIVERING,
+    INBOX_PENDING,
     INCOMPLETE,
     INTERNAL,
     LIVE,
@@ -13,7 +18,10 @@ from .base import (
     Conversation,
     ConversationDump,
     ConversationExists,
+    InboxFull,
+    InboxMessage,
     KeyFact,
+    KnowledgeVersion,
     QuotedMessage,
     Store,
     StoredMessage,
@@ -26,9 +34,10 @@ from .base import (
 )
 
 __all__ = [
-    "FAILED", "INCOMPLETE", "INTERNAL", "LIVE", "PENDING", "SUPERSEDED", "Conversation", "ConversationDump",
-    "ConversationExists", "KeyFact", "QuotedMessage", "Store", "StoreError", "StoreFull", "StoreHealth", "StoreReadOnly", "StoreUnavailable",
-    "StoredMessage", "Summary", "open_store",
+    "APPEND", "BEFORE", "FAILED", "INBOX_DELIVERED", "INBOX_DELIVERING", "INBOX_PENDING", "INCOMPLETE", "INTERNAL",
+    "LIVE", "PENDING", "SUPERSEDED", "Conversation", "ConversationDump", "ConversationExists", "InboxFull",
+    "InboxMessage", "KeyFact", "KnowledgeVersion", "QuotedMessage", "Store", "StoreError", "StoreFull", "StoreHealth",
+    "StoreReadOnly", "StoreUnavailable", "StoredMessage", "Summary", "open_store",
 ]
 
 

@@ -216,6 +216,13 @@ class Conversation:
     # Where the pipeline's cuts stand between turns (the window's start, mask's boundary), so each
     # prompt extends the previous one until the next cut: name -> seq.
     marks: dict[str, int] = field(default_factory=dict)
+    # Derived from what the store holds besides (the turn records, the inbox), for a turn to read
+    # without another look-up; not part of a conversation's identity (nor of its export).
+    turns: int = field(default=0, compare=False)  # turn records kept so far (the next turn is turns + 1)
+    # Inbox: messages not yet delivered for good (pending, or delivered with an item of a turn not
+    # yet ended), and the seqs inbox messages were delivered with (see InboxMessage).
+    inbox_open: int = field(default=0, compare=False)
+    inbox_anchors: frozenset[int] = field(default=frozenset(), compare=False)
 
     @property
     def live_hashes(self) -> list[str]:
@@ -235,6 +242,76 @@ class Conversation:
         }
 
 
+# An inbox message's placement: appended to the text of the item it was delivered with (a tool
+# result), or a user item of its own right before that item.
+APPEND = "append"
+BEFORE = "before"
+# An inbox message's status as the store reports it. A delivery goes with its item: while that
+# item's turn runs it is delivering; once the item is live it is delivered for good; if the turn
+# fails (the item fails, or stays pending because its replica died) it is pending again.
+INBOX_PENDING = "pending"
+INBOX_DELIVERING = "delivering"
+INBOX_DELIVERED = "delivered"
+INBOX_STATUSES = frozenset({INBOX_PENDING, INBOX_DELIVERING, INBOX_DELIVERED})
+
+
+@dataclass(slots=True)
+class InboxMessage:
+    """A message left for a running agent (`POST .../inbox`), and where it was delivered."""
+
+    id: int  # 1, 2, ... per conversation
+    content: str  # as the user wrote it
+    note: str  # what goes upstream: `content` marked as the user's, fixed when posted (stable bytes)
+    created_at: float
+    status: str = INBOX_PENDING
+    seq: int | None = None  # the item it was delivered with
+    placement: str | None = None  # APPEND | BEFORE
+    turn: int | None = None  # the turn whose prompt first carried it
+    delivered_at: float | None = None
+
+    def to_api(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "conversation.inbox_message",
+            "content": self.content,
+            "status": self.status,
+            "created_at": self.created_at,
+            "delivered_at": self.delivered_at,
+            "turn": self.turn,
+            "seq": self.seq,
+            "placement": self.placement,
+        }
+
+
+class InboxFull(Exception):
+    """post_inbox: the conversation already holds the most undelivered messages allowed."""
+
+
+@dataclass(slots=True)
+class KnowledgeVersion:
+    """One version of a tenant's long-term knowledge document (namespace "" = the default one)."""
+
+    tenant: str
+    namespace: str
+    version: int  # 1, 2, ... per document; every one is kept
+    text: str
+    created_at: float
+    source: str  # who wrote it: "seed", "admin", "api", "agent:<conversation id>"
+
+    def to_api(self, *, with_text: bool = True) -> dict[str, Any]:
+        out = {
+            "object": "knowledge.version",
+            "namespace": self.namespace or None,
+            "version": self.version,
+            "created_at": self.created_at,
+            "source": self.source,
+            "chars": len(self.text),
+        }
+        if with_text:
+            out["text"] = self.text
+        return out
+
+
 class ConversationExists(Exception):
     """import_conversation found the conversation already in the store (and was not told to replace it)."""
 
@@ -251,6 +328,7 @@ class ConversationDump:
     summaries: list[Summary]  # every summary, ids 1..k in order
     turns: list[dict[str, Any]]  # every turn record as turn_records() gives it (`turn` 1..t, `reply_seq`)
     responses: dict[str, int] = field(default_factory=dict)  # response id -> the seq it names (response_owner)
+    inbox: list[InboxMessage] = field(default_factory=list)  # every inbox message, ids 1..k, as inbox() gives them
 
     def check(self) -> None:
         """Raise ValueError, naming the problem, unless the parts agree as a store's own would."""
@@ -275,10 +353,13 @@ class ConversationDump:
             problems.append("response ids must name stored messages")
         if not all(0 <= seq <= n for seq in c.marks.values()):
             problems.append("marks must be seqs of the conversation")
+        if [m.id for m in self.inbox] != list(range(1, len(self.inbox) + 1)):
+            problems.append("inbox message ids must run 1, 2, ...")
+        if any((m.seq is None) != (m.placement is None) or (m.seq is not None and not 1 <= m.seq <= n)
+               or m.placement not in (None, APPEND, BEFORE) or m.status not in INBOX_STATUSES for m in self.inbox):
+            problems.append("an inbox message must be delivered with a stored message, appended or before it")
         if problems:
             raise ValueError(f"conversation {c.key}: " + "; ".join(problems))
-
-
 class Store(Protocol):
     """What the proxy needs from storage. Backends must pass tests/test_store_contract.py."""
 
@@ -359,6 +440,48 @@ class Store(Protocol):
         step (it lists as the newest; its response ids name it). Raises ValueError for a dump that
         does not `check()`, and ConversationExists when the key is taken, unless `replace`: then what
         was there is deleted."""
+    # -- inbox ---------------------------------------------------------------------------------
+
+    async def post_inbox(
+        self, key: ConversationKey, content: str, note: str, max_pending: int
+    ) -> InboxMessage | None:
+        """Queue a pending message (None if there is no such conversation); InboxFull when
+        `max_pending` messages are already waiting."""
+
+    async def inbox(self, key: ConversationKey, *, after: int = 0, limit: int | None = None) -> list[InboxMessage]:
+        """The conversation's inbox messages after id `after`, oldest first, with their status."""
+
+    async def deliver_inbox(
+        self, key: ConversationKey, seq: int, placement: str, turn: int, stamp: float
+    ) -> list[InboxMessage]:
+        """In one atomic step, deliver with item `seq` every message not yet delivered for good:
+        the pending ones, and those whose item failed or was left pending by a turn that never
+        ended. Returns them (oldest first). Called under the conversation's lock, once per turn."""
+
+    async def inbox_at(self, key: ConversationKey, seqs: Sequence[int]) -> dict[int, list[InboxMessage]]:
+        """The messages delivered with each of `seqs` (oldest first), for the seqs that have any."""
+
+    # -- long-term knowledge ---------------------------------------------------------------------
+
+    async def knowledge(self, tenant: str, namespace: str, version: int | None = None) -> KnowledgeVersion | None:
+        """A version of the document (None = the newest); None if there is none."""
+
+    async def knowledge_at(self, tenant: str, namespace: str, cutoff: float) -> KnowledgeVersion | None:
+        """The newest version written at or before `cutoff`, else the first; None if there is none."""
+
+    async def knowledge_versions(
+        self, tenant: str, namespace: str, *, before: int | None = None, limit: int = 20
+    ) -> list[KnowledgeVersion]:
+        """Versions newest first, below version `before` if given, at most `limit`."""
+
+    async def put_knowledge(
+        self, tenant: str, namespace: str, text: str, source: str, base_version: int
+    ) -> KnowledgeVersion | None:
+        """Write version `base_version + 1`, in one atomic step, if `base_version` is still the
+        newest (0: there is none yet); None if another version was written meanwhile."""
+
+    async def knowledge_documents(self, tenant: str | None) -> list[KnowledgeVersion]:
+        """The newest version of each document of `tenant` (None: every tenant's), by namespace."""
 
     async def acquire_lease(self, name: str, ttl_s: float) -> str | None:
         """Take the named lease if free (or expired): a token to release it with, else None. Used so

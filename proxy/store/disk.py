@@ -41,12 +41,17 @@ from ..identity import ConversationKey
 from ..messages import Message
 from .base import (
     FAILED,
+    INBOX_DELIVERED,
+    INBOX_DELIVERING,
     LIVE,
     PENDING,
     STATUSES,
     Conversation,
     ConversationDump,
     ConversationExists,
+    InboxFull,
+    InboxMessage,
+    KnowledgeVersion,
     StoredMessage,
     StoreError,
     StoreFull,
@@ -147,6 +152,22 @@ def _summary_key(key: ConversationKey, summary_id: int) -> str:
 
 def _response_key(tenant: str, response_id: str) -> str:
     return f"response{SEP}{tenant}{SEP}{response_id}"
+
+
+def _inbox_key(key: ConversationKey, message_id: int) -> str:
+    return f"inbox{SEP}{key.tenant}{SEP}{key.id}{SEP}{message_id:08d}"
+
+
+def _knowledge_key(tenant: str, namespace: str, version: int) -> str:
+    return f"knowledge{SEP}{tenant}{SEP}{namespace}{SEP}{version:08d}"
+
+
+def _knowledge_index(tenant: str) -> str:
+    """namespace -> its newest version number, for one tenant."""
+    return f"knowledge-index{SEP}{tenant}"
+
+
+KNOWLEDGE_TENANTS = "knowledge-tenants"
 
 
 def _index_page(scope: str, page: int) -> str:
@@ -286,6 +307,8 @@ class DiskStore:
                 self._cache.delete(_rewrite_key(key, seq))
             for summary_id in range(1, raw["summaries"] + 1):
                 self._cache.delete(_summary_key(key, summary_id))
+            for message_id in range(1, raw.get("inbox", 0) + 1):
+                self._cache.delete(_inbox_key(key, message_id))
             for turn in range(1, raw["turns"] + 1):
                 record = self._cache.get(_turn_key(key, turn))
                 if isinstance(record, dict) and record.get("response_id"):
@@ -551,6 +574,13 @@ class DiskStore:
                 self._cache.set(_msg_key(key, m.seq), record)
             for seq, content in dump.rewrites.items():
                 self._cache.set(_rewrite_key(key, seq), content)
+            raw.update(inbox=len(dump.inbox), inbox_open=[], inbox_at={})
+            for m in dump.inbox:
+                self._cache.set(_inbox_key(key, m.id), _inbox_record(m))
+                if m.status != INBOX_DELIVERED:
+                    raw["inbox_open"].append(m.id)
+                if m.seq is not None:
+                    raw["inbox_at"].setdefault(m.seq, []).append(m.id)
             for summary in dump.summaries:
                 self._cache.set(_summary_key(key, summary.id), summary.to_record())
             for turn in dump.turns:
@@ -558,6 +588,169 @@ class DiskStore:
             for response_id, seq in dump.responses.items():
                 self._cache.set(_response_key(key.tenant, response_id), (key.id, seq))
             self._save(key, raw)
+    # -- inbox ---------------------------------------------------------------------------------
+
+    async def post_inbox(self, key: ConversationKey, content: str, note: str, max_pending: int) -> InboxMessage | None:
+        return await self._write(self._post_inbox, key, content, note, max_pending)
+
+    def _post_inbox(self, key: ConversationKey, content: str, note: str, max_pending: int) -> InboxMessage | None:
+        with self._cache.transact():
+            raw = self._load(key)
+            if raw is None:
+                return None
+            _inbox_fields(raw)
+            if len(raw["inbox_open"]) >= max_pending:
+                raise InboxFull(str(key))
+            raw["inbox"] += 1
+            record = {"id": raw["inbox"], "content": content, "note": note, "created_at": now(),
+                      "seq": None, "placement": None, "turn": None, "delivered_at": None}
+            self._cache.set(_inbox_key(key, record["id"]), record)
+            raw["inbox_open"].append(record["id"])
+            self._save(key, raw)
+            return InboxMessage(**record)
+
+    async def inbox(self, key: ConversationKey, *, after: int = 0, limit: int | None = None) -> list[InboxMessage]:
+        return await self._run(self._inbox, key, after, limit)
+
+    def _inbox(self, key: ConversationKey, after: int, limit: int | None) -> list[InboxMessage]:
+        raw = self._load(key)
+        last = raw.get("inbox", 0) if raw else 0
+        end = last if limit is None else min(last, after + limit)
+        records = [self._cache.get(_inbox_key(key, i)) for i in range(after + 1, end + 1)]
+        return [self._inbox_message(key, r) for r in records if r is not None]
+
+    def _inbox_message(self, key: ConversationKey, record: dict[str, Any]) -> InboxMessage:
+        """The stored record with its status, read off the status of the item it went with."""
+        message = InboxMessage(**record)
+        if message.seq is None:
+            return message
+        item = self._cache.get(_msg_key(key, message.seq))
+        status = item["status"] if item else FAILED
+        if status == FAILED:  # its turn failed: it waits for the next one
+            return InboxMessage(message.id, message.content, message.note, message.created_at)
+        message.status = INBOX_DELIVERING if status == PENDING else INBOX_DELIVERED
+        return message
+
+    async def deliver_inbox(
+        self, key: ConversationKey, seq: int, placement: str, turn: int, stamp: float
+    ) -> list[InboxMessage]:
+        return await self._write(self._deliver_inbox, key, seq, placement, turn, stamp)
+
+    def _deliver_inbox(
+        self, key: ConversationKey, seq: int, placement: str, turn: int, stamp: float
+    ) -> list[InboxMessage]:
+        with self._cache.transact():
+            raw = self._load(key)
+            if raw is None:
+                return []
+            _inbox_fields(raw)
+            anchor = self._cache.get(_msg_key(key, seq))
+            anchor_pending = anchor is None or anchor["status"] == PENDING
+            taken, still_open = [], []
+            for message_id in raw["inbox_open"]:
+                record = self._cache.get(_inbox_key(key, message_id))
+                if record["seq"] is not None:
+                    before = self._cache.get(_msg_key(key, record["seq"]))
+                    if before is not None and before["status"] not in (FAILED, PENDING):
+                        continue  # its item is live (or was, and moved on): delivered for good
+                    _drop_anchor(raw["inbox_at"], record["seq"], message_id)
+                record.update(seq=seq, placement=placement, turn=turn, delivered_at=stamp)
+                self._cache.set(_inbox_key(key, message_id), record)
+                raw["inbox_at"].setdefault(seq, []).append(message_id)
+                taken.append(InboxMessage(**record, status=INBOX_DELIVERING if anchor_pending else INBOX_DELIVERED))
+                if anchor_pending:
+                    still_open.append(message_id)
+            raw["inbox_open"] = still_open
+            self._save(key, raw)
+            return taken
+
+    async def inbox_at(self, key: ConversationKey, seqs: Sequence[int]) -> dict[int, list[InboxMessage]]:
+        return await self._run(self._inbox_at, key, list(seqs))
+
+    def _inbox_at(self, key: ConversationKey, seqs: list[int]) -> dict[int, list[InboxMessage]]:
+        raw = self._load(key)
+        anchors = raw.get("inbox_at", {}) if raw else {}
+        out = {}
+        for seq in seqs:
+            ids = anchors.get(seq)
+            if ids:
+                out[seq] = [self._inbox_message(key, self._cache.get(_inbox_key(key, i))) for i in ids]
+        return out
+
+    # -- long-term knowledge -------------------------------------------------------------------
+
+    async def knowledge(self, tenant: str, namespace: str, version: int | None = None) -> KnowledgeVersion | None:
+        return await self._run(self._knowledge, tenant, namespace, version)
+
+    def _knowledge(self, tenant: str, namespace: str, version: int | None) -> KnowledgeVersion | None:
+        if version is None:
+            version = self._cache.get(_knowledge_index(tenant), {}).get(namespace, 0)
+        raw = self._cache.get(_knowledge_key(tenant, namespace, version)) if version > 0 else None
+        return None if raw is None else KnowledgeVersion(tenant, namespace, version, **raw)
+
+    async def knowledge_at(self, tenant: str, namespace: str, cutoff: float) -> KnowledgeVersion | None:
+        return await self._run(self._knowledge_at, tenant, namespace, cutoff)
+
+    def _knowledge_at(self, tenant: str, namespace: str, cutoff: float) -> KnowledgeVersion | None:
+        # Versions are written in order, so their times rise with their numbers: a binary search.
+        low, high = 1, self._cache.get(_knowledge_index(tenant), {}).get(namespace, 0)
+        if high == 0:
+            return None
+        found = 1
+        while low <= high:
+            middle = (low + high) // 2
+            if self._cache.get(_knowledge_key(tenant, namespace, middle))["created_at"] <= cutoff:
+                found, low = middle, middle + 1
+            else:
+                high = middle - 1
+        return self._knowledge(tenant, namespace, found)
+
+    async def knowledge_versions(
+        self, tenant: str, namespace: str, *, before: int | None = None, limit: int = 20
+    ) -> list[KnowledgeVersion]:
+        return await self._run(self._knowledge_versions, tenant, namespace, before, limit)
+
+    def _knowledge_versions(
+        self, tenant: str, namespace: str, before: int | None, limit: int
+    ) -> list[KnowledgeVersion]:
+        newest = self._cache.get(_knowledge_index(tenant), {}).get(namespace, 0)
+        top = newest if before is None else min(newest, before - 1)
+        numbers = range(top, max(top - limit, 0), -1)
+        return [v for n in numbers if (v := self._knowledge(tenant, namespace, n)) is not None]
+
+    async def put_knowledge(
+        self, tenant: str, namespace: str, text: str, source: str, base_version: int
+    ) -> KnowledgeVersion | None:
+        return await self._write(self._put_knowledge, tenant, namespace, text, source, base_version)
+
+    def _put_knowledge(
+        self, tenant: str, namespace: str, text: str, source: str, base_version: int
+    ) -> KnowledgeVersion | None:
+        with self._cache.transact():
+            index = self._cache.get(_knowledge_index(tenant), {})
+            if index.get(namespace, 0) != base_version:
+                return None
+            version = KnowledgeVersion(tenant, namespace, base_version + 1, text, now(), source)
+            self._cache.set(_knowledge_key(tenant, namespace, version.version),
+                            {"text": text, "created_at": version.created_at, "source": source})
+            self._cache.set(_knowledge_index(tenant), {**index, namespace: version.version})
+            tenants = self._cache.get(KNOWLEDGE_TENANTS, set())
+            if tenant not in tenants:
+                self._cache.set(KNOWLEDGE_TENANTS, tenants | {tenant})
+            return version
+
+    async def knowledge_documents(self, tenant: str | None) -> list[KnowledgeVersion]:
+        return await self._run(self._knowledge_documents, tenant)
+
+    def _knowledge_documents(self, tenant: str | None) -> list[KnowledgeVersion]:
+        tenants = [tenant] if tenant is not None else sorted(self._cache.get(KNOWLEDGE_TENANTS, set()))
+        out = []
+        for t in tenants:
+            for namespace in sorted(self._cache.get(_knowledge_index(t), {})):
+                found = self._knowledge(t, namespace, None)
+                if found is not None:
+                    out.append(found)
+        return out
 
     async def acquire_lease(self, name: str, ttl_s: float) -> str | None:
         # One process owns this store (diskcache is not shared between replicas): leases live here.
@@ -652,7 +845,29 @@ def _new_record(stamp: float) -> dict[str, Any]:
         "created_at": stamp, "updated_at": stamp, "next_seq": 1, "live": [],
         "llm_calls": 0, "first_forwarded": {}, "rewritten": set(),
         "summaries": 0, "boundary": 0, "summary_id": None, "turns": 0, "order": 0,
+        "inbox": 0, "inbox_open": [], "inbox_at": {},
     }
+
+
+def _inbox_record(m: InboxMessage) -> dict[str, Any]:
+    """An inbox message as stored: its status is read off its item, never kept."""
+    return {"id": m.id, "content": m.content, "note": m.note, "created_at": m.created_at,
+            "seq": m.seq, "placement": m.placement, "turn": m.turn, "delivered_at": m.delivered_at}
+
+
+def _inbox_fields(raw: dict[str, Any]) -> None:
+    """A record written before the inbox existed gets its (empty) inbox fields."""
+    raw.setdefault("inbox", 0)
+    raw.setdefault("inbox_open", [])
+    raw.setdefault("inbox_at", {})
+
+
+def _drop_anchor(anchors: dict[int, list[int]], seq: int, message_id: int) -> None:
+    ids = anchors.get(seq, [])
+    if message_id in ids:
+        ids.remove(message_id)
+    if not ids:
+        anchors.pop(seq, None)
 
 
 def _index_entry(scope: str, entry: Any) -> ConversationKey:
@@ -668,7 +883,8 @@ def _conversation(key: ConversationKey, raw: dict[str, Any]) -> Conversation:
     return Conversation(
         key, raw["created_at"], raw["updated_at"], raw["next_seq"], [tuple(x) for x in raw["live"]],
         raw["llm_calls"], dict(raw["first_forwarded"]), frozenset(raw["rewritten"]),
-        raw["boundary"], raw["summary_id"], dict(raw.get("marks") or {}),
+        raw["boundary"], raw["summary_id"], dict(raw.get("marks") or {}), raw["turns"],
+        len(raw.get("inbox_open", ())), frozenset(raw.get("inbox_at", ())),
     )
 
 

@@ -14,6 +14,10 @@ Layout (every key starts with `prefix`, "cp:" by default):
     {prefix}{<tenant>/<id>}:turns    hash turn -> JSON {"turn", "reply_seq", "record"}
     {prefix}{<tenant>/<id>}:resp     set of the response ids of the conversation's replies
     {prefix}{<tenant>/<id>}:pend     set of the seqs still pending (what a crash may leave)
+    {prefix}{<tenant>/<id>}:inbox    hash inbox id -> JSON {"content", "note", "created_at"}  (never changes)
+    {prefix}{<tenant>/<id>}:idel     hash inbox id -> "seq:placement:turn:stamp", its delivery
+    {prefix}{<tenant>/<id>}:iopen    set of inbox ids not yet delivered for good
+    {prefix}{<tenant>/<id>}:iat      hash seq -> "id,id,...": the inbox messages delivered with it
     {prefix}convs:<tenant>           sorted set of conversation ids scored by creation order
     {prefix}all                      sorted set of "<tenant>/<id>" scored by creation order (admin)
     {prefix}tenants                  set of tenants
@@ -21,6 +25,10 @@ Layout (every key starts with `prefix`, "cp:" by default):
     {prefix}pending                  set of "<tenant>/<id>" with pending messages
     {prefix}created                  the creation counter
     {prefix}secret, {prefix}lease:<name>, {prefix}lock:<tenant>/<id>
+    {prefix}kn:{<tenant>/<namespace>}:v   hash version -> JSON {"text", "created_at", "source"}
+    {prefix}kn:{<tenant>/<namespace>}:t   sorted set of versions scored by created_at
+    {prefix}kn-index:<tenant>             hash namespace -> its newest version
+    {prefix}kn-tenants                    set of tenants with a knowledge document
 
 A conversation's keys share the hash tag {<tenant>/<id>} ('/' and braces are in no id), which also
 keeps two ids from ever producing the same key. Every write is one Lua script, so replicas sharing
@@ -57,12 +65,17 @@ from ..identity import ConversationKey
 from ..messages import Message
 from .base import (
     FAILED,
+    INBOX_DELIVERED,
+    INBOX_DELIVERING,
     LIVE,
     PENDING,
     STATUSES,
     Conversation,
     ConversationDump,
     ConversationExists,
+    InboxFull,
+    InboxMessage,
+    KnowledgeVersion,
     StoredMessage,
     StoreError,
     StoreFull,
@@ -81,7 +94,10 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 MARK = "mark:"  # meta fields holding the conversation's marks (Conversation.marks)
-CONVERSATION_PARTS = ("meta", "body", "hash", "status", "live", "fwd", "rw", "sum", "turns", "resp", "pend")
+CONVERSATION_PARTS = (
+    "meta", "body", "hash", "status", "live", "fwd", "rw", "sum", "turns", "resp", "pend",
+    "inbox", "idel", "iopen", "iat",
+)
 NO_CONVERSATION = "no such conversation"
 NO_MESSAGE = "no such message"
 CONVERSATION_EXISTS = "conversation exists"
@@ -134,7 +150,7 @@ def _guarded(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
 # (Not delete: it works on a full store by design, so its success says nothing of writes.)
 WRITES = frozenset(
     {"append", "set_statuses", "finish_turn", "count_llm_call", "mark_forwarded", "set_rewrites", "add_summary",
-     "fail_pending", "secret", "_take_lock", "set_marks"}
+     "fail_pending", "secret", "_take_lock", "set_marks", "post_inbox", "deliver_inbox", "put_knowledge"}
 )
 
 
@@ -143,7 +159,8 @@ WRITES = frozenset(
 # stamp; their own arguments start at ARGV[4].
 
 PRELUDE = """
-local meta, body, hashes, statuses, live, fwd, rw, sums, turns, resp, pend, index, tenants, created, all, responses, pending = unpack(KEYS)
+local meta, body, hashes, statuses, live, fwd, rw, sums, turns, resp, pend, inbox, idel, iopen, iat,
+      index, tenants, created, all, responses, pending = unpack(KEYS)
 local tenant, id, stamp = ARGV[1], ARGV[2], ARGV[3]
 
 -- Create the conversation record if new, and list it (creation order from a counter, not a clock).
@@ -284,17 +301,33 @@ if failed > 0 then redis.call('HSET', meta, 'updated_at', stamp) end
 return failed
 """
 
-IMPORT = PRELUDE + """
+# The anchors index holds "id,id,..." per seq.
+INBOX_ANCHORS = """
+local function anchor_ids(seq)
+  local ids = {}
+  for mid in string.gmatch(redis.call('HGET', iat, seq) or '', '%d+') do ids[#ids + 1] = mid end
+  return ids
+end
+
+local function drop_anchor(seq, mid)
+  local kept = {}
+  for _, other in ipairs(anchor_ids(seq)) do if other ~= mid then kept[#kept + 1] = other end end
+  if #kept == 0 then redis.call('HDEL', iat, seq) else redis.call('HSET', iat, seq, table.concat(kept, ',')) end
+end
+"""
+
+IMPORT = PRELUDE + INBOX_ANCHORS + """
 -- ARGV[3] (the stamp) = created_at; ARGV[4] = replace (1/0); ARGV[5..11] = updated_at, next_seq,
--- llm_calls, boundary, summary_id ('' = none), summaries, turns; ARGV[12..16] = how many messages,
--- first-forwarded marks, rewrites, response ids and marks follow. Then (seq, body, hash, status)
--- per message, (seq, calls) per first-forwarded mark, (seq, content) per rewrite, (id, JSON) per
--- summary, (turn, JSON) per turn record, (meta field, seq) per mark, (response id, seq) per response id.
+-- llm_calls, boundary, summary_id ('' = none), summaries, turns; ARGV[12..17] = how many messages,
+-- first-forwarded marks, rewrites, response ids, marks and inbox messages follow. Then (seq, body,
+-- hash, status) per message, (seq, calls) per first-forwarded mark, (seq, content) per rewrite,
+-- (id, JSON) per summary, (turn, JSON) per turn record, (meta field, seq) per mark, (response id,
+-- seq) per response id, (id, JSON, delivery or '', open 1/0) per inbox message.
 if redis.call('EXISTS', meta) == 1 then
   if ARGV[4] ~= '1' then return redis.error_reply('""" + CONVERSATION_EXISTS + """') end
   local known = redis.call('SMEMBERS', resp)
   if #known > 0 then redis.call('HDEL', responses, unpack(known)) end
-  redis.call('UNLINK', meta, body, hashes, statuses, live, fwd, rw, sums, turns, resp)
+  redis.call('UNLINK', meta, body, hashes, statuses, live, fwd, rw, sums, turns, resp, inbox, idel, iopen, iat)
   redis.call('ZREM', index, id)
   redis.call('ZREM', all, tenant .. '/' .. id)
 end
@@ -302,7 +335,7 @@ ensure()
 redis.call('HSET', meta, 'updated_at', ARGV[5], 'next_seq', ARGV[6], 'llm_calls', ARGV[7], 'boundary', ARGV[8],
            'summaries', ARGV[10], 'turns', ARGV[11])
 if ARGV[9] ~= '' then redis.call('HSET', meta, 'summary_id', ARGV[9]) end
-local i = 17
+local i = 18
 for _ = 1, tonumber(ARGV[12]) do
   local seq, h, status = ARGV[i], ARGV[i + 2], ARGV[i + 3]
   redis.call('HSET', body, seq, ARGV[i + 1])
@@ -322,6 +355,20 @@ for _ = 1, tonumber(ARGV[15]) do
   redis.call('SADD', resp, ARGV[i])
   i = i + 2
 end
+for _ = 1, tonumber(ARGV[17]) do
+  local mid, delivery = ARGV[i], ARGV[i + 2]
+  redis.call('HSET', inbox, mid, ARGV[i + 1])
+  if delivery ~= '' then
+    redis.call('HSET', idel, mid, delivery)
+    local seq = string.match(delivery, '^(%d+):')
+    local ids = anchor_ids(seq)
+    ids[#ids + 1] = mid
+    redis.call('HSET', iat, seq, table.concat(ids, ','))
+  end
+  if ARGV[i + 3] == '1' then redis.call('SADD', iopen, mid) end
+  i = i + 4
+end
+redis.call('HSET', meta, 'inbox', ARGV[17], 'inbox_open', redis.call('SCARD', iopen))
 return 1
 """
 
@@ -351,6 +398,95 @@ for _, seq in ipairs(seqs) do
   out[#out + 1] = redis.call('HGET', statuses, seq)
 end
 return out
+"""
+
+POST_INBOX = PRELUDE + """
+-- ARGV[4] = the message's JSON, ARGV[5] = the most open messages allowed. Returns its id, 0 when
+-- there is no such conversation, -1 when the inbox is full.
+if redis.call('EXISTS', meta) == 0 then return 0 end
+if redis.call('SCARD', iopen) >= tonumber(ARGV[5]) then return -1 end
+local mid = redis.call('HINCRBY', meta, 'inbox', 1)
+redis.call('HSET', inbox, mid, ARGV[4])
+redis.call('SADD', iopen, mid)
+redis.call('HSET', meta, 'inbox_open', redis.call('SCARD', iopen))
+return mid
+"""
+
+DELIVER_INBOX = PRELUDE + INBOX_ANCHORS + """
+-- ARGV[4] = seq, ARGV[5] = placement, ARGV[6] = turn. Returns the status of item seq, then flat
+-- (id, body, delivery) triples.
+local seq, placement, turn = ARGV[4], ARGV[5], ARGV[6]
+local anchor_status = redis.call('HGET', statuses, seq) or '""" + PENDING + """'
+local anchor_pending = anchor_status == '""" + PENDING + """'
+local open = redis.call('SMEMBERS', iopen)
+table.sort(open, function(a, b) return tonumber(a) < tonumber(b) end)
+local out = {anchor_status}
+for _, mid in ipairs(open) do
+  local before = redis.call('HGET', idel, mid)
+  local take = true
+  if before then
+    local before_seq = string.match(before, '^(%d+):')
+    local status = redis.call('HGET', statuses, before_seq)
+    if status and status ~= '""" + FAILED + """' and status ~= '""" + PENDING + """' then
+      take = false  -- its item is live (or was, and moved on): delivered for good
+      redis.call('SREM', iopen, mid)
+    else
+      drop_anchor(before_seq, mid)
+    end
+  end
+  if take then
+    local delivery = seq .. ':' .. placement .. ':' .. turn .. ':' .. stamp
+    redis.call('HSET', idel, mid, delivery)
+    local ids = anchor_ids(seq)
+    ids[#ids + 1] = mid
+    redis.call('HSET', iat, seq, table.concat(ids, ','))
+    if not anchor_pending then redis.call('SREM', iopen, mid) end
+    out[#out + 1] = mid
+    out[#out + 1] = redis.call('HGET', inbox, mid)
+    out[#out + 1] = delivery
+  end
+end
+redis.call('HSET', meta, 'inbox_open', redis.call('SCARD', iopen))
+return out
+"""
+
+INBOX = PRELUDE + INBOX_ANCHORS + """
+-- ARGV[4] = 'ids' then the ids to read, or 'seqs' then the seqs whose messages to read. Returns
+-- flat (id, body, delivery or '', status of the delivery's item or '') quadruples.
+local ids = {}
+if ARGV[4] == 'ids' then
+  for i = 5, #ARGV do ids[#ids + 1] = ARGV[i] end
+else
+  for i = 5, #ARGV do for _, mid in ipairs(anchor_ids(ARGV[i])) do ids[#ids + 1] = mid end end
+end
+local out = {}
+for _, mid in ipairs(ids) do
+  local message = redis.call('HGET', inbox, mid)
+  if message then
+    local delivery = redis.call('HGET', idel, mid) or ''
+    local status = ''
+    if delivery ~= '' then status = redis.call('HGET', statuses, string.match(delivery, '^(%d+):')) or '' end
+    out[#out + 1] = mid
+    out[#out + 1] = message
+    out[#out + 1] = delivery
+    out[#out + 1] = status
+  end
+end
+return out
+"""
+
+# KEYS = versions hash, versions by time, the tenant's index, the tenants set; ARGV = namespace,
+# base version, tenant, the version's JSON, its created_at. Returns the new version, or 0.
+PUT_KNOWLEDGE = """
+local versions, times, index, tenants = unpack(KEYS)
+local namespace, base = ARGV[1], tonumber(ARGV[2])
+if tonumber(redis.call('HGET', index, namespace) or '0') ~= base then return 0 end
+local version = base + 1
+redis.call('HSET', versions, version, ARGV[4])
+redis.call('ZADD', times, ARGV[5], version)
+redis.call('HSET', index, namespace, version)
+redis.call('SADD', tenants, ARGV[3])
+return version
 """
 
 # Locks and leases are token-checked: only the holder releases or extends one.
@@ -411,6 +547,8 @@ class RedisStore:
         self._fail_pending = register(FAIL_PENDING)
         self._messages_read_only = register("#!lua flags=no-writes\n" + MESSAGES)
         self._health = WriteHealth()
+        self._post_inbox, self._deliver_inbox = register(POST_INBOX), register(DELIVER_INBOX)
+        self._inbox, self._put_knowledge = register(INBOX), register(PUT_KNOWLEDGE)
 
     # -- keys ----------------------------------------------------------------------------------
 
@@ -520,9 +658,10 @@ class RedisStore:
                 pipe.zrange(self._conv(key, "live"), 0, -1)
                 pipe.hgetall(self._conv(key, "fwd"))
                 pipe.hkeys(self._conv(key, "rw"))
+                pipe.hkeys(self._conv(key, "iat"))
 
         replies = await self._read(fill)
-        return [_conversation(key, *replies[4 * i : 4 * i + 4]) for i, key in enumerate(keys)]
+        return [_conversation(key, *replies[5 * i : 5 * i + 5]) for i, key in enumerate(keys)]
 
     async def _read(self, fill: Callable[[Any], None]) -> list[Any]:
         """The commands `fill` queues, read in one consistent step (MULTI). Out of memory, Redis
@@ -734,7 +873,7 @@ class RedisStore:
             c.key, int(replace), repr(c.updated_at), c.next_seq, c.llm_calls, c.boundary,
             "" if c.summary_id is None else c.summary_id, len(dump.summaries), len(dump.turns),
             len(dump.messages), len(c.first_forwarded), len(dump.rewrites), len(dump.responses), len(c.marks),
-            stamp=c.created_at,
+            len(dump.inbox), stamp=c.created_at,
         )
         for m in dump.messages:
             args += [m.seq, _dumps({"t": m.created_at, "m": m.message}), m.hash, m.status]
@@ -753,12 +892,117 @@ class RedisStore:
             args += [MARK + name, seq]
         for response_id, seq in dump.responses.items():
             args += [response_id, seq]
+        for m in dump.inbox:
+            delivery = "" if m.seq is None else f"{m.seq}:{m.placement}:{m.turn}:{m.delivered_at!r}"
+            body = _dumps({"content": m.content, "note": m.note, "created_at": m.created_at})
+            args += [m.id, body, delivery, int(m.status != INBOX_DELIVERED)]
         try:
             await self._import(keys=self._keys(c.key), args=args)
         except ResponseError as exc:
             if CONVERSATION_EXISTS in str(exc):
                 raise ConversationExists(str(c.key)) from None
             raise
+
+    # -- inbox ---------------------------------------------------------------------------------
+
+    @_guarded
+    async def post_inbox(self, key: ConversationKey, content: str, note: str, max_pending: int) -> InboxMessage | None:
+        stamp = now()
+        body = _dumps({"content": content, "note": note, "created_at": stamp})
+        mid = int(await self._post_inbox(keys=self._keys(key), args=self._args(key, body, max_pending, stamp=stamp)))
+        if mid == -1:
+            raise InboxFull(str(key))
+        return None if mid == 0 else InboxMessage(mid, content, note, stamp)
+
+    @_guarded
+    async def inbox(self, key: ConversationKey, *, after: int = 0, limit: int | None = None) -> list[InboxMessage]:
+        last = int(await self._redis.hget(self._conv(key, "meta"), "inbox") or 0)
+        end = last if limit is None else min(last, after + limit)
+        if end <= after:
+            return []
+        flat = await self._inbox(keys=self._keys(key), args=self._args(key, "ids", *range(after + 1, end + 1)))
+        return [_inbox_message(*flat[i : i + 4]) for i in range(0, len(flat), 4)]
+
+    @_guarded
+    async def deliver_inbox(
+        self, key: ConversationKey, seq: int, placement: str, turn: int, stamp: float
+    ) -> list[InboxMessage]:
+        args = self._args(key, seq, placement, turn, stamp=stamp)
+        item_status, *flat = await self._deliver_inbox(keys=self._keys(key), args=args)
+        return [_inbox_message(*flat[i : i + 3], item_status) for i in range(0, len(flat), 3)]
+
+    @_guarded
+    async def inbox_at(self, key: ConversationKey, seqs: Sequence[int]) -> dict[int, list[InboxMessage]]:
+        if not seqs:
+            return {}
+        flat = await self._inbox(keys=self._keys(key), args=self._args(key, "seqs", *seqs))
+        out: dict[int, list[InboxMessage]] = {}
+        for i in range(0, len(flat), 4):
+            message = _inbox_message(*flat[i : i + 4])
+            if message.seq is not None:
+                out.setdefault(message.seq, []).append(message)
+        return out
+
+    # -- long-term knowledge -------------------------------------------------------------------
+
+    def _knowledge_keys(self, tenant: str, namespace: str) -> tuple[str, str]:
+        tag = f"{self._prefix}kn:{{{tenant}/{namespace}}}"
+        return tag + ":v", tag + ":t"
+
+    def _knowledge_index(self, tenant: str) -> str:
+        return f"{self._prefix}kn-index:{tenant}"
+
+    @_guarded
+    async def knowledge(self, tenant: str, namespace: str, version: int | None = None) -> KnowledgeVersion | None:
+        if version is None:
+            version = int(await self._redis.hget(self._knowledge_index(tenant), namespace) or 0)
+        return await self._knowledge_version(tenant, namespace, version)
+
+    async def _knowledge_version(self, tenant: str, namespace: str, version: int) -> KnowledgeVersion | None:
+        if version <= 0:
+            return None
+        raw = await self._redis.hget(self._knowledge_keys(tenant, namespace)[0], str(version))
+        return None if raw is None else KnowledgeVersion(tenant, namespace, version, **json.loads(raw))
+
+    @_guarded
+    async def knowledge_at(self, tenant: str, namespace: str, cutoff: float) -> KnowledgeVersion | None:
+        times = self._knowledge_keys(tenant, namespace)[1]
+        found = await self._redis.zrevrangebyscore(times, repr(cutoff), "-inf", start=0, num=1)
+        return await self._knowledge_version(tenant, namespace, int(found[0]) if found else 1)
+
+    @_guarded
+    async def knowledge_versions(
+        self, tenant: str, namespace: str, *, before: int | None = None, limit: int = 20
+    ) -> list[KnowledgeVersion]:
+        newest = int(await self._redis.hget(self._knowledge_index(tenant), namespace) or 0)
+        top = newest if before is None else min(newest, before - 1)
+        numbers = list(range(top, max(top - limit, 0), -1))
+        if not numbers:
+            return []
+        found = await self._redis.hmget(self._knowledge_keys(tenant, namespace)[0], [str(n) for n in numbers])
+        return [KnowledgeVersion(tenant, namespace, n, **json.loads(raw)) for n, raw in zip(numbers, found) if raw]
+
+    @_guarded
+    async def put_knowledge(
+        self, tenant: str, namespace: str, text: str, source: str, base_version: int
+    ) -> KnowledgeVersion | None:
+        stamp = now()
+        keys = [*self._knowledge_keys(tenant, namespace), self._knowledge_index(tenant), self._global("kn-tenants")]
+        body = _dumps({"text": text, "created_at": stamp, "source": source})
+        version = int(await self._put_knowledge(keys=keys, args=[namespace, base_version, tenant, body, repr(stamp)]))
+        return KnowledgeVersion(tenant, namespace, version, text, stamp, source) if version else None
+
+    @_guarded
+    async def knowledge_documents(self, tenant: str | None) -> list[KnowledgeVersion]:
+        tenants = [tenant] if tenant is not None else sorted(await self._redis.smembers(self._global("kn-tenants")))
+        out = []
+        for t in tenants:
+            index = await self._redis.hgetall(self._knowledge_index(t))
+            for namespace in sorted(index):
+                found = await self._knowledge_version(t, namespace, int(index[namespace]))
+                if found is not None:
+                    out.append(found)
+        return out
 
     # -- leases, secret ------------------------------------------------------------------------
 
@@ -815,7 +1059,12 @@ class RedisStore:
 
 
 def _conversation(
-    key: ConversationKey, meta: dict[str, str], live: list[str], fwd: dict[str, str], rewritten: list[str]
+    key: ConversationKey,
+    meta: dict[str, str],
+    live: list[str],
+    fwd: dict[str, str],
+    rewritten: list[str],
+    anchors: list[str],
 ) -> Conversation | None:
     if not meta:
         return None
@@ -826,7 +1075,20 @@ def _conversation(
         {int(seq): int(calls) for seq, calls in fwd.items()}, frozenset(int(seq) for seq in rewritten),
         int(meta["boundary"]), int(meta["summary_id"]) if "summary_id" in meta else None,
         {name[len(MARK) :]: int(value) for name, value in meta.items() if name.startswith(MARK)},
+        int(meta.get("turns", 0)), int(meta.get("inbox_open", 0)), frozenset(int(seq) for seq in anchors),
     )
+
+
+def _inbox_message(mid: str, body: str, delivery: str, item_status: str = "") -> InboxMessage:
+    """A stored inbox message with its status, read off the status of the item it went with."""
+    record = json.loads(body)
+    message = InboxMessage(int(mid), record["content"], record["note"], record["created_at"])
+    if not delivery or item_status == FAILED:  # never delivered, or its turn failed: waiting
+        return message
+    seq, placement, turn, stamp = delivery.split(":", 3)
+    message.seq, message.placement, message.turn, message.delivered_at = int(seq), placement, int(turn), float(stamp)
+    message.status = INBOX_DELIVERING if item_status in ("", PENDING) else INBOX_DELIVERED
+    return message
 
 
 @contextmanager

@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from ..config import Profile
 from ..dialects.base import ToolSpec
 from ..transcript import Call, Item
-from . import readback
+from . import knowledge, readback
 
 if TYPE_CHECKING:
     from ..pipeline import Turn
@@ -32,7 +33,16 @@ ToolFactory = Callable[["Turn", list[Item]], "ProxyTool | None"]
 # In the order they are declared to the model.
 TOOLS: list[ToolFactory] = [
     readback.offer,  # while a shortened output is in the prompt
+    knowledge.offer_read,  # on every turn with knowledge on
+    knowledge.offer_replace,
+    knowledge.offer_append,
 ]
+
+
+def standing(profile: Profile) -> list[ToolSpec]:
+    """The tools offered on every turn of `profile`, whatever its prompt holds: their schemas are
+    sent with every call, so they count as fixed prompt tokens."""
+    return knowledge.standing(profile)
 
 
 def offered(turn: Turn, items: list[Item], has_tool: Callable[[str], bool]) -> list[ProxyTool]:

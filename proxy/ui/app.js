@@ -110,7 +110,7 @@
       return content
         .map((part) => {
           if (!part || typeof part !== "object") return String(part);
-          if (part.type === "text") return part.text || "";
+          if (part.type === "text" || part.type === "input_text" || part.type === "output_text") return part.text || "";
           if (part.type === "refusal") return part.refusal || "";
           return `[${part.type || "part"}]`;
         })
@@ -138,6 +138,7 @@
 
   /** Characters of a message as the transcript holds it: content plus tool calls. */
   function charsOf(message) {
+    if (typeof message.type === "string") return responsesChars(message);
     const blocks = anthropicBlocks(message);
     if (blocks) {
       let n = 0;
@@ -246,6 +247,8 @@
     if (parts[0] === "c" && parts[1]) {
       const tenant = new URLSearchParams(query).get("tenant") || "";
       view = showConversation(decodeURIComponent(parts[1]), tenant, signal);
+    } else if (parts[0] === "knowledge") {
+      view = showKnowledge(parts[1] ? decodeURIComponent(parts[1]) : null, new URLSearchParams(query).get("tenant") || "", signal);
     } else {
       view = showList(signal);
     }
@@ -487,6 +490,9 @@
     const view = new Replay(conversation, turns || [], base, query, signal);
     if (turns === null) view.noTurns();
     main.replaceChildren(view.root);
+    const inbox = inboxPanel(base, query, signal);
+    view.cards.after(inbox, knowledgeCard(conversation, turns || []) || "");
+    const inboxLoad = inbox.refresh();
 
     let after = null;
     let limit = AUTO_LOAD;
@@ -502,6 +508,7 @@
       }
     }
     view.finish();
+    markInboxDeliveries(view, await inboxLoad);
   }
 
   class Replay {
@@ -521,6 +528,7 @@
       this.branch = null; // the superseded branch being filled
       this.summaries = [];
       this.activeTurn = null;
+      this.format = this.turns.length ? this.turns[0].format : null; // the wire format its items are in
 
       for (const turn of this.turns) {
         const sent = turn.sent_seqs || [];
@@ -690,6 +698,7 @@
     }
 
     messageNode(m) {
+      if (isResponsesItem(m, this.format)) return responsesItemNode(this, m);
       const result = anthropicResult(m);
       if (result) return this.anthropicResultNode(m, result);
       const role = m.role || "unknown";
@@ -946,6 +955,138 @@
     }
   }
 
+  // -- Responses API items (a conversation in the format of /v1/responses) -------------------------
+
+  /** Whether `m` is a Responses item: the conversation's turns say so, or (no turns) its `type` does. */
+  function isResponsesItem(m, format) {
+    return format === "responses" || (!format && typeof m.type === "string");
+  }
+
+  /** The text of a Responses content value or output: a string, or its text parts. */
+  function responsesText(value) {
+    if (value === null || value === undefined) return "";
+    if (typeof value === "string") return value;
+    if (!Array.isArray(value)) return JSON.stringify(value);
+    return value.map((part) => (part && typeof part.text === "string" ? part.text : part && part.refusal) || "").join("");
+  }
+
+  function responsesChars(m) {
+    const summary = Array.isArray(m.summary) ? m.summary : [];
+    return (
+      responsesText(m.content).length +
+      responsesText(m.output).length +
+      String(m.arguments ?? m.input ?? "").length +
+      summary.reduce((n, part) => n + String((part && part.text) || "").length, 0)
+    );
+  }
+
+  const ITEM_LABELS = {
+    reasoning: "reasoning",
+    function_call: "assistant", // its call box says the rest
+    custom_tool_call: "assistant",
+    function_call_output: "tool output",
+    custom_tool_call_output: "tool output",
+  };
+
+  /** One Responses item of the replay: its head (seq, role or kind, status, time) and its body. */
+  function responsesItemNode(view, m) {
+    const type = typeof m.type === "string" ? m.type : "message";
+    const isOutput = type.endsWith("_call_output");
+    const role = type === "message" ? m.role || "unknown" : isOutput ? "tool" : type === "reasoning" ? "reasoning" : "assistant";
+    const status = m.status || "live";
+    const li = h("li", {
+      class: `message item-${word(type)} role-${word(role)} status-${word(status)}`,
+      "data-seq": m.seq,
+      "data-role": word(role),
+      "data-type": word(type),
+      "data-status": word(status),
+    });
+    const head = h(
+      "div",
+      { class: "message-head" },
+      h("span", { class: "seq" }, `#${m.seq}`),
+      h("span", { class: "role" }, type === "message" ? role : ITEM_LABELS[type] || type),
+      status !== "live" ? h("span", { class: `badge status-${word(status)}`, title: STATUS_NOTES[status] || null }, status) : null
+    );
+    li.append(head);
+    if (type === "message") {
+      add(li, messageParts(m.content));
+    } else if (type === "reasoning") {
+      add(li, reasoningBody(m));
+    } else if (type === "function_call" || type === "custom_tool_call") {
+      const name = m.namespace ? `${m.namespace}.${m.name}` : m.name;
+      view.callNames.set(m.call_id, name);
+      li.append(callNode(name, m.call_id, type === "function_call" ? m.arguments : m.input));
+    } else if (isOutput) {
+      const text = responsesText(m.output);
+      add(
+        head,
+        h("span", { class: "tool-of" }, "result of ", h("code", null, view.callNames.get(m.call_id) || "?"), " ", h("span", { class: "muted" }, m.call_id || "")),
+        h("span", { class: "muted chars" }, `${num(text.length)} chars`)
+      );
+      li.append(view.toolOutput(m, text));
+    } else {
+      li.append(clipped(JSON.stringify(itemFields(m), null, 2), "content json")); // a type this page doesn't know
+    }
+    head.append(h("span", { class: "spacer" }), timeNode(m.created_at));
+    view.nodes.set(m.seq, li);
+    return li;
+  }
+
+  /** A message's content: each text part as text, images and files named, other parts as JSON. */
+  function messageParts(content) {
+    if (typeof content === "string") return content ? [clipped(content, "content")] : [];
+    return (Array.isArray(content) ? content : [content]).map((part) => {
+      if (!part || typeof part !== "object") return clipped(String(part), "content");
+      if (typeof part.text === "string") return clipped(part.text, "content");
+      if (part.type === "refusal") return clipped(String(part.refusal || ""), "content refusal");
+      if (part.type === "input_image") {
+        const url = typeof part.image_url === "string" && !part.image_url.startsWith("data:") ? ` ${part.image_url}` : "";
+        return h("div", { class: "part muted" }, `[image${url}]`);
+      }
+      if (part.type === "input_file") return h("div", { class: "part muted" }, `[file ${part.filename || part.file_id || ""}]`);
+      return clipped(JSON.stringify(part, null, 2), "content json");
+    });
+  }
+
+  /** A reasoning item: its summary (and reasoning text, if shown), and a note of what is sealed. */
+  function reasoningBody(m) {
+    const parts = [...(Array.isArray(m.summary) ? m.summary : []), ...(Array.isArray(m.content) ? m.content : [])];
+    const out = parts
+      .filter((part) => part && typeof part.text === "string" && part.text)
+      .map((part) => clipped(part.text, "content reasoning-text"));
+    if (typeof m.encrypted_content === "string") {
+      out.push(h("div", { class: "part muted small" }, `encrypted reasoning: ${num(m.encrypted_content.length)} chars, replayed as sent`));
+    }
+    if (!out.length) out.push(h("div", { class: "part muted small" }, "no summary"));
+    return out;
+  }
+
+  /** A call and its arguments (pretty-printed when they are JSON). */
+  function callNode(name, callId, argsValue) {
+    let args = argsValue === undefined || argsValue === null ? "" : String(argsValue);
+    try {
+      args = JSON.stringify(JSON.parse(args), null, 2);
+    } catch {
+      /* not JSON (a free-form input): shown as sent */
+    }
+    return h(
+      "div",
+      { class: "tool-call", "data-call-id": callId || "" },
+      h("div", { class: "tool-call-head" }, h("span", { class: "label" }, "tool call"), h("code", { class: "fn" }, name || "?"), h("span", { class: "muted" }, callId || "")),
+      clipped(args, "arguments")
+    );
+  }
+
+  /** An item's own fields, without the ones the trajectory adds. */
+  function itemFields(m) {
+    const out = {};
+    for (const [key, value] of Object.entries(m)) {
+      if (!["seq", "created_at", "status", "ref"].includes(key)) out[key] = value;
+    }
+    return out;
+  }
+
   /** The preview of a long text (PREVIEW characters or PREVIEW_LINES lines), or null if it is short. */
   function previewOf(text) {
     let at = -1; // the end of line PREVIEW_LINES, if it comes before PREVIEW characters
@@ -1114,6 +1255,302 @@
     });
     svg.append(s("path", { d: path, class: "line quota" }, s("title", null, "LLM calls used (the quota's count) after each turn")));
     return svg;
+  }
+
+  // -- the inbox and the long-term knowledge document --------------------------------------------
+  // (Functions of their own: the views above only call them.)
+
+  const KNOWLEDGE_API = new URL("../v1/knowledge", location.href).href;
+
+  function withQuery(url, params) {
+    const out = new URL(url);
+    for (const [key, value] of Object.entries(params || {})) {
+      if (value !== undefined && value !== null && value !== "") out.searchParams.set(key, value);
+    }
+    return out.href;
+  }
+
+  /** An admin API call on a full URL: a GET, or a write (POST/PUT) of `body` as JSON. */
+  async function apiCall(url, method, body, signal) {
+    const headers = { Accept: "application/json" };
+    const token = auth.get();
+    if (token) headers.Authorization = `Bearer ${token}`;
+    const init = { method, headers, signal, cache: "no-store", credentials: "omit" };
+    if (body !== undefined) {
+      headers["Content-Type"] = "application/json"; // the API takes JSON writes only
+      init.body = JSON.stringify(body);
+    }
+    let response;
+    try {
+      response = await fetch(url, init);
+    } catch (err) {
+      if (err.name === "AbortError") throw err;
+      throw new ApiError(0, `The proxy did not answer (${err.message})`);
+    }
+    let data = null;
+    try {
+      data = await response.json();
+    } catch {
+      /* not JSON: keep the status */
+    }
+    if (!response.ok) {
+      const message = data && data.error && data.error.message;
+      throw new ApiError(response.status, message || response.statusText || `HTTP ${response.status}`);
+    }
+    return data;
+  }
+
+  const INBOX_STATUS = {
+    pending: "Waiting: the agent reads it at its next step (its next request through the proxy).",
+    delivering: "In the prompt of the turn running now.",
+    delivered: "Delivered: in every prompt since, at the same place.",
+  };
+
+  /** The conversation's inbox: a box to leave the agent a message, and what was sent and delivered. */
+  function inboxPanel(base, query, signal) {
+    const url = API + base + "/inbox";
+    const list = h("ol", { id: "inbox-list", class: "inbox-list" });
+    const empty = h("p", { id: "inbox-empty", class: "muted small" }, "No messages yet.");
+    const input = h("textarea", {
+      id: "inbox-input",
+      rows: 3,
+      maxlength: 100000,
+      placeholder: "Steer the running agent: it reads this with its next tool result, or before its next message.",
+      "aria-label": "A message for the agent",
+    });
+    const status = h("span", { id: "inbox-status", class: "muted small", role: "status" });
+    const send = h("button", { type: "submit", id: "inbox-send" }, "Send to the agent");
+
+    /** The messages listed again; on failure the panel says so (the rest of the page stays). */
+    async function refresh() {
+      try {
+        const page = await apiCall(withQuery(url, { ...query, limit: 1000 }), "GET", undefined, signal);
+        list.replaceChildren(...page.data.map(inboxItem));
+        empty.textContent = "No messages yet.";
+        empty.hidden = page.data.length > 0;
+        return page.data;
+      } catch (err) {
+        if (err.name === "AbortError") throw err;
+        empty.textContent = `Could not read the inbox: ${err.message}`;
+        empty.hidden = false;
+        return [];
+      }
+    }
+
+    const form = h(
+      "form",
+      {
+        id: "inbox-form",
+        class: "inbox-form",
+        onsubmit: async (event) => {
+          event.preventDefault();
+          const content = input.value;
+          if (!content.trim()) return;
+          send.disabled = true;
+          status.textContent = "Sending…";
+          try {
+            await apiCall(withQuery(url, query), "POST", { content }, signal);
+            input.value = "";
+            status.textContent = "Queued: delivered at the agent's next step.";
+            await refresh();
+          } catch (err) {
+            if (err instanceof ApiError && err.status === 401) return showTokenPrompt(err);
+            status.textContent = `Not sent: ${err.message}`;
+          } finally {
+            send.disabled = false;
+          }
+        },
+      },
+      h("label", { for: "inbox-input" }, "Message for the agent"),
+      input,
+      h("div", { class: "row" }, send, status)
+    );
+    const panel = h(
+      "section",
+      { id: "inbox", class: "card inbox" },
+      h("h2", null, "Inbox"),
+      h("p", { class: "muted small" }, "Messages for the agent while it works, marked as the user's; each is delivered once, at its next step."),
+      list,
+      empty,
+      form
+    );
+    panel.refresh = refresh;
+    return panel;
+  }
+
+  function inboxItem(m) {
+    const where =
+      m.status === "pending"
+        ? null
+        : `turn ${num(m.turn)}, ${m.placement === "append" ? "appended to the tool result" : "as a message before"} #${m.seq}`;
+    return h(
+      "li",
+      { class: `inbox-message status-${word(m.status)}`, "data-id": m.id, "data-status": word(m.status) },
+      h(
+        "div",
+        { class: "inbox-head" },
+        h("span", { class: `badge status-${word(m.status)}`, title: INBOX_STATUS[m.status] || null }, m.status),
+        h("span", { class: "muted small" }, "sent ", timeNode(m.created_at)),
+        where ? h("span", { class: "muted small" }, "delivered ", timeNode(m.delivered_at), ` · ${where}`) : null
+      ),
+      h("div", { class: "inbox-content text" }, m.content)
+    );
+  }
+
+  /** Delivered inbox messages shown on the replayed message they went upstream with. */
+  function markInboxDeliveries(view, messages) {
+    for (const m of messages) {
+      const node = m.status === "pending" ? null : view.nodes.get(m.seq);
+      if (!node) continue;
+      node.append(
+        h(
+          "div",
+          { class: "inbox-delivered", "data-inbox-id": m.id },
+          h("span", { class: "label" }, m.placement === "append" ? "inbox message, appended here" : "inbox message, sent just before this"),
+          h("div", { class: "text" }, m.content)
+        )
+      );
+    }
+  }
+
+  /** The knowledge document the conversation's prompts carried (its last turn's), as a link. */
+  function knowledgeCard(conversation, turns) {
+    const used = turns.filter((t) => t.knowledge).pop();
+    if (!used) return null;
+    const ns = used.knowledge.namespace;
+    const href = "#/knowledge" + (ns ? "/" + encodeURIComponent(ns) : "") + (conversation.tenant ? "?tenant=" + encodeURIComponent(conversation.tenant) : "");
+    return h(
+      "p",
+      { id: "knowledge-used", class: "card knowledge-used" },
+      "Long-term knowledge in its prompts: ",
+      h("a", { href }, ns ? `namespace ${ns}` : "the default notes"),
+      `, version ${num(used.knowledge.version)}.`
+    );
+  }
+
+  function askForTenant(namespace, err) {
+    const input = h("input", { id: "knowledge-tenant", name: "tenant", autocomplete: "off", spellcheck: "false", required: true });
+    main.replaceChildren(
+      h(
+        "form",
+        {
+          id: "knowledge-tenant-form",
+          class: "card token-form",
+          onsubmit: (event) => {
+            event.preventDefault();
+            const t = input.value.trim();
+            if (t) location.hash = "#/knowledge" + (namespace ? "/" + encodeURIComponent(namespace) : "") + "?tenant=" + encodeURIComponent(t);
+          },
+        },
+        h("h1", null, "Whose knowledge?"),
+        h("p", { class: "api-answer" }, err.message),
+        h("p", null, "With the admin token every tenant's documents are open: enter a tenant as the conversations list shows it."),
+        h("label", { for: "knowledge-tenant" }, "Tenant"),
+        h("div", { class: "row" }, input, h("button", { type: "submit" }, "Open"))
+      )
+    );
+    input.focus();
+  }
+
+  function diffClass(line) {
+    if (line.startsWith("@@") || line.startsWith("+++") || line.startsWith("---")) return "hunk";
+    return line.startsWith("+") ? "add" : line.startsWith("-") ? "del" : null;
+  }
+
+  /** One knowledge document: its text (editable), its versions, and a diff between two of them. */
+  async function showKnowledge(namespace, tenant, signal) {
+    document.title = `Knowledge${namespace ? " · " + namespace : ""} · context-proxy`;
+    const path = KNOWLEDGE_API + (namespace ? "/" + encodeURIComponent(namespace) : "");
+    const query = tenant ? { tenant } : {};
+    main.replaceChildren(h("p", { class: "muted" }, "Loading the knowledge document…"));
+    let doc;
+    try {
+      doc = await apiCall(withQuery(path, query), "GET", undefined, signal);
+    } catch (err) {
+      if (!(err instanceof ApiError && err.status === 400 && !tenant)) throw err;
+      return askForTenant(namespace, err); // the admin sees every tenant: which one's notes?
+    }
+    const versions = await apiCall(withQuery(path + "/versions", { ...query, limit: 100 }), "GET", undefined, signal);
+    const hrefOf = (ns) => "#/knowledge" + (ns ? "/" + encodeURIComponent(ns) : "") + (tenant ? "?tenant=" + encodeURIComponent(tenant) : "");
+
+    const editor = h("textarea", { id: "knowledge-text", rows: 22, spellcheck: "false", "aria-label": "The document" });
+    editor.value = doc.text; // a property: never markup
+    const status = h("span", { id: "knowledge-status", class: "muted small", role: "status" });
+    const save = h("button", { type: "submit", id: "knowledge-save" }, "Save as a new version");
+    const form = h(
+      "form",
+      {
+        id: "knowledge-form",
+        onsubmit: async (event) => {
+          event.preventDefault();
+          save.disabled = true;
+          try {
+            const written = await apiCall(withQuery(path, query), "PUT", { text: editor.value, base_version: doc.version }, signal);
+            status.textContent = `Saved as version ${written.version}.`;
+            route();
+          } catch (err) {
+            if (err instanceof ApiError && err.status === 401) return showTokenPrompt(err);
+            status.textContent = `Not saved: ${err.message}`;
+          } finally {
+            save.disabled = false;
+          }
+        },
+      },
+      editor,
+      h("div", { class: "row" }, save, status)
+    );
+
+    const diffOut = h("pre", { id: "knowledge-diff", class: "diff", hidden: true });
+    const fromSel = h("select", { id: "diff-from", "aria-label": "From version" });
+    const toSel = h("select", { id: "diff-to", "aria-label": "To version" });
+    const numbers = versions.data.map((v) => v.version);
+    for (const n of [...numbers, 0]) fromSel.append(h("option", { value: n }, n ? `version ${n}` : "empty"));
+    for (const n of numbers) toSel.append(h("option", { value: n }, `version ${n}`));
+    if (numbers.length > 1) fromSel.value = String(numbers[1]);
+    const showDiff = async () => {
+      const d = await apiCall(withQuery(path + "/diff", { ...query, from: fromSel.value, to: toSel.value }), "GET", undefined, signal);
+      diffOut.replaceChildren(
+        ...d.diff.split("\n").map((line) => h("span", { class: diffClass(line) }, line + "\n"))
+      );
+      diffOut.hidden = false;
+    };
+    const diffButton = h("button", { type: "button", id: "diff-show", onclick: () => showDiff().catch((err) => showFailure(err, signal)) }, "Show diff");
+
+    main.replaceChildren(
+      h(
+        "section",
+        { class: "knowledge-view", "data-version": doc.version },
+        h("p", { class: "crumbs" }, h("a", { href: "#/" }, "← Conversations")),
+        h("h1", null, "Long-term knowledge", namespace ? ` · ${namespace}` : ""),
+        h(
+          "p",
+          { class: "muted small" },
+          doc.version ? `Version ${doc.version}, written ${when(doc.created_at)} by ${doc.source}. ` : "Nobody wrote it yet: this is the template it starts from. ",
+          "Agents read it in their prompts when knowledge is on, and edit it with the proxy's knowledge tools; every version is kept."
+        ),
+        h(
+          "nav",
+          { class: "namespaces" },
+          "Documents: ",
+          h("a", { href: hrefOf(null) }, "default"),
+          (doc.namespaces || []).map((ns) => [" · ", h("a", { href: hrefOf(ns) }, ns)])
+        ),
+        form,
+        h("h2", null, "Versions"),
+        h(
+          "table",
+          { id: "knowledge-versions", class: "grid" },
+          h("thead", null, h("tr", null, ["Version", "Written", "By", "Characters"].map((t) => h("th", { scope: "col" }, t)))),
+          h(
+            "tbody",
+            null,
+            versions.data.map((v) => h("tr", { "data-version": v.version }, h("td", { class: "num" }, num(v.version)), h("td", null, timeNode(v.created_at)), h("td", null, v.source), h("td", { class: "num" }, num(v.chars))))
+          )
+        ),
+        numbers.length ? h("div", { class: "row diff-controls" }, "Diff from ", fromSel, " to ", toSel, diffButton) : null,
+        diffOut
+      )
+    );
   }
 
   window.addEventListener("hashchange", route);

@@ -4,7 +4,8 @@
 OpenAI parameters go to `litellm.acompletion` (Anthropic, Gemini, Bedrock, Ollama, vLLM, ...), and
 the reply comes back as OpenAI bytes: a `chat.completion` JSON body, or `data: {chunk}` SSE events
 ending with `data: [DONE]`, tool calls included, with `model` set to the public name the client
-asked for. The chat handler can't tell it from an OpenAI-compatible upstream.
+asked for. The chat handler can't tell it from an OpenAI-compatible upstream. A Responses request
+is translated to a chat completion and back (litellm_responses.py).
 
 litellm is heavy (~2 s and ~190 MB to import), so it is imported on first use, in a thread, and
 only by this module: a proxy without litellm models never loads it, and passthrough requests
@@ -327,8 +328,9 @@ def provider_detail(exc: BaseException, secrets: list[str]) -> tuple[str | None,
 # -- the upstream -------------------------------------------------------------------------------
 
 # A wire format a route serves besides chat: one request in that format, sent through the route's
-# chat path and answered in that format (litellm_messages.py; the router supplies them).
-Translation = Callable[["LiteLLMUpstream", Mapping[str, Any], Mapping[str, str]], Awaitable[UpstreamReply]]
+# chat path and answered in that format (litellm_responses.py, litellm_messages.py; the router
+# supplies them, so this module imports neither).
+FormatCall = Callable[["LiteLLMUpstream", Mapping[str, Any], Mapping[str, str]], Awaitable[UpstreamReply]]
 
 
 class LiteLLMUpstream:
@@ -340,7 +342,7 @@ class LiteLLMUpstream:
         entry: ModelSettings,
         timeout_s: float,
         limits: ReplyLimits | None = None,
-        formats: Mapping[str, Translation] | None = None,
+        formats: Mapping[str, FormatCall] | None = None,
     ) -> None:
         if not entry.litellm_model:
             raise ValueError(f"models.{name} has no litellm_model")

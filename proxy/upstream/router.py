@@ -15,9 +15,11 @@ from .base import Upstream
 from .limits import ReplyLimits
 from .litellm import LiteLLMUpstream
 from .litellm_messages import messages_call
+from .litellm_responses import call_responses
 
-# What a litellm route serves besides chat completions: Anthropic Messages (Claude Code on any model).
-FORMATS = {"messages": messages_call}
+# What a litellm route serves besides chat completions, each translated to chat and back: the
+# Responses API (Codex, the Agents SDK) and Anthropic Messages (Claude Code), on any model.
+FORMATS = {"responses": call_responses, "messages": messages_call}
 
 
 class UpstreamRouter:
@@ -74,12 +76,12 @@ class UpstreamRouter:
             return
         from litellm.llms.custom_httpx.async_client_cleanup import close_litellm_async_clients
 
+        import litellm
+
         try:
             await close_litellm_async_clients()
-            # The cache is litellm's, for the whole process: another app started in it later (the
-            # tests start many) must make new clients, not be handed the closed ones.
-            import litellm
-
+            # Closed clients must not stay cached: the next app in this process (a restart in
+            # tests or an embedding program) would get them and fail every call.
             litellm.in_memory_llm_clients_cache.flush_cache()
         except Exception as exc:  # noqa: BLE001  # shutting down: log, don't fail
             litellm_upstream.log.warning("closing litellm's clients failed: %s", exc)
