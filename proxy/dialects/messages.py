@@ -12,8 +12,10 @@ tool_use blocks stay inside their assistant message, untouched: signatures stay 
 window drops a thinking + tool_use message with its results as one unit. A `role: "system"`
 message inside `messages` (a beta) joins the item before it.
 
-The top-level `system` stays the client's; the proxy's own notes (the compaction summary) are
-appended to it as text blocks after the client's. Claude Code re-sends a message as blocks that
+The top-level `system` stays the client's; the proxy's own notes (the knowledge document, the
+compaction summary) are appended to it as text blocks after the client's. An inbox message goes
+into the newest `tool_result` when the prompt ends in tool results, else as a user message of
+its own right before the client's newest. Claude Code re-sends a message as blocks that
 was a string, and moves its `cache_control` breakpoint to the newest message each turn: the
 canonical hash compares messages by meaning, so neither looks new. Breakpoints stay valid:
 never more than four in the body (the oldest messages' go first, e.g. stored messages replayed
@@ -247,6 +249,11 @@ class MessagesCodec:
 
     def system_note(self, text: str) -> Item:
         return Item({"type": "text", "text": text}, Role.SYSTEM)
+
+    def user_note(self, text: str) -> Item:
+        # A user message of its own: it goes before the client's newest, which the API takes as one
+        # user turn with it (the client's own message keeps its bytes and its breakpoint).
+        return Item({"role": "user", "content": text}, Role.USER)
 
     def tool_result(self, call: Call, text: str) -> Item:
         block = {"type": "tool_result", "tool_use_id": call.id, "content": text}
