@@ -7,6 +7,7 @@ the summary in `system`, the window cutting whole units, count_tokens, errors, i
 from __future__ import annotations
 
 import json
+import socket
 from typing import Any
 
 import anthropic
@@ -469,6 +470,41 @@ def test_the_proxys_own_errors_take_anthropics_shape(make_proxy: MakeProxy, upst
     assert post(body, **{"X-Conversation-ID": "quota-1"}).status_code == 200
     over = post(body, **{"X-Conversation-ID": "quota-1"})
     assert over.status_code == 429 and over.json()["error"]["type"] == "rate_limit_error"
+
+
+def test_what_the_proxy_refuses_before_reading_a_turn_is_in_anthropics_shape_too(
+    make_proxy: MakeProxy, upstream: FakeUpstream
+) -> None:
+    """The guard, the body and message limits, a body that never arrives: refused before the
+    handler runs, and still the shape Claude Code reads (it shows `error.message`)."""
+    proxy = messages_proxy(make_proxy, upstream, server={"max_body_mb": 0.05, "max_messages": 4, "body_timeout_s": 0.5})
+    hi = {"model": MODEL, "max_tokens": 10, "messages": [{"role": "user", "content": "Hi"}]}
+
+    def refused(response: httpx.Response, status: int, kind: str) -> None:
+        assert response.status_code == status, response.text
+        assert response.json()["type"] == "error" and response.json()["error"]["type"] == kind, response.text
+
+    for path in ("/v1/messages", "/v1/messages/count_tokens", "/c/guard-1/v1/messages?beta=true"):
+        refused(httpx.post(proxy.url + path, content=json.dumps(hi), headers={**HEADERS, "Content-Type": "text/plain"}),
+                415, "invalid_request_error")
+        refused(httpx.post(proxy.url + path, json=hi, headers={**HEADERS, "Origin": "https://evil.example"}),
+                403, "permission_error")
+    big = {**hi, "messages": [{"role": "user", "content": "x" * 100_000}]}
+    refused(httpx.post(proxy.url + "/v1/messages", json=big, headers=HEADERS), 413, "request_too_large")
+    many = {**hi, "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}] * 3}
+    with pytest.raises(anthropic.APIStatusError) as too_many:
+        claude_client(proxy).messages.create(**many)
+    assert too_many.value.status_code == 413 and too_many.value.body["error"]["type"] == "request_too_large"
+
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:  # a body that never comes
+        sock.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"x-api-key: " + ALICE.encode() + b"\r\nContent-Length: 1000\r\n\r\n{\"model\": ")
+        answer = b""
+        while chunk := sock.recv(65536):  # until the proxy closes it, at body_timeout_s
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["type"] == "error"
+    assert upstream.requests == []  # none of it went upstream
 
 
 def test_an_unreachable_or_silent_upstream_is_a_502_or_504_in_anthropics_shape(

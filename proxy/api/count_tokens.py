@@ -11,6 +11,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from ..dialects.messages import MESSAGES
+from ..errors import add_error_shape
 from ..state import ENGINE, ROUTER, UPSTREAM
 from ..upstream import forwardable
 from .turns import read_turn
@@ -32,5 +33,6 @@ async def count_tokens(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
+    add_error_shape(app, count_tokens, MESSAGES.error_body)
     for prefix in ("", "/c/{conversation_id}"):
         app.router.add_post(prefix + "/v1/messages/count_tokens", count_tokens)

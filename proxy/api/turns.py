@@ -18,7 +18,7 @@ from ..dialects.chat import CHAT
 from ..dialects.messages import MESSAGES
 from ..dialects.responses import RESPONSES
 from ..engine import TurnReport, TurnRequest
-from ..errors import ERROR_SHAPE, InvalidRequest
+from ..errors import InvalidRequest, add_error_shape
 from ..identity import ConversationKey, explicit_conversation_id, request_tenant
 from ..messages import MAX_DEPTH, too_deep
 from ..request_limits import check_message_count, parse_json
@@ -136,7 +136,6 @@ async def turn_request(request: web.Request, dialect: Dialect, body: dict[str, A
 
 async def read_turn(request: web.Request, dialect: Dialect) -> tuple[TurnRequest, ConversationKey, TurnReport]:
     """A managed request read: the turn, the conversation it belongs to, its (empty) report."""
-    request[ERROR_SHAPE] = dialect.error_body  # errors from here on take this format's shape
     body = await read_json_object(request, dialect.transcript_key)
     # A missing or malformed transcript is a 400 before anything else, too long a one a 413.
     check_message_count(dialect.transcript(body), request.app[SETTINGS].server.max_messages, dialect.transcript_key)
@@ -173,6 +172,8 @@ messages = managed(MESSAGES)
 
 
 def add_routes(app: web.Application) -> None:
+    for handler, dialect in ((chat_completions, CHAT), (responses, RESPONSES), (messages, MESSAGES)):
+        add_error_shape(app, handler, dialect.error_body)  # the guard's refusals too, before the handler
     for prefix in ("", "/c/{conversation_id}"):
         app.router.add_post(prefix + "/v1/chat/completions", chat_completions)
         app.router.add_post(prefix + "/chat/completions", chat_completions)
