@@ -18,6 +18,7 @@ from tests.conftest import ALICE, BOB, MakeProxy, admin_get, live_messages, traj
 from tests.fake_anthropic import REDACTED_THINKING_TRIGGER, error_mid_stream, overloaded, tool_use_id
 from tests.fake_upstream import FakeUpstream, Reply
 from tests.harness import ProxyServer
+from tests.responders import by_kind, fixed_summary, is_summary_request, is_tool_summary_request
 from tests.messages_helpers import (
     BUILD,
     MODEL,
@@ -360,6 +361,38 @@ def test_an_llm_summary_of_a_tool_loop_keeps_calls_with_their_results(
     kept = sent["messages"][1:]
     assert kept and kept[0]["role"] == "assistant" and len(kept) < len(messages) - 1
     assert all(m in messages for m in kept)  # whole messages: no call without its result (the fake checked)
+
+
+def test_summaries_of_a_claude_code_conversation_are_asked_of_its_own_model_at_the_anthropic_api(
+    make_proxy: MakeProxy, upstream: FakeUpstream, http: httpx.Client
+) -> None:
+    """The default summarizer is the request's own model with the client's key: for Claude Code
+    that is the Anthropic API, in Messages (the OpenAI base URL is unreachable here)."""
+    proxy = make_proxy(
+        upstream_url="http://127.0.0.1:9/v1",
+        upstream={"anthropic_base_url": upstream.anthropic.base_url},
+        truncation={"tools": {"run_build": "summarize"}},
+        compaction={"strategy": "budget", "background": False, "max_history_summary_length": 1000},
+    )
+    upstream.responder = by_kind(lambda body: Reply.tool_calls([("run_build", "{}")]), fixed_summary("The build fails at step 900."))
+    client = claude_client(proxy, headers={"X-Conversation-ID": "own-summary"})
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Why does the build fail?"}]
+    for _ in range(3):
+        reply = client.messages.create(model=MODEL, max_tokens=4096, tools=[BUILD], messages=messages)
+        messages += [as_params(reply), results(reply, BUILD_LOG)]
+    client.messages.create(model=MODEL, max_tokens=4096, tools=[BUILD], messages=messages)
+
+    asked = upstream.messages_requests()
+    tool_summaries = [b for b in asked if is_tool_summary_request(b)]
+    history_summaries = [b for b in asked if is_summary_request(b)]
+    assert tool_summaries and history_summaries  # both kinds, at the Anthropic API
+    assert all(b["model"] == MODEL and b["max_tokens"] > 0 for b in tool_summaries + history_summaries)
+    assert upstream.chat_requests() == []
+    sent = [b for b in asked if not is_tool_summary_request(b) and not is_summary_request(b)][-1]
+    assert "Summary of the earlier part" in sent["system"][-1]["text"]
+    assert "The build fails at step 900." in sent["messages"][-1]["content"][0]["content"]  # the output's summary
+    (summary,) = admin_get(http, "/own-summary/trajectory").json()["summaries"][-1:]
+    assert summary["tokens_in"] > 0 and summary["tokens_out"] > 0  # Anthropic's usage, read
 
 
 def test_the_window_drops_thinking_tool_use_and_results_as_one_unit(

@@ -218,7 +218,7 @@ class Engine:
         )
         job = CompactionJob(
             key, profile, self.summarizer.model_for(model), request.headers, ledger.figures(None), dialect.codec,
-            force=request.compaction == "force",
+            force=request.compaction == "force", dialect=dialect.name,
         )
         return turn, job
 

@@ -80,7 +80,7 @@ class Truncation:
         for item, text, tool in wanted:
             if item.seq is None or item.seq in stored:
                 continue
-            summary = await turn.summarizer.tool_output(text, tool, turn.model, turn.headers)
+            summary = await turn.summarizer.tool_output(text, tool, turn.model, turn.headers, turn.report.dialect)
             if summary is None:
                 turn.report.summaries_failed += 1
                 continue

@@ -36,4 +36,4 @@ class Upstream(Protocol):
         UpstreamUnreachable / UpstreamTimeout if no status came back."""
 
     async def chat(self, body: Mapping[str, Any], headers: Mapping[str, str]) -> UpstreamReply:
-        """Send a chat completion (`call("chat", ...)`): what the summarizer uses."""
+        """Send a chat completion (`call("chat", ...)`)."""
