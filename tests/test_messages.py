@@ -466,6 +466,27 @@ def test_count_tokens_counts_the_prompt_the_proxy_would_send_and_stores_nothing(
     assert upstream.messages_requests()[-1]["messages"] == counted["messages"]
 
 
+def test_a_count_of_something_on_its_own_is_not_counted_with_the_conversations_summary(
+    make_proxy: MakeProxy, upstream: FakeUpstream
+) -> None:
+    """Claude Code counts a tool result or its tool list on its own, under its session id: that
+    count is no continuation of the session, so neither its summary nor its cuts go with it."""
+    compaction = {"strategy": "turns", "compactor_class": "tests.custom_compactor.FixedCompactor", "background": False}
+    proxy = messages_proxy(make_proxy, upstream, compaction=compaction)
+    client = claude_client(proxy, headers={"X-Claude-Code-Session-Id": "count-alone"})
+    messages: list[dict[str, Any]] = []
+    for text in ("Build the project.", "Now run the tests."):
+        messages.append({"role": "user", "content": text})
+        messages.append(as_params(client.messages.create(model=MODEL, max_tokens=100, messages=messages)))
+    messages.append({"role": "user", "content": "And the linter."})
+    client.messages.count_tokens(model=MODEL, messages=messages)
+    alone = [{"role": "user", "content": "The output of a tool, counted on its own."}]
+    client.messages.count_tokens(model=MODEL, tools=[BUILD], messages=alone)
+    continuation, fragment = upstream.anthropic.count_tokens_requests()
+    assert continuation["system"][-1]["text"].endswith("CUSTOM SUMMARY")
+    assert fragment == {"model": MODEL, "tools": [BUILD], "messages": alone}  # as it was sent
+
+
 # -- errors ------------------------------------------------------------------------------------
 
 

@@ -178,8 +178,13 @@ class Engine:
         hashes = known + await validated_hashes(dialect.validate, codec.hash, raws, len(known), request.size)
         conversation = await self.store.get(key)
         plan = await self._plan(request, key, raws, hashes, conversation)
+        if conversation is not None and conversation.live and request.history == "full" and not plan.known_seqs:
+            # Nothing of the conversation in it (Claude Code counts a tool result or its tools on
+            # their own, under its session id): counted as a conversation of its own would send it.
+            conversation = None
+            plan = await self._plan(request, key, raws, hashes, None)
         turn, job = self._turn(request, key, conversation, report, dry_run=True)
-        turn.summary = await self.compaction.current_summary(job)
+        turn.summary = await self.compaction.current_summary(job) if conversation is not None else None
         first_seq = conversation.next_seq if conversation else 1
         items = await self.pipeline(turn, plan.items(codec, range(first_seq, first_seq + len(plan.new))))
         if request.anchor_seq is not None:
