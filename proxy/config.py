@@ -287,7 +287,11 @@ class InboxSettings(Section):
 
 
 class SummarizerSettings(Section):
-    model: str | None = Field(None, description="Model that writes summaries; null = the request's own model.")
+    model: str | None = Field(
+        None,
+        description="Model that writes summaries, asked in chat completions; null = the request's own model with the "
+        "client's key (for an Anthropic Messages conversation: asked in Messages at the Anthropic API).",
+    )
     timeout_s: float = Field(120, gt=0, le=3600, description="Longest a summary may take before it counts as failed.")
     yield_to_agent: bool = Field(
         False,
@@ -397,8 +401,11 @@ class Settings(BaseSettings):
     knowledge: KnowledgeSettings = KnowledgeSettings()
     inbox: InboxSettings = InboxSettings()
     summarizer: SummarizerSettings = SummarizerSettings()
-    profiles: dict[str, ProfileOverrides] = Field(default_factory=dict)
-    models: dict[str, ModelSettings] = Field(default_factory=dict)
+    profiles: dict[str, ProfileOverrides] = Field(
+        default_factory=dict,
+        description="Named sets of overrides of the per-conversation sections, chosen by X-Context-Profile or a model's profile.",
+    )
+    models: dict[str, ModelSettings] = Field(default_factory=dict, description="Settings per requested model name.")
 
     _profiles: dict[str | None, Profile] = PrivateAttr(default_factory=dict)
 
