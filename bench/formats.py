@@ -2,13 +2,14 @@
 
 What the proxy spends on a later turn of the bench's 200-message agent transcript when it comes
 as Anthropic Messages (Claude Code's shape: bench/messages_workload.py) next to the same turn as
-a chat completion (bench/workload.py), both answered by the bench's mock upstream (bench/mock_upstream.py
-serves /v1/chat/completions and /v1/messages alike). One proxy process with the shipped
-config.yaml, pinned to its own core; each request a later turn of one of the case's
-conversations (the previous request + the reply + a new tool result), JSON and streamed. The
-cases are interleaved and repeated, so a busy machine's drift hits them alike; the figures are
-medians over the repeats: the proxy's CPU per request (schedstat, bench/procs.py) and its
-wall time. DESIGN.md's target: Messages within 10% of chat completions.
+a chat completion (bench/workload.py), both answered by the bench's mock upstream
+(bench/mock_upstream.py serves /v1/chat/completions and /v1/messages alike). One proxy process
+per wire format, the shipped config.yaml, both pinned to the same core; each request a later
+turn of one of the format's conversations (the previous request + the reply + a new tool
+result), JSON and streamed. Requests alternate between the formats one by one, so whatever else
+the machine does hits both alike; the figures are medians over the repeats: each proxy's CPU per
+request (schedstat, bench/procs.py) and its wall time. DESIGN.md's target: Messages within 10% of
+chat completions.
 
 Results: printed, and bench/results/formats-<stamp>.{json,md} (+ formats-latest.*).
 """
@@ -80,11 +81,11 @@ FORMATS = {
 
 
 class Case:
-    """One wire format, streamed or not: its own conversations, taken in turn."""
+    """One wire format, streamed or not: its own conversations, taken in turn, at its own proxy."""
 
-    def __init__(self, key: str, stream: bool, conversations: int, run_id: str) -> None:
+    def __init__(self, key: str, stream: bool, conversations: int, run_id: str, proxy: Proc) -> None:
         self.format = FORMATS[key]
-        self.key, self.stream = key, stream
+        self.key, self.stream, self.proxy = key, stream, proxy
         self.clients = [self.format.make(f"{run_id}-{key}-{'s' if stream else 'j'}-{i}", i) for i in range(conversations)]
         self.next = 0
         self.cpu_ms: list[float] = []  # per run: proxy CPU per request
@@ -100,7 +101,7 @@ class Case:
         self.next += 1
         started = time.perf_counter()
         response = http.post(
-            self.format.path, content=conversation.body(model, self.stream),
+            f"http://127.0.0.1:{self.proxy.port}{self.format.path}", content=conversation.body(model, self.stream),
             headers={"Content-Type": "application/json", **self.format.headers(conversation.id)},
         )
         wall = 1000 * (time.perf_counter() - started)
@@ -109,44 +110,59 @@ class Case:
         self.format.advance(conversation, response, self.stream)
         return wall
 
-    def measure(self, http: httpx.Client, proxy: Proc, model: str, n: int) -> None:
-        meter = CpuMeter(proxy.pid)
+
+def measure(cases: list[Case], http: httpx.Client, model: str, n: int) -> None:
+    """n requests of each case, alternating one by one; each proxy's CPU per request."""
+    meters = [CpuMeter(case.proxy.pid) for case in cases]
+    walls: list[list[float]] = [[] for _ in cases]
+    for meter in meters:
         meter.start()
-        walls = [self.turn(http, model) for _ in range(n)]
-        self.cpu_ms.append(1000 * meter.stop().sched_s / n)
-        self.wall_ms.append(statistics.median(walls))
+    for _ in range(n):
+        for case, wall in zip(cases, walls, strict=True):
+            wall.append(case.turn(http, model))
+    for case, meter, wall in zip(cases, meters, walls, strict=True):
+        case.cpu_ms.append(1000 * meter.stop().sched_s / n)
+        case.wall_ms.append(statistics.median(wall))
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     client_cpus, target_cpus = cores()
     pin_self(client_cpus)
-    mock_port, proxy_port = free_port(), free_port()
+    mock_port = free_port()
     mock = Proc("mock", [sys.executable, "-m", "bench.mock_upstream", "--port", str(mock_port)],
                 mock_port, "/healthz", work / "mock.log", cwd=str(REPO), cpus=client_cpus).start()
     env = {
         "CONTEXT_PROXY_UPSTREAM__BASE_URL": f"http://127.0.0.1:{mock_port}/v1",
         "CONTEXT_PROXY_UPSTREAM__ANTHROPIC_BASE_URL": f"http://127.0.0.1:{mock_port}",
-        "CONTEXT_PROXY_STORAGE__PATH": str(work / "data"),
         "CONTEXT_PROXY_LOGGING__LEVEL": "WARNING",
     }
-    proxy = Proc("proxy", [sys.executable, "-m", "proxy", "serve", "--config", str(REPO / "config.yaml"), "--port", str(proxy_port)],
-                 proxy_port, "/healthz", work / "proxy.log", env=env, cwd=str(REPO), cpus=target_cpus)
+    proxies: dict[str, Proc] = {}
+    for key in FORMATS:
+        port = free_port()
+        proxies[key] = Proc(
+            f"proxy-{key}", [sys.executable, "-m", "proxy", "serve", "--config", str(REPO / "config.yaml"), "--port", str(port)],
+            port, "/healthz", work / f"proxy-{key}.log", env={**env, "CONTEXT_PROXY_STORAGE__PATH": str(work / f"data-{key}")},
+            cwd=str(REPO), cpus=target_cpus,
+        )
     run_id = f"f{int(time.time())}"
-    cases = [Case(key, stream, args.conversations, run_id) for stream in (False, True) for key in FORMATS]
+    modes = {stream: [Case(key, stream, args.conversations, run_id, proxies[key]) for key in FORMATS] for stream in (False, True)}
+    cases = [case for group in modes.values() for case in group]
     model = stream_model(args.chunks)
     size = cases[0].clients[0].messages  # the transcript before the bench's own turns
     try:
         mock.wait_ready(30)
-        proxy.start().wait_ready(60)
-        with httpx.Client(base_url=f"http://127.0.0.1:{proxy_port}", timeout=120) as http:
+        for proxy in proxies.values():
+            proxy.start().wait_ready(60)
+        with httpx.Client(timeout=120) as http:
             for case in cases:  # the first turns store the transcripts; a few more warm every path
                 for _ in range(2 * args.conversations):
                     case.turn(http, model)
             for _ in range(args.repeats):
-                for case in cases:
-                    case.measure(http, proxy, model, args.n)
+                for group in modes.values():
+                    measure(group, http, model, args.n)
     finally:
-        proxy.stop()
+        for proxy in proxies.values():
+            proxy.stop()
         mock.stop()
     rows = {
         case.label: {

@@ -43,8 +43,8 @@ def anthropic_message(message: Message) -> Message:
 
 @cache
 def base_messages(kind: str) -> tuple[bytes, ...]:
-    """The serialized opening messages after the system prompt (index 0, the task, is per conversation)."""
-    return tuple(dumps(anthropic_message(json.loads(part))) for part in base_parts(kind)[1:])
+    """The serialized opening messages after the system prompt and the task (which is per conversation)."""
+    return tuple(dumps(anthropic_message(json.loads(part))) for part in base_parts(kind)[2:])
 
 
 @cache

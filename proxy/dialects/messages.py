@@ -36,7 +36,7 @@ from ..messages import MAX_DEPTH, canonical_digest, text_of, too_deep
 from ..tokens import IMAGE_TOKENS, PER_MESSAGE
 from ..transcript import Call, Item, Raw, Role
 from .base import ReplyRead, ToolSpec
-from .messages_stream import MessagesRelay, calls_of, error_body
+from .messages_stream import CallCache, MessagesRelay, calls_of, error_body
 
 log = logging.getLogger("proxy.messages")
 
@@ -188,23 +188,31 @@ def _add_counted(content: Any, texts: list[str]) -> int:
 
 
 class MessagesCodec:
+    def __init__(self) -> None:
+        self.calls = CallCache()  # the transcript's tool_use blocks, read again every turn
+
     def items(self, raws: Sequence[Raw], seqs: Sequence[int | None], hashes: Sequence[str | None]) -> list[Item]:
+        # Called on the whole transcript every turn: the checks of result_block and is_note, inline.
         out: list[Item] = []
+        append = out.append
         after_result = False  # the previous item is a TOOL part: a user part after it continues its message
         for raw, seq, digest in zip(raws, seqs, hashes, strict=True):
-            block = result_block(raw)
-            if block is not None:
-                out.append(Item(raw, Role.TOOL, seq, digest, answers=str(block.get("tool_use_id")), joins=True))
-                after_result = True
-                continue
-            role = ROLES.get(raw.get("role"), Role.SYSTEM if is_note(raw) else Role.OTHER)
-            if role is Role.USER:
-                joins = after_result and isinstance(raw.get("content"), list)
-                out.append(Item(raw, role, seq, digest, joins=joins))
-            elif role is Role.ASSISTANT:
-                out.append(Item(raw, role, seq, digest, calls=calls_of(raw.get("content"))))
-            else:  # a system message joins what it stands beside; a note stands alone
-                out.append(Item(raw, role, seq, digest, joins=bool(out) and not is_note(raw)))
+            role = raw.get("role")
+            content = raw.get("content")
+            if role == "user":
+                if type(content) is list and len(content) == 1:
+                    block = content[0]
+                    if type(block) is dict and block.get("type") == "tool_result":
+                        append(Item(raw, Role.TOOL, seq, digest, answers=str(block.get("tool_use_id")), joins=True))
+                        after_result = True
+                        continue
+                append(Item(raw, Role.USER, seq, digest, joins=after_result and type(content) is list))
+            elif role == "assistant":
+                append(Item(raw, Role.ASSISTANT, seq, digest, calls=calls_of(content, self.calls)))
+            elif role is None and raw.get("type") == "text":  # a note of the proxy's: it stands alone
+                append(Item(raw, Role.SYSTEM, seq, digest))
+            else:  # a system message joins what it stands beside
+                append(Item(raw, Role.SYSTEM if role == "system" else Role.OTHER, seq, digest, joins=bool(out)))
             after_result = False
         return out
 
@@ -213,11 +221,10 @@ class MessagesCodec:
 
     def text(self, item: Item) -> str | None:
         raw = item.raw
+        if item.role is Role.TOOL:  # a user message holding just its tool_result (see items)
+            return text_of(raw["content"][0].get("content"))
         if is_note(raw):
             return str(raw.get("text") or "")
-        block = result_block(raw)
-        if block is not None:
-            return text_of(block.get("content"))
         return text_of(raw.get("content"))
 
     def with_text(self, item: Item, text: str) -> Item:
@@ -272,32 +279,31 @@ def rebuild_messages(items: Sequence[Item]) -> tuple[list[Raw], list[Raw]]:
     refuses empty messages. The prompt starts on a user message, as the API wants."""
     messages: list[Raw] = []
     notes: list[Raw] = []
+    merged: list[int] = []  # the messages rebuilt from several parts (our copies): only they can need reordering
     open_user = False  # the last message is a user message being rebuilt from parts
-    merged = False  # ... and it is our copy already (a lone part goes as it is)
     for item in items:
         raw = item.raw
-        if is_note(raw):
+        role = item.role
+        if role is Role.SYSTEM and "role" not in raw:  # a note of the proxy's (is_note)
             notes.append(raw)
             continue
-        if item.role is Role.TOOL or (item.role is Role.USER and item.joins):
-            if not open_user:
+        if role is Role.TOOL or (role is Role.USER and item.joins):
+            if not open_user:  # a lone part goes as it is
                 messages.append(raw)
-                open_user, merged = True, False
+                open_user = True
                 continue
-            if not merged:
+            if not merged or merged[-1] != len(messages) - 1:
                 messages[-1] = {**messages[-1], "content": list(messages[-1].get("content") or ())}
-                merged = True
+                merged.append(len(messages) - 1)
             messages[-1]["content"].extend(raw.get("content") or ())
             continue
         open_user = False
-        if item.role is Role.ASSISTANT and not raw.get("content"):
-            continue  # a reply that was only the proxy's calls: the API refuses an empty message
-        messages.append(raw)
-    for k, message in enumerate(messages):
-        content = message.get("content")
-        if message.get("role") == "user" and isinstance(content, list) and _results_not_first(content):
-            ordered = [b for b in content if is_result(b)] + [b for b in content if not is_result(b)]
-            messages[k] = {**message, "content": ordered}
+        if role is not Role.ASSISTANT or raw.get("content"):  # a reply that was only our calls: the API refuses it empty
+            messages.append(raw)
+    for k in merged:
+        content = messages[k]["content"]
+        if _results_not_first(content):
+            messages[k]["content"] = [b for b in content if is_result(b)] + [b for b in content if not is_result(b)]
     first = next((m for m in messages if m.get("role") != "system"), None)
     if first is not None and first.get("role") == "assistant":
         messages.insert(messages.index(first), {"role": "user", "content": OMITTED_NOTE})
@@ -314,29 +320,19 @@ def _results_not_first(content: list[Any]) -> bool:
     return False
 
 
-def _marked(value: Any) -> bool:
-    return isinstance(value, dict) and value.get("cache_control") is not None
-
-
 def limit_breakpoints(body: dict[str, Any]) -> None:
     """At most four `cache_control` breakpoints: past that, the oldest messages' are taken off
     (in copies of their blocks; the client's own breakpoints, at most four, are all kept)."""
-    fixed = sum(_marked(b) for b in system_blocks(body.get("system")))
-    fixed += sum(_marked(t) for t in body.get("tools") or ())
-    fixed += _marked(body)  # a top-level cache_control (automatic caching) is one too
+    excess = _breakpoints(body) - MAX_CACHE_BREAKPOINTS
+    if excess <= 0:  # the usual case: counted, nothing to take off
+        return
     spots: list[tuple[int, int, int | None]] = []  # (message, block, inner block) of each marked block
     for m, message in enumerate(body["messages"]):
-        content = message.get("content") if isinstance(message, dict) else None
-        for b, block in enumerate(content if isinstance(content, list) else ()):
-            if _marked(block):
+        for b, block in enumerate(_blocks(message)):
+            if block.get("cache_control") is not None:
                 spots.append((m, b, None))
-            inner = block.get("content") if is_result(block) else None
-            for i, inner_block in enumerate(inner if isinstance(inner, list) else ()):
-                if _marked(inner_block):
-                    spots.append((m, b, i))
-    excess = fixed + len(spots) - MAX_CACHE_BREAKPOINTS
-    if excess <= 0:
-        return
+            if block.get("type") == "tool_result":
+                spots.extend((m, b, i) for i, x in enumerate(_blocks(block)) if x.get("cache_control") is not None)
     for m, b, i in spots[:excess]:
         message = body["messages"][m] = {**body["messages"][m]}
         content = message["content"] = list(message["content"])
@@ -346,6 +342,34 @@ def limit_breakpoints(body: dict[str, Any]) -> None:
             inner = list(content[b]["content"])
             inner[i] = {k: v for k, v in inner[i].items() if k != "cache_control"}
             content[b] = {**content[b], "content": inner}
+
+
+def _blocks(holder: Any) -> list[dict[str, Any]]:
+    """The blocks of a message (or of a tool_result) that are objects."""
+    content = holder.get("content") if type(holder) is dict else None
+    return [b for b in content if type(b) is dict] if type(content) is list else []
+
+
+def _breakpoints(body: dict[str, Any]) -> int:
+    """The `cache_control` markers of a request: system blocks, tools, the top level (automatic
+    caching) and message blocks, tool_result contents included. Every message's blocks are looked
+    at on every turn: a plain loop."""
+    n = 0
+    for holder in (*system_blocks(body.get("system")), *(body.get("tools") or ()), body):
+        if type(holder) is dict and holder.get("cache_control") is not None:
+            n += 1
+    for message in body["messages"]:
+        content = message.get("content") if type(message) is dict else None
+        if type(content) is not list:
+            continue
+        for block in content:
+            if type(block) is dict:
+                if block.get("cache_control") is not None:
+                    n += 1
+                inner = block.get("content")
+                if type(inner) is list and block.get("type") == "tool_result":
+                    n += sum(1 for x in inner if type(x) is dict and x.get("cache_control") is not None)
+    return n
 
 
 # -- the dialect --------------------------------------------------------------------------------
@@ -373,7 +397,11 @@ class MessagesDialect:
             raise InvalidRequest("messages: Input should be a valid list", param="messages")
         out: list[Raw] = []
         for message in messages:
-            out.extend(split_message(message))
+            content = message.get("content") if type(message) is dict else None
+            if type(content) is list and len(content) > 1 and message.get("role") == "user":
+                out.extend(split_message(message))  # it may hold tool_results to part
+            else:
+                out.append(message)  # the usual message: as it is (split_message's own answer)
         self._last = (body, out)
         return out
 

@@ -16,6 +16,7 @@ back). A round's `message_delta` is held while only our calls were seen: another
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from typing import Any
 
 import orjson
@@ -48,15 +49,40 @@ def error_body(exc: ProxyError) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": exc.message}}
 
 
-def calls_of(content: Any) -> tuple[Call, ...]:
+class CallCache:
+    """The Calls of recent tool_use blocks by id, with the name and input each was made from:
+    every turn reads the whole transcript's calls again, and a JSON dump of each input is the
+    dear part of that. A hit is compared, not trusted (an id sent again with another input gets
+    a new Call); the least recently made go first."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._calls: OrderedDict[str, tuple[Any, str, Call]] = OrderedDict()
+
+    def call(self, call_id: str, name: str, arguments: Any) -> Call:
+        cached = self._calls.get(call_id)
+        if cached is not None and cached[1] == name and cached[0] == arguments:
+            return cached[2]
+        call = Call(call_id, name, orjson.dumps(arguments).decode())
+        self._calls[call_id] = (arguments, name, call)
+        if len(self._calls) > self.size:
+            self._calls.popitem(last=False)
+        return call
+
+
+def calls_of(content: Any, cache: CallCache | None = None) -> tuple[Call, ...]:
     """The tool_use blocks of an assistant message's content, as the engine sees them."""
-    if not isinstance(content, list):
+    if type(content) is not list:
         return ()
-    return tuple(
-        Call(str(b.get("id")), str(b.get("name") or ""), orjson.dumps(b.get("input") or {}).decode())
-        for b in content
-        if isinstance(b, dict) and b.get("type") == "tool_use"
-    )
+    calls = []
+    for b in content:
+        if type(b) is dict and b.get("type") == "tool_use":
+            call_id, name, arguments = str(b.get("id")), str(b.get("name") or ""), b.get("input") or {}
+            if cache is not None:
+                calls.append(cache.call(call_id, name, arguments))
+            else:
+                calls.append(Call(call_id, name, orjson.dumps(arguments).decode()))
+    return tuple(calls) if calls else ()
 
 
 def sse_event(payload: dict[str, Any]) -> bytes:
