@@ -33,7 +33,7 @@ import orjson
 from ..errors import InvalidRequest, ProxyError
 from ..identity import session_conversation_id
 from ..messages import MAX_DEPTH, canonical_digest, text_of, too_deep
-from ..tokens import IMAGE_TOKENS, PER_MESSAGE
+from ..tokens import IMAGE_TOKENS, PER_MESSAGE, PER_TOOL_CALL
 from ..transcript import Call, Item, Raw, Role
 from .base import ReplyRead, ToolSpec
 from .messages_stream import CallCache, MessagesRelay, calls_of, error_body
@@ -173,10 +173,13 @@ def _add_counted(content: Any, texts: list[str]) -> int:
             texts.append(str(block.get("text") or ""))
         elif kind == "thinking":
             texts.append(str(block.get("thinking") or ""))
-        elif kind == "tool_use" or kind == "server_tool_use":
+        elif kind == "tool_use" or kind == "server_tool_use":  # as chat counts a tool call: its id too
+            texts.append(str(block.get("id") or ""))
             texts.append(str(block.get("name") or ""))
             texts.append(orjson.dumps(block.get("input")).decode())
-        elif kind == "tool_result":
+            extra += PER_TOOL_CALL
+        elif kind == "tool_result":  # and a tool message: the id of the call it answers
+            texts.append(str(block.get("tool_use_id") or ""))
             extra += _add_counted(block.get("content"), texts)
         elif kind == "redacted_thinking":
             extra += REDACTED_THINKING_TOKENS
