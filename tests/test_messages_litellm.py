@@ -14,6 +14,7 @@ import pytest
 from tests.conftest import ALICE, MakeProxy, live_messages
 from tests.fake_upstream import FakeUpstream, Reply
 from tests.harness import ProxyServer
+from tests.responders import by_kind, fixed_summary, is_summary_request
 from tests.messages_helpers import (
     BUILD,
     THINKING,
@@ -115,3 +116,28 @@ def test_truncation_read_back_and_count_tokens_on_a_routed_model(
     assert count.parse().input_tokens < len(LOG) // 8
     stored = live_messages(http, "routed-read")
     assert stored[2]["content"][0]["content"] == LOG
+
+
+def test_summaries_of_a_routed_conversation_go_to_its_model_too(
+    make_proxy: MakeProxy, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The summarizer of a Messages conversation on a routed model is that model, through the
+    same route: the summary request reaches the chat fake as chat, with the entry's key."""
+    monkeypatch.setenv("ROUTED_OPENAI_KEY", KEY)
+    entry = {"litellm_model": "openai/gpt-4o-mini", "api_base": upstream.base_url, "api_key_env": "ROUTED_OPENAI_KEY"}
+    proxy = messages_proxy(
+        make_proxy, upstream, models={MODEL: entry},
+        compaction={"strategy": "budget", "background": False, "max_history_summary_length": 1000},
+    )
+    upstream.responder = by_kind(lambda body: Reply.tool_calls([("run_build", "{}")]), fixed_summary("Builds ran; all good."))
+    client = claude_client(proxy, headers={"X-Conversation-ID": "routed-summary"})
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Build it three times."}]
+    for _ in range(3):
+        reply = client.messages.create(model=MODEL, max_tokens=100, tools=[BUILD], messages=messages)
+        messages += [as_params(reply), results(reply, "build ok " * 60)]
+    client.messages.create(model=MODEL, max_tokens=100, tools=[BUILD], messages=messages)
+    summaries = [b for b in upstream.chat_requests() if is_summary_request(b)]
+    assert summaries and all(b["model"] == "gpt-4o-mini" for b in summaries)
+    agent = [b for b in upstream.chat_requests() if not is_summary_request(b)][-1]
+    assert "Builds ran; all good." in json.dumps(agent["messages"][0])  # the summary, in the routed model's system
+    assert upstream.messages_requests() == []
