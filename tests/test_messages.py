@@ -248,6 +248,21 @@ def _signature(events: list[tuple[str, dict[str, Any]]]) -> str:
     )
 
 
+def test_a_breakpoint_on_a_shortened_output_stays_on_it(proxy: ProxyServer, upstream: FakeUpstream) -> None:
+    """The client's cache_control on the text of a long tool_result: the shortened text keeps it
+    (the rewrite is the same bytes every turn, so the cache it marks still pays)."""
+    client = claude_client(proxy, headers={"X-Conversation-ID": "bp-short"})
+    upstream.enqueue(Reply.tool_calls([("run_build", "{}")]), Reply.text("It failed."))
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Build it."}]
+    first = client.messages.create(model=MODEL, max_tokens=100, tools=[BUILD], messages=messages)
+    marked = {"type": "ephemeral"}
+    log = [{"type": "text", "text": BUILD_LOG, "cache_control": marked}]
+    messages += [as_params(first), {"role": "user", "content": [{"type": "tool_result", "tool_use_id": first.content[0].id, "content": log}]}]
+    client.messages.create(model=MODEL, max_tokens=100, tools=[BUILD], messages=messages)
+    (block,) = upstream.messages_requests()[-1]["messages"][-1]["content"][0]["content"]
+    assert block["cache_control"] == marked and "read_tool_output" in block["text"] and len(block["text"]) < 3000
+
+
 def test_read_back_in_a_json_reply(proxy: ProxyServer, upstream: FakeUpstream, http: httpx.Client) -> None:
     upstream.responder = reading_model
     client = claude_client(proxy, headers={"X-Conversation-ID": "read-2"})

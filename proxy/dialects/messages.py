@@ -134,20 +134,26 @@ def system_blocks(system: Any) -> list[Any]:
 
 
 def _with_text(content: Any, text: str) -> Any:
-    """`content` with its text replaced by `text`; other blocks (images, thinking) stay in place."""
-    if not isinstance(content, list) or all(isinstance(b, dict) and b.get("type") == "text" for b in content):
+    """`content` with its text replaced by `text`; other blocks (images, thinking) stay in place,
+    and so does a cache breakpoint on the text (the client's, on the block it marked)."""
+    if not isinstance(content, list):
         return text
+    texts = [b for b in content if isinstance(b, dict) and b.get("type") == "text"]
+    marker = next((b["cache_control"] for b in reversed(texts) if b.get("cache_control") is not None), None)
+    new = {"type": "text", "text": text} if marker is None else {"type": "text", "text": text, "cache_control": marker}
+    if len(texts) == len(content):
+        return text if marker is None else [new]
     out: list[Any] = []
     placed = False
     for block in content:
         if isinstance(block, dict) and block.get("type") == "text":
             if not placed:
-                out.append({"type": "text", "text": text})
+                out.append(new)
                 placed = True
             continue
         out.append(block)
     if not placed:
-        out.append({"type": "text", "text": text})
+        out.append(new)
     return out
 
 
