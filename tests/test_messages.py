@@ -500,6 +500,14 @@ def test_a_count_of_something_on_its_own_is_not_counted_with_the_conversations_s
     continuation, fragment = upstream.anthropic.count_tokens_requests()
     assert continuation["system"][-1]["text"].endswith("CUSTOM SUMMARY")
     assert fragment == {"model": MODEL, "tools": [BUILD], "messages": alone}  # as it was sent
+    # As Claude Code sends it: ?beta=true and its betas, passed through as for /v1/messages.
+    betas = {"anthropic-beta": "claude-code-20250219,token-counting-2024-11-01", "X-Claude-Code-Session-Id": "count-alone"}
+    response = httpx.post(proxy.url + "/v1/messages/count_tokens?beta=true", json={"model": MODEL, "messages": messages},
+                          headers={**HEADERS, **betas})
+    assert response.status_code == 200 and response.json()["input_tokens"] > 0, response.text
+    record = [r for r in upstream.requests if r.path == "/v1/messages/count_tokens"][-1]
+    assert record.query == {"beta": "true"} and record.headers["anthropic-beta"] == betas["anthropic-beta"]
+    assert record.headers["anthropic-version"] == "2023-06-01" and "x-claude-code-session-id" in record.headers
 
 
 # -- errors ------------------------------------------------------------------------------------
