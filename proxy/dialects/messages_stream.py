@@ -127,6 +127,10 @@ def _payload(event: bytes) -> dict[str, Any] | None:
     return parsed if isinstance(parsed, dict) else None
 
 
+# The field of its block each text-like delta adds to.
+DELTA_FIELDS = {"text_delta": "text", "thinking_delta": "thinking", "signature_delta": "signature"}
+
+
 class MessageAssembler:
     """Rebuilds the message from its stream events: blocks by index, stop reason, usage."""
 
@@ -134,6 +138,8 @@ class MessageAssembler:
         self.id: str | None = None
         self.blocks: dict[int, dict[str, Any]] = {}
         self._json: dict[int, list[str]] = {}  # partial JSON of tool inputs not yet stopped
+        # The pieces of each block's text, thinking and signature, joined once (not a copy per delta).
+        self._pieces: dict[tuple[int, str], list[str]] = {}
         self.stop_reason: str | None = None
         self.usage: dict[str, Any] | None = None
         self.done = False  # message_stop seen
@@ -169,14 +175,14 @@ class MessageAssembler:
 
     def _delta(self, index: int, block: dict[str, Any], delta: dict[str, Any]) -> None:
         kind = delta.get("type")
-        if kind == "text_delta":
-            block["text"] = str(block.get("text") or "") + str(delta.get("text") or "")
+        field = DELTA_FIELDS.get(kind)  # type: ignore[arg-type]
+        if field is not None:
+            pieces = self._pieces.get((index, field))
+            if pieces is None:
+                pieces = self._pieces[(index, field)] = [str(block.get(field) or "")]
+            pieces.append(str(delta.get(field) or ""))
         elif kind == "input_json_delta":
             self._json.setdefault(index, []).append(str(delta.get("partial_json") or ""))
-        elif kind == "thinking_delta":
-            block["thinking"] = str(block.get("thinking") or "") + str(delta.get("thinking") or "")
-        elif kind == "signature_delta":
-            block["signature"] = str(block.get("signature") or "") + str(delta.get("signature") or "")
         elif kind == "citations_delta" and delta.get("citation") is not None:
             block["citations"] = [*(block.get("citations") or ()), delta["citation"]]
 
@@ -201,6 +207,9 @@ class MessageAssembler:
     def content(self) -> list[dict[str, Any]]:
         for index in list(self._json):  # cut off mid-block: keep what arrived
             self._finish_input(index)
+        for (index, field), pieces in self._pieces.items():
+            self.blocks[index][field] = "".join(pieces)
+        self._pieces.clear()  # a later delta starts from the joined text
         return [self.blocks[i] for i in sorted(self.blocks)]
 
     def message(self) -> Raw:
