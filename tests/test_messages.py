@@ -687,6 +687,18 @@ def test_a_configured_anthropic_key_goes_upstream_while_the_clients_key_names_th
     assert admin_get(http, "/key-1", api_key=ALICE).status_code == 404
 
 
+def test_a_bearer_token_is_forwarded_and_names_the_tenant_like_a_key(
+    proxy: ProxyServer, upstream: FakeUpstream, http: httpx.Client
+) -> None:
+    """Claude Code with ANTHROPIC_AUTH_TOKEN sends `Authorization: Bearer` instead of x-api-key."""
+    client = anthropic.Anthropic(base_url=proxy.url, auth_token=BOB, max_retries=0, default_headers={"X-Conversation-ID": "bearer-1"})
+    client.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "Hi"}])
+    record = upstream.requests[-1]
+    assert record.headers["authorization"] == f"Bearer {BOB}" and "x-api-key" not in record.headers
+    assert admin_get(http, "/bearer-1", api_key=BOB).status_code == 200
+    assert admin_get(http, "/bearer-1", api_key=ALICE).status_code == 404
+
+
 # -- what the admin API and /metrics show ----------------------------------------------------------
 
 
