@@ -326,7 +326,7 @@ def from_anthropic(message: Message) -> list[Message]:
     return results + ([{"role": message["role"], "content": _text(rest)}] if rest else [])
 
 
-WIRES: dict[str, type[ChatWire] | type[ResponsesWire] | type[MessagesWire]] = {
+WIRES: dict[str, type[ChatWire | ResponsesWire | MessagesWire]] = {
     "chat": ChatWire, "responses": ResponsesWire, "messages": MessagesWire,
 }
 

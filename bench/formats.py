@@ -184,8 +184,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 def render(data: dict[str, Any]) -> str:
     s = data["settings"]
     lines = [
-        f"Wire formats: a later turn of a {data['messages_in_transcript']}-message agent transcript, proxy CPU per "
-        f"request (median of {s['repeats']} runs of {s['n']} requests, min in brackets); streams of {s['chunks']} events.",
+        (f"Wire formats: a later turn of a {data['messages_in_transcript']}-message agent transcript, proxy CPU per "
+         f"request (median of {s['repeats']} runs of {s['n']} requests, min in brackets); streams of {s['chunks']} events."),
         "",
         "| case | proxy CPU / request | wall p50 |",
         "| --- | --- | --- |",

@@ -18,7 +18,6 @@ from tests.conftest import ALICE, BOB, MakeProxy, admin_get, live_messages, traj
 from tests.fake_anthropic import REDACTED_THINKING_TRIGGER, error_mid_stream, overloaded, tool_use_id
 from tests.fake_upstream import FakeUpstream, Reply
 from tests.harness import ProxyServer
-from tests.responders import by_kind, fixed_summary, is_summary_request, is_tool_summary_request
 from tests.messages_helpers import (
     BUILD,
     MODEL,
@@ -31,6 +30,7 @@ from tests.messages_helpers import (
     results,
     sse_events,
 )
+from tests.responders import by_kind, fixed_summary, is_summary_request, is_tool_summary_request
 
 HEADERS = {"x-api-key": ALICE, "anthropic-version": "2023-06-01"}
 

@@ -14,7 +14,6 @@ import pytest
 from tests.conftest import ALICE, MakeProxy, live_messages
 from tests.fake_upstream import FakeUpstream, Reply
 from tests.harness import ProxyServer
-from tests.responders import by_kind, fixed_summary, is_summary_request
 from tests.messages_helpers import (
     BUILD,
     THINKING,
@@ -25,6 +24,7 @@ from tests.messages_helpers import (
     results,
     sse_events,
 )
+from tests.responders import by_kind, fixed_summary, is_summary_request
 
 KEY = "sk-openai-routed-0123456789"
 MODEL = "claude-on-gpt"

@@ -35,7 +35,7 @@ from ..identity import session_conversation_id
 from ..messages import MAX_DEPTH, canonical_digest, text_of, too_deep
 from ..tokens import IMAGE_TOKENS, PER_MESSAGE, PER_TOOL_CALL
 from ..transcript import Call, Item, Raw, Role
-from .base import ReplyRead, ToolSpec
+from .base import JSONBody, ReplyRead, ToolSpec, has_named_tool, token_limit, tools_text
 from .messages_stream import CallCache, MessagesRelay, calls_of, error_body
 
 log = logging.getLogger("proxy.messages")
@@ -384,7 +384,7 @@ def _breakpoints(body: dict[str, Any]) -> int:
 # -- the dialect --------------------------------------------------------------------------------
 
 
-class MessagesDialect:
+class MessagesDialect(JSONBody):
     name = "messages"
     transcript_key = "messages"
 
@@ -447,26 +447,15 @@ class MessagesDialect:
         )
         return [system, first_user]
 
-    def model(self, body: dict[str, Any]) -> str:
-        return str(body.get("model") or "")
-
-    def streaming(self, body: dict[str, Any]) -> bool:
-        return body.get("stream") is True
-
     def reply_reserve(self, body: dict[str, Any]) -> int:
-        value = body.get("max_tokens")
-        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+        return token_limit(body.get("max_tokens"))
 
     def fixed_parts(self, body: dict[str, Any]) -> list[str]:
         parts = [str(b.get("text") or "") for b in system_blocks(body.get("system")) if isinstance(b, dict)]
-        tools = body.get("tools")
-        if isinstance(tools, list) and tools:
-            parts.append(orjson.dumps(tools).decode())
-        return parts
+        return parts + tools_text(body)
 
     def has_tool(self, body: dict[str, Any], name: str) -> bool:
-        tools = body.get("tools")
-        return isinstance(tools, list) and any(isinstance(t, dict) and t.get("name") == name for t in tools)
+        return has_named_tool(body, name)
 
     def tool_definition(self, tool: ToolSpec) -> dict[str, Any]:
         return {"name": tool.name, "description": tool.description, "input_schema": tool.parameters}

@@ -215,22 +215,24 @@ class HttpUpstream:
         endpoint = ENDPOINTS.get(dialect)
         if endpoint is None:
             raise ValueError(f"no upstream endpoint for the {dialect!r} wire format")
-        api, path = endpoint
-        out = CIMultiDict(headers)
-        out["Content-Type"] = "application/json"
-        path_qs = path + (f"?{query}" if query else "")
-        send = self.send_anthropic if api == "anthropic" else self.send
-        return await send("POST", path_qs, out, orjson.dumps(body), limits=self.turn_limits)
+        return await self._post(*endpoint, body, headers, query)
 
     async def chat(self, body: Mapping[str, Any], headers: Mapping[str, str]) -> HttpReply:
         return await self.call("chat", body, headers)
 
     async def count_tokens(self, body: Mapping[str, Any], headers: Mapping[str, str], query: str = "") -> HttpReply:
         """Anthropic's `POST /v1/messages/count_tokens`."""
+        return await self._post("anthropic", COUNT_TOKENS, body, headers, query)
+
+    async def _post(
+        self, api: str, path: str, body: Mapping[str, Any], headers: Mapping[str, str], query: str
+    ) -> HttpReply:
+        """`body` as JSON to `path` of the OpenAI (`api` "openai") or the Anthropic API."""
         out = CIMultiDict(headers)
         out["Content-Type"] = "application/json"
-        path_qs = COUNT_TOKENS + (f"?{query}" if query else "")
-        return await self.send_anthropic("POST", path_qs, out, orjson.dumps(body), limits=self.turn_limits)
+        path_qs = path + (f"?{query}" if query else "")
+        send = self.send_anthropic if api == "anthropic" else self.send
+        return await send("POST", path_qs, out, orjson.dumps(body), limits=self.turn_limits)
 
     async def send(
         self,
