@@ -2,7 +2,8 @@
 with planted facts, what that costs at prompt-cache prices, how stable the prompts' prefixes
 stay, and which planted facts still reach the upstream at the end.
 
-    .venv/bin/python -m bench.context [--steps 300] [--seed 7] [--only turns,budget]
+    .venv/bin/python -m bench.context [--steps 300] [--seed 7] [--only turns,budget] [--wire chat,responses]
+                                      [--refill 0.4,0.6,1]
 
 The proxy runs in-process on loopback in front of the strict fake upstream of the test suite,
 which plays the agent's model (the run's scripted steps, with a few reads of shortened outputs,
@@ -436,7 +437,8 @@ class Pricing:
 
     def tokens(self, messages: list[Message], tools: list[dict[str, Any]]) -> list[int]:
         """Tokens of the tools (first: they come first in the model's prompt), then of each message."""
-        tool_tokens = self.counter.count({"role": "system", "content": json.dumps(tools)}, MODEL) if tools else 0
+        # As the proxy counts them against its window: the schemas as compact JSON text.
+        tool_tokens = self.counter.count_texts([json.dumps(tools, separators=(",", ":"))], MODEL) if tools else 0
         return [tool_tokens, *self.counter.count_many(messages, MODEL)]
 
     def cost(
@@ -585,10 +587,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--only", default="", help="comma-separated configuration names")
     parser.add_argument("--wire", default=",".join(WIRES), help=f"comma-separated wire formats ({', '.join(WIRES)})")
+    parser.add_argument("--refill", default="", help="comma-separated context.window_refill shares to run each configuration at")
     args = parser.parse_args(argv)
     logging.getLogger("proxy").setLevel(logging.ERROR)  # the table says what failed; warnings would bury it
     run = generate_run(args.steps, args.seed)
     names = [n for n in CONFIGS if not args.only or n in args.only.split(",")]
+    configs = [(name, CONFIGS[name]) for name in names]
+    if args.refill:
+        configs = [(f"{name}, refill {share}", {**overrides, "context": {"window_refill": float(share)}})
+                   for name, overrides in configs for share in args.refill.split(",")]
     loop = LoopThread()
     upstream = FakeUpstream()
     loop.run(upstream.start())
@@ -596,7 +603,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for wire_name in args.wire.split(","):
             wire = WIRES[wire_name]()
-            results = [run_config(loop, upstream, wire, name, CONFIGS[name], run) for name in names]
+            results = [run_config(loop, upstream, wire, label, overrides, run) for label, overrides in configs]
             pricing = Pricing()
             naive = naive_figures(results[0], pricing, run)
             rows = [figures(r, pricing, naive["cost"], DEFAULT_LIMIT) for r in results]

@@ -12,6 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ..clients import client_name
 from ..config import Profile, Settings, is_knowledge_namespace
 from ..dialects.base import Dialect
 from ..dialects.chat import CHAT
@@ -23,6 +24,7 @@ from ..identity import ConversationKey, explicit_conversation_id, request_tenant
 from ..messages import MAX_DEPTH, too_deep
 from ..request_limits import check_message_count, parse_json
 from ..state import CONVERSATION, ENGINE, LOG_FIELDS, METRICS, SETTINGS, TRAJECTORIES
+from ..titles import TITLE_HEADER, check_title
 from ..upstream import forwardable
 
 HISTORY_HEADER = "X-History"
@@ -30,7 +32,7 @@ PROFILE_HEADER = "X-Context-Profile"
 COMPACTION_HEADER = "X-Compaction"
 KNOWLEDGE_HEADER = "X-Knowledge-Namespace"
 # Our own request headers: meant for the proxy, never forwarded upstream.
-OWN_HEADERS = frozenset({"x-history", "x-context-profile", "x-compaction", "x-knowledge-namespace"})
+OWN_HEADERS = frozenset({"x-history", "x-context-profile", "x-compaction", "x-knowledge-namespace", TITLE_HEADER.lower()})
 
 
 async def read_json_object(request: web.Request, transcript_key: str) -> dict[str, Any]:
@@ -139,10 +141,14 @@ async def read_turn(request: web.Request, dialect: Dialect) -> tuple[TurnRequest
     body = await read_json_object(request, dialect.transcript_key)
     # A missing or malformed transcript is a 400 before anything else, too long a one a 413.
     check_message_count(dialect.transcript(body), request.app[SETTINGS].server.max_messages, dialect.transcript_key)
+    title = check_title(request.headers.get(TITLE_HEADER), TITLE_HEADER)
     turn = await turn_request(request, dialect, body)
     key = await request.app[ENGINE].conversation_key(turn)
     request[CONVERSATION] = key
-    return turn, key, TurnReport(key, dialect.name, dialect.model(body))
+    report = TurnReport(
+        key, dialect.name, dialect.model(body), client=client_name(request.headers.get("User-Agent")), title=title
+    )
+    return turn, key, report
 
 
 def managed(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
