@@ -1,9 +1,11 @@
 """`POST /v1/messages/count_tokens`: the input tokens of the prompt the proxy would really send.
 
 Claude Code sizes its own compaction from these counts, so they must be the managed prompt's
-(long tool results shortened, the window, the summary), not the raw transcript's. The engine
-works that prompt out without writing anything (`Engine.dry_run`); the Anthropic API counts it,
-or, for a model served through litellm, the proxy's own counter does (the count the window uses).
+(long tool results shortened, the window, the summary, a waiting inbox message), not the raw
+transcript's. The engine works that prompt out without writing anything (`Engine.dry_run`; a
+count of something on its own, a tool result or the tool list, is counted as a new conversation
+would send it); the Anthropic API counts it, or, for a model served through litellm, the proxy's
+own counter does (the count the window uses). Errors are Anthropic's shape, as on /v1/messages.
 """
 
 from __future__ import annotations
