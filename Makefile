@@ -22,6 +22,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/python -m bench.run
+	$(VENV)/bin/python -m bench.formats
 
 bench-profile: $(STAMP)
 	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check py-spy

@@ -33,8 +33,8 @@ tiktoken over messages and tool schemas):
   then goes on as scripted).
 
 The client side and the reading of the upstream's requests sit behind `Wire` (one per wire
-format: Chat Completions, and the Responses API as Codex sends it), so the same run goes over
-each (`--wire`), one table per wire format.
+format: Chat Completions, the Responses API as Codex sends it, Anthropic Messages as Claude Code
+sends it), so the same run goes over each (`--wire`), one table per wire format.
 """
 
 from __future__ import annotations
@@ -197,8 +197,17 @@ def flat_tool(tool: dict[str, Any]) -> dict[str, Any]:
 
 
 def neutral(body: dict[str, Any]) -> tuple[list[Message], list[dict[str, Any]]]:
-    """A request of either wire format as chat messages and chat-shaped tools: the bench's one
-    reading of a prompt (a function call joins the assistant message before it, as chat has it)."""
+    """A request of any wire format as chat messages and chat-shaped tools: the bench's one
+    reading of a prompt (a function call joins the assistant message before it, as chat has it;
+    an Anthropic `system` comes first, a block a message)."""
+    if "messages" in body and "max_tokens" in body and "system" in body:  # Anthropic Messages
+        system = body["system"]
+        blocks = [{"type": "text", "text": system}] if isinstance(system, str) else system
+        messages = [{"role": "system", "content": b["text"]} for b in blocks]
+        messages += [m for message in body["messages"] for m in from_anthropic(message)]
+        tools = [{"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
+                                                   "parameters": t["input_schema"]}} for t in body.get("tools") or ()]
+        return messages, tools
     if "messages" in body:
         return body["messages"], body.get("tools") or []
     messages: list[Message] = []
@@ -226,7 +235,101 @@ def neutral(body: dict[str, Any]) -> tuple[list[Message], list[dict[str, Any]]]:
     return messages, tools
 
 
-WIRES: dict[str, type[ChatWire] | type[ResponsesWire]] = {"chat": ChatWire, "responses": ResponsesWire}
+class MessagesWire:
+    """The same run over Anthropic Messages as Claude Code sends it: the system prompt on top, tool
+    calls as `tool_use` blocks, each step's results in one user message; the summarizer is asked
+    at the Anthropic API too (the request's own model, in Messages)."""
+
+    name = "messages"
+
+    def ask(self, http: httpx.Client, run: Run, transcript: list[Message]) -> tuple[int, Message | None]:
+        response = http.post(
+            "/v1/messages",
+            json={"model": MODEL, "max_tokens": 4096, "system": [{"type": "text", "text": transcript[0]["content"]}],
+                  "messages": to_anthropic(transcript[1:]), "tools": [anthropic_tool(t) for t in run.tools]},
+            headers={"x-api-key": KEY, "anthropic-version": "2023-06-01", "X-Conversation-ID": "bench"},
+        )
+        if response.status_code != 200:
+            return response.status_code, None
+        return 200, from_anthropic({"role": "assistant", "content": response.json()["content"]})[0]
+
+    def prompts(self, upstream: FakeUpstream) -> list[Prompt]:
+        out = []
+        for index, record in enumerate(upstream.requests):
+            body = record.body
+            if record.path != "/v1/messages" or not isinstance(body, dict) or "messages" not in body:
+                continue
+            summary = is_summary_request(body) or is_tool_summary_request(body)
+            refused = 400 <= record.status_sent < 500
+            messages, tools = neutral(body)
+            out.append(Prompt(messages, tools, summary, SUMMARY_TEXT if summary else "", refused, index))
+        return out
+
+
+def anthropic_id(call_id: str) -> str:
+    """A chat call id as the tool_use id the fake gives the same scripted call (and back)."""
+    return "toolu_" + call_id.removeprefix("call_")
+
+
+def chat_id(tool_use_id: str) -> str:
+    return "call_" + tool_use_id.removeprefix("toolu_")
+
+
+def anthropic_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    fn = tool["function"]
+    return {"name": fn["name"], "description": fn.get("description", ""), "input_schema": fn["parameters"]}
+
+
+def to_anthropic(messages: list[Message]) -> list[Message]:
+    """Chat messages (after the system prompt) as Anthropic messages: a step's tool results, and a
+    user message right after them, make one user message."""
+    out: list[Message] = []
+    for message in messages:
+        role = message["role"]
+        if role == "assistant":
+            blocks: list[Message] = [{"type": "text", "text": message["content"]}] if message.get("content") else []
+            blocks += [{"type": "tool_use", "id": anthropic_id(c["id"]), "name": c["function"]["name"],
+                        "input": json.loads(c["function"]["arguments"])} for c in message.get("tool_calls") or ()]
+            out.append({"role": "assistant", "content": blocks})
+            continue
+        if role == "tool":
+            block: Message = {"type": "tool_result", "tool_use_id": anthropic_id(message["tool_call_id"]), "content": message["content"]}
+        else:
+            block = {"type": "text", "text": message["content"]}
+        if out and out[-1]["role"] == "user" and isinstance(out[-1]["content"], list):
+            out[-1]["content"].append(block)
+        else:
+            out.append({"role": "user", "content": message["content"] if role == "user" else [block]})
+    return out
+
+
+def _text(content: Any) -> str:
+    return content if isinstance(content, str) else "".join(b.get("text", "") for b in content if b.get("type") == "text")
+
+
+def from_anthropic(message: Message) -> list[Message]:
+    """One Anthropic message as the chat messages it stands for (the run's own shapes, so a message
+    still in the prompt as it was written compares equal)."""
+    content = message["content"]
+    if message["role"] == "assistant":
+        blocks = content if isinstance(content, list) else [{"type": "text", "text": content}]
+        calls = [{"id": chat_id(b["id"]), "type": "function", "function": {"name": b["name"], "arguments": json.dumps(b["input"])}}
+                 for b in blocks if b.get("type") == "tool_use"]
+        out: Message = {"role": "assistant", "content": _text(blocks) or None}
+        if calls:
+            out["tool_calls"] = calls
+        return [{k: v for k, v in out.items() if v is not None}]
+    if isinstance(content, str):
+        return [{"role": message["role"], "content": content}]
+    results = [{"role": "tool", "tool_call_id": chat_id(b["tool_use_id"]), "content": _text(b.get("content") or "")}
+               for b in content if b.get("type") == "tool_result"]
+    rest = [b for b in content if b.get("type") != "tool_result"]
+    return results + ([{"role": message["role"], "content": _text(rest)}] if rest else [])
+
+
+WIRES: dict[str, type[ChatWire | ResponsesWire | MessagesWire]] = {
+    "chat": ChatWire, "responses": ResponsesWire, "messages": MessagesWire,
+}
 
 
 class ScriptedModel:
@@ -272,7 +375,8 @@ def run_config(loop: LoopThread, upstream: FakeUpstream, wire: Wire, name: str, 
     model = ScriptedModel()
     upstream.responder = model
     with tempfile.TemporaryDirectory() as data:
-        proxy = ProxyServer(loop, proxy_settings(upstream.base_url, Path(data), **overrides)).start()
+        sections = {**overrides, "upstream": {"anthropic_base_url": upstream.anthropic.base_url, **overrides.get("upstream", {})}}
+        proxy = ProxyServer(loop, proxy_settings(upstream.base_url, Path(data), **sections)).start()
         transcript: list[Message] = [{"role": "system", "content": run.system}, {"role": "user", "content": run.task}]
         transcripts: list[list[Message]] = []
         failed = 0

@@ -1,4 +1,4 @@
-"""A fast OpenAI-compatible upstream: `python -m bench.mock_upstream --port P [--gap-ms G]`.
+"""A fast OpenAI-compatible (and Anthropic Messages) upstream: `python -m bench.mock_upstream --port P [--gap-ms G]`.
 
 It must never be the bottleneck, so it does the least an upstream can: it reads the body but does
 not parse it. Two byte searches tell it what to answer:
@@ -12,6 +12,8 @@ The reply is an assistant message with a short thought and one tool call, so the
 turn is "reply + tool result", like an agent loop. Streamed replies are content deltas, one
 tool-call chunk, a finish chunk with usage, then [DONE]; `--gap-ms` spaces the chunks the way a
 model's tokens are spaced, so a proxy forwards them one by one instead of one coalesced read.
+`POST /v1/messages` answers the same in Anthropic's format: a `message` with a text and a
+`tool_use` block, or as many SSE events (message_start ... message_stop) as a chat stream has chunks.
 """
 
 from __future__ import annotations
@@ -100,6 +102,60 @@ def stream_parts(chunks: int) -> tuple[list[bytes], tuple[bytes, bytes], list[by
     return content, (a, b), closing + [b"data: [DONE]\n\n"]
 
 
+def _anthropic_reply_template() -> bytes:
+    """A non-streamed Anthropic `message` as a bytes %-template: (tool_use id, input tokens)."""
+    body = _j(
+        {
+            "id": "msg_bench",
+            "type": "message",
+            "role": "assistant",
+            "model": "bench",
+            "content": [
+                {"type": "text", "text": THOUGHT},
+                {"type": "tool_use", "id": "@@ID@@", "name": CALL_NAME, "input": json.loads(CALL_ARGS)},
+            ],
+            "stop_reason": "tool_use",
+            "stop_sequence": None,
+            "usage": {"input_tokens": 111111111, "output_tokens": 42},
+        }
+    )
+    assert b"%" not in body
+    return body.replace(b"@@ID@@", b"%s").replace(b"111111111", b"%d")
+
+
+ANTHROPIC_REPLY = _anthropic_reply_template()
+
+
+def _event(payload: dict[str, object]) -> bytes:
+    return b"event: " + str(payload["type"]).encode() + b"\ndata: " + _j(payload) + b"\n\n"
+
+
+@lru_cache(maxsize=64)
+def anthropic_stream_parts(chunks: int) -> tuple[list[bytes], tuple[bytes, bytes], list[bytes]]:
+    """(the events up to the tool_use block, that block's start split around its id, the rest):
+    `chunks` events in all (at least 9), like a chat stream of `chunks` chunks."""
+    n_text = max(1, chunks - 8)
+    words = (THOUGHT + " ") * (n_text // 8 + 1)
+    step = max(1, len(words) // n_text)
+    message = {"id": "msg_bench", "type": "message", "role": "assistant", "model": "bench", "content": [],
+               "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 1000, "output_tokens": 1}}
+    head = [_event({"type": "message_start", "message": message}),
+            _event({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})]
+    head += [_event({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": words[i * step : (i + 1) * step]}})
+             for i in range(n_text)]
+    head.append(_event({"type": "content_block_stop", "index": 0}))
+    start = _event({"type": "content_block_start", "index": 1,
+                    "content_block": {"type": "tool_use", "id": "@@ID@@", "name": CALL_NAME, "input": {}}})
+    a, b = start.split(b"@@ID@@")
+    tail = [
+        _event({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": CALL_ARGS}}),
+        _event({"type": "content_block_stop", "index": 1}),
+        _event({"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None}, "usage": {"output_tokens": chunks}}),
+        _event({"type": "message_stop"}),
+    ]
+    return head, (a, b), tail
+
+
 def _chunk_count(body: bytes) -> int:
     i = body.find(b"bench-s")
     if i < 0:
@@ -125,11 +181,23 @@ class Mock:
         tokens = len(body) // 4
         return web.Response(body=REPLY % (call_id, tokens, tokens + 42), content_type="application/json")
 
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        self.requests += 1
+        call_id = b"toolu_%08d" % next(_ids)
+        if b'"stream":true' in body or b'"stream": true' in body:
+            head, (start_a, start_b), tail = anthropic_stream_parts(_chunk_count(body))
+            return await self._send(request, [*head, start_a + call_id + start_b, *tail])
+        return web.Response(body=ANTHROPIC_REPLY % (call_id, len(body) // 4), content_type="application/json")
+
     async def _stream(self, request: web.Request, call_id: bytes, chunks: int) -> web.StreamResponse:
         content, (call_a, call_b), closing = stream_parts(chunks)
+        return await self._send(request, [*content, call_a + call_id + call_b, *closing])
+
+    async def _send(self, request: web.Request, events: list[bytes]) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
-        for data in [*content, call_a + call_id + call_b, *closing]:
+        for data in events:
             await response.write(data)
             if self.gap_s:
                 await asyncio.sleep(self.gap_s)
@@ -148,6 +216,7 @@ def build_app(gap_s: float = 0.0) -> web.Application:
     app = web.Application(client_max_size=256 * 1024 * 1024)
     for path in ("/v1/chat/completions", "/chat/completions"):
         app.router.add_post(path, mock.chat)
+    app.router.add_post("/v1/messages", mock.messages)
     app.router.add_get("/v1/models", mock.models)
     app.router.add_get("/models", mock.models)
     app.router.add_get("/healthz", mock.stats)

@@ -98,7 +98,12 @@ class UpstreamSettings(Section):
         description="Longest a chat turn's upstream reply may take, from the request sent to its last byte, "
         "however steadily it trickles (a 504 after; timeout_s bounds each silence within it).",
     )
-
+    anthropic_base_url: str = Field(
+        "https://api.anthropic.com", description="Anthropic API root for Messages requests (no /v1)."
+    )
+    anthropic_api_key: SecretStr | None = Field(
+        None, description="Sent to the Anthropic API as x-api-key instead of the client's key when set."
+    )
 
     @model_validator(mode="after")
     def _one_credential(self) -> UpstreamSettings:
@@ -282,7 +287,11 @@ class InboxSettings(Section):
 
 
 class SummarizerSettings(Section):
-    model: str | None = Field(None, description="Model that writes summaries; null = the request's own model.")
+    model: str | None = Field(
+        None,
+        description="Model that writes summaries, asked in chat completions; null = the request's own model with the "
+        "client's key (for an Anthropic Messages conversation: asked in Messages at the Anthropic API).",
+    )
     timeout_s: float = Field(120, gt=0, le=3600, description="Longest a summary may take before it counts as failed.")
     yield_to_agent: bool = Field(
         False,

@@ -31,7 +31,7 @@ from typing import Any
 from aiohttp import web
 
 from .config import Settings
-from .errors import ProxyError, RequestTimeout, ServerBusy, error_response
+from .errors import ProxyError, RequestTimeout, ServerBusy, error_response, error_shape
 
 log = logging.getLogger("proxy.connections")
 
@@ -245,7 +245,7 @@ async def middleware(request: web.Request, handler: web.Handler) -> web.StreamRe
 async def _answer_and_close(request: web.Request, error: ProxyError) -> web.StreamResponse:
     """Send `error` and close the connection at once: aiohttp would otherwise linger up to 10 s
     reading the rest of a body this client is too slow (or too many) to send."""
-    response = error_response(error)
+    response = error_response(error, error_shape(request))
     response.force_close()
     try:
         await response.prepare(request)

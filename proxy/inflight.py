@@ -37,13 +37,13 @@ class InFlight:
         return self._agents.get(id(upstream), 0) > 0
 
     async def agent_call(
-        self, upstream: Upstream, dialect: str, body: Mapping[str, Any], headers: Mapping[str, str]
+        self, upstream: Upstream, dialect: str, body: Mapping[str, Any], headers: Mapping[str, str], query: str = ""
     ) -> UpstreamReply:
-        """`upstream.call(dialect, body, headers)`, counted in flight until the reply is closed."""
+        """`upstream.call(dialect, body, headers, query)`, counted in flight until the reply is closed."""
         key = id(upstream)
         self._start(key)
         try:
-            reply = await upstream.call(dialect, body, headers)
+            reply = await upstream.call(dialect, body, headers, query)
         except BaseException:
             self._end(key)
             raise

@@ -1,7 +1,8 @@
 """The summarizer: an LLM call that condenses text for an agent (tool outputs, and history).
 
-By default it is the request's own model at the same upstream, with the client's credentials;
-`summarizer.model` names another. Its prompts are files in `proxy/prompts/`. Every request
+By default it is the request's own model at the same upstream, with the client's credentials,
+asked in chat completions, or for an Anthropic Messages conversation in Messages at the Anthropic
+API (Claude Code's key opens no OpenAI API); `summarizer.model` names another, asked in chat. Its prompts are files in `proxy/prompts/`. Every request
 carries a `max_tokens`. A failure raises SummarizerFailed (compaction logs, counts and retries
 later) or, for tool outputs, returns None so the caller falls back to a preview: nothing is lost
 either way. An answer that only echoes its prompt back (small models do) is a failure too, and a
@@ -84,39 +85,63 @@ class Summarizer:
     def model_for(self, request_model: str) -> str:
         return self.settings.model or request_model
 
-    async def tool_output(self, text: str, tool: str, model: str, headers: dict[str, str]) -> str | None:
+    def wire(self, dialect: str) -> str:
+        """The wire format a summary for a conversation in `dialect` is asked in: Messages for a
+        Messages conversation on its own model (its credentials are the Anthropic API's), else chat."""
+        return "messages" if dialect == "messages" and not self.settings.model else "chat"
+
+    async def tool_output(
+        self, text: str, tool: str, model: str, headers: dict[str, str], dialect: str = "chat"
+    ) -> str | None:
         user = f"Tool: {tool or 'unknown'}\n\nOutput:\n{text[:MAX_TOOL_INPUT_CHARS]}"
         try:
-            completion = await self.complete(prompt("tool_output"), user, self.model_for(model), headers, TOOL_SUMMARY_MAX_TOKENS)
+            completion = await self.complete(
+                prompt("tool_output"), user, self.model_for(model), headers, TOOL_SUMMARY_MAX_TOKENS, dialect=dialect
+            )
         except SummarizerFailed:
             return None
         return completion.text
 
-    async def history(self, user: str, model: str, headers: dict[str, str], max_tokens: int, source: str) -> Completion:
+    async def history(
+        self, user: str, model: str, headers: dict[str, str], max_tokens: int, source: str, dialect: str = "chat"
+    ) -> Completion:
         """A history summary; `source` is the part of `user` it must not merely copy (the messages:
         repeating the previous summary is no echo)."""
         system = prompt("history").replace("{max_words}", str(max_tokens * 3 // 4))  # about 0.75 words a token
-        return await self.complete(system, user, model, headers, max_tokens, source)
+        return await self.complete(system, user, model, headers, max_tokens, source, dialect)
 
     async def complete(
-        self, system: str, user: str, model: str, headers: dict[str, str], max_tokens: int, source: str | None = None
+        self,
+        system: str,
+        user: str,
+        model: str,
+        headers: dict[str, str],
+        max_tokens: int,
+        source: str | None = None,
+        dialect: str = "chat",
     ) -> Completion:
-        """One summarizer call with `max_tokens`; SummarizerFailed if its answer is no summary
-        (empty, or, where `source` is given, mostly a copy of the system prompt and `source`)."""
-        limit = "max_completion_tokens" if _COMPLETION_TOKENS_MODELS.search(model) else "max_tokens"
-        body: dict[str, Any] = {
-            "model": model,
-            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
-            limit: max_tokens,
-        }
+        """One summarizer call with `max_tokens`, for a conversation in `dialect`; SummarizerFailed
+        if its answer is no summary (empty, or, where `source` is given, mostly a copy of the
+        system prompt and `source`)."""
+        wire = self.wire(dialect)
+        body: dict[str, Any]
+        if wire == "messages":
+            body = {"model": model, "max_tokens": max_tokens, "system": system, "messages": [{"role": "user", "content": user}]}
+        else:
+            limit = "max_completion_tokens" if _COMPLETION_TOKENS_MODELS.search(model) else "max_tokens"
+            body = {
+                "model": model,
+                "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+                limit: max_tokens,
+            }
         upstream = self.route(model)
         with self.telemetry.summarizer_call(model, system, user) as trace:
             traced = trace.headers(headers)
             try:
                 if self.settings.yield_to_agent:
-                    call = self.inflight.background(upstream, lambda: self._call(upstream, body, traced))
+                    call = self.inflight.background(upstream, lambda: self._call(upstream, wire, body, traced))
                 else:
-                    call = self._call(upstream, body, traced)
+                    call = self._call(upstream, wire, body, traced)
                 completion = await asyncio.wait_for(call, self.settings.timeout_s)
                 if source is not None and echoes(completion.text, system + "\n" + source):
                     raise SummarizerFailed("the answer echoes the prompt instead of summarizing it")
@@ -130,8 +155,8 @@ class Summarizer:
             trace.done(completion.text, completion.tokens_in, completion.tokens_out)
             return completion
 
-    async def _call(self, upstream: Upstream, body: dict[str, Any], headers: Mapping[str, str]) -> Completion:
-        reply = await upstream.chat(body, headers)
+    async def _call(self, upstream: Upstream, wire: str, body: dict[str, Any], headers: Mapping[str, str]) -> Completion:
+        reply = await upstream.call(wire, body, headers)
         try:
             data = await reply.read()
         finally:
@@ -142,6 +167,8 @@ class Summarizer:
                 raise PromptTooLong(f"upstream answered {reply.status}: {message or code}")
             raise SummarizerFailed(f"upstream answered {reply.status}")
         parsed = json.loads(data)
+        if wire == "messages":
+            return _messages_completion(parsed)
         choice = parsed["choices"][0]
         content = choice["message"]["content"]
         if not isinstance(content, str) or not content.strip():
@@ -153,6 +180,16 @@ class Summarizer:
             int(usage.get("completion_tokens") or 0),
             cut=choice.get("finish_reason") == "length",
         )
+
+
+def _messages_completion(parsed: dict[str, Any]) -> Completion:
+    """An Anthropic message's text as a Completion (its cache reads and writes are input too)."""
+    text = "".join(b.get("text") or "" for b in parsed["content"] if isinstance(b, dict) and b.get("type") == "text")
+    if not text.strip():
+        raise SummarizerFailed("empty summary")
+    usage = parsed.get("usage") or {}
+    tokens_in = sum(int(usage.get(k) or 0) for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"))
+    return Completion(text.strip(), tokens_in, int(usage.get("output_tokens") or 0), cut=parsed.get("stop_reason") == "max_tokens")
 
 
 def echoes(answer: str, prompt_text: str) -> bool:

@@ -27,6 +27,8 @@ KEEPS_NOTHING = "Goal: keep the service green.\nWork done: edited modules, ran t
 
 
 def _first_system(body: dict) -> str:
+    if isinstance(body.get("system"), str):  # Anthropic Messages: the instructions are top level
+        return body["system"]
     first = body["messages"][0]
     content = first.get("content")
     return content if first.get("role") == "system" and isinstance(content, str) else ""

@@ -204,8 +204,8 @@ async def turns(request: web.Request) -> web.Response:
 
 async def tool_output(request: web.Request) -> web.Response:
     """The full text of a shortened tool output (a chat tool message, a Responses
-    function_call_output: the conversation's codec says); a ref of another conversation or tenant
-    is a 404."""
+    function_call_output, an Anthropic tool_result: the conversation's codec says); a ref of
+    another conversation or tenant is a 404."""
     conversation = await _conversation(request)
     store = request.app[STORE]
     ref = request.match_info["ref"]

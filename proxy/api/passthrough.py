@@ -1,4 +1,6 @@
-"""Every path the proxy does not handle itself goes upstream untouched, streamed both ways."""
+"""Every path the proxy does not handle itself goes upstream untouched, streamed both ways: to
+the Anthropic API when the request is an Anthropic client's (it carries `anthropic-version`),
+else to the OpenAI-compatible base URL."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from ..upstream import forwardable
 from .turns import OWN_HEADERS
 
 log = logging.getLogger("proxy.passthrough")
+ANTHROPIC_VERSION = "anthropic-version"
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
@@ -28,7 +31,10 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
             raise InvalidRequest("Invalid path: a conversation id has no '/'", code="invalid_path")
         path = "/" + rest
     data = await request.read() if request.body_exists else None
-    reply = await request.app[UPSTREAM].send(request.method, path, forwardable(request.headers, drop=OWN_HEADERS), data)
+    upstream = request.app[UPSTREAM]
+    # An Anthropic client's other paths (batches, models, files...) go to its API.
+    send = upstream.send_anthropic if ANTHROPIC_VERSION in request.headers else upstream.send
+    reply = await send(request.method, path, forwardable(request.headers, drop=OWN_HEADERS), data)
     try:
         response = web.StreamResponse(status=reply.status, headers=forwardable(reply.headers))
         await response.prepare(request)

@@ -16,10 +16,11 @@ from ..clients import client_name
 from ..config import Profile, Settings, is_knowledge_namespace
 from ..dialects.base import Dialect
 from ..dialects.chat import CHAT
+from ..dialects.messages import MESSAGES
 from ..dialects.responses import RESPONSES
 from ..engine import TurnReport, TurnRequest
-from ..errors import ERROR_SHAPE, InvalidRequest
-from ..identity import explicit_conversation_id, request_tenant
+from ..errors import InvalidRequest, add_error_shape
+from ..identity import ConversationKey, explicit_conversation_id, request_tenant
 from ..messages import MAX_DEPTH, too_deep
 from ..request_limits import check_message_count, parse_json
 from ..state import CONVERSATION, ENGINE, LOG_FIELDS, METRICS, SETTINGS, TRAJECTORIES
@@ -115,40 +116,50 @@ class ResponseSink:
             await self.response.write_eof()
 
 
+async def turn_request(request: web.Request, dialect: Dialect, body: dict[str, Any]) -> TurnRequest:
+    """The engine's view of a managed request (its transcript already checked at the top)."""
+    settings = request.app[SETTINGS]
+    profile = request_profile(request, settings, dialect.model(body))
+    return TurnRequest(
+        dialect=dialect,
+        body=body,
+        size=len(await request.read()),  # aiohttp keeps the bytes read
+        tenant=request_tenant(request, settings.conversation),
+        conversation_id=explicit_conversation_id(request, settings.conversation),
+        session_id=dialect.session_id(body, request.headers),
+        history=history_mode(request, settings.conversation.history),
+        profile=profile,
+        compaction=compaction_control(request),
+        headers=dict(forwardable(request.headers, drop=OWN_HEADERS | {settings.conversation.id_header.lower()})),
+        knowledge_namespace=knowledge_namespace(request, profile),
+        query=request.query_string,
+    )
+
+
+async def read_turn(request: web.Request, dialect: Dialect) -> tuple[TurnRequest, ConversationKey, TurnReport]:
+    """A managed request read: the turn, the conversation it belongs to, its (empty) report."""
+    body = await read_json_object(request, dialect.transcript_key)
+    # A missing or malformed transcript is a 400 before anything else, too long a one a 413.
+    check_message_count(dialect.transcript(body), request.app[SETTINGS].server.max_messages, dialect.transcript_key)
+    title = check_title(request.headers.get(TITLE_HEADER), TITLE_HEADER)
+    turn = await turn_request(request, dialect, body)
+    key = await request.app[ENGINE].conversation_key(turn)
+    request[CONVERSATION] = key
+    report = TurnReport(
+        key, dialect.name, dialect.model(body), client=client_name(request.headers.get("User-Agent")), title=title
+    )
+    return turn, key, report
+
+
 def managed(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     """The handler of one managed wire format."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        request[ERROR_SHAPE] = dialect.error_body  # errors from here on take this format's shape
         app = request.app
-        settings = app[SETTINGS]
-        engine = app[ENGINE]
-        body = await read_json_object(request, dialect.transcript_key)
-        # A missing or malformed transcript is a 400 before anything else, too long a one a 413.
-        check_message_count(dialect.transcript(body), settings.server.max_messages, dialect.transcript_key)
-        title = check_title(request.headers.get(TITLE_HEADER), TITLE_HEADER)
-        profile = request_profile(request, settings, dialect.model(body))
-        turn = TurnRequest(
-            dialect=dialect,
-            body=body,
-            size=len(await request.read()),  # aiohttp keeps the bytes read
-            tenant=request_tenant(request, settings.conversation),
-            conversation_id=explicit_conversation_id(request, settings.conversation),
-            session_id=dialect.session_id(body, request.headers),
-            history=history_mode(request, settings.conversation.history),
-            profile=profile,
-            compaction=compaction_control(request),
-            headers=dict(forwardable(request.headers, drop=OWN_HEADERS | {settings.conversation.id_header.lower()})),
-            knowledge_namespace=knowledge_namespace(request, profile),
-        )
-        key = await engine.conversation_key(turn)
-        request[CONVERSATION] = key
-        report = TurnReport(
-            key, dialect.name, dialect.model(body), client=client_name(request.headers.get("User-Agent")), title=title
-        )
+        turn, key, report = await read_turn(request, dialect)
         sink = ResponseSink(request)
         try:
-            outcome = await engine.run(turn, key, report, sink)
+            outcome = await app[ENGINE].run(turn, key, report, sink)
         finally:  # failed turns are measured and logged too
             report.observe(app[METRICS])
             request[LOG_FIELDS].update(report.log_fields())
@@ -163,11 +174,15 @@ def managed(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamRes
 
 chat_completions = managed(CHAT)
 responses = managed(RESPONSES)
+messages = managed(MESSAGES)
 
 
 def add_routes(app: web.Application) -> None:
+    for handler, dialect in ((chat_completions, CHAT), (responses, RESPONSES), (messages, MESSAGES)):
+        add_error_shape(app, handler, dialect.error_body)  # the guard's refusals too, before the handler
     for prefix in ("", "/c/{conversation_id}"):
         app.router.add_post(prefix + "/v1/chat/completions", chat_completions)
         app.router.add_post(prefix + "/chat/completions", chat_completions)
         app.router.add_post(prefix + "/v1/responses", responses)
         app.router.add_post(prefix + "/responses", responses)
+        app.router.add_post(prefix + "/v1/messages", messages)

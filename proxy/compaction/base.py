@@ -31,6 +31,7 @@ class CompactionJob:
     quota: QuotaFigures | None
     codec: Codec  # how the conversation's stored items are read (its wire format's)
     force: bool = False
+    dialect: str = "chat"  # the conversation's wire format (a Messages one's summaries go to the Anthropic API)
 
 
 class Compactor(Protocol):

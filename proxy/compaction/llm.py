@@ -166,7 +166,9 @@ class LLMCompactor:
             chunk = queue.popleft()
             request = self._prompt(text, chunk, recent, job)
             try:
-                result = await self.summarizer.history(request, model, job.headers, max_out, "\n\n".join([*chunk, *recent]))
+                result = await self.summarizer.history(
+                    request, model, job.headers, max_out, "\n\n".join([*chunk, *recent]), job.dialect
+                )
             except PromptTooLong:
                 splits += 1
                 if splits > MAX_SPLITS:

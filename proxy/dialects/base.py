@@ -12,8 +12,37 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import orjson
+
 from ..errors import ProxyError
 from ..transcript import Call, Codec, Item, Raw
+
+
+class JSONBody:
+    """What every managed wire format reads the same way from its request body."""
+
+    def model(self, body: dict[str, Any]) -> str:
+        return str(body.get("model") or "")
+
+    def streaming(self, body: dict[str, Any]) -> bool:
+        return body.get("stream") is True
+
+
+def tools_text(body: dict[str, Any]) -> list[str]:
+    """The body's tool schemas as one counted text (they go with every call), or none."""
+    tools = body.get("tools")
+    return [orjson.dumps(tools).decode()] if isinstance(tools, list) and tools else []
+
+
+def has_named_tool(body: dict[str, Any], name: str) -> bool:
+    """Whether the body's tools (flat ones: Responses, Messages) hold one called `name`."""
+    tools = body.get("tools")
+    return isinstance(tools, list) and any(isinstance(t, dict) and t.get("name") == name for t in tools)
+
+
+def token_limit(value: Any) -> int:
+    """A body's limit on the reply's tokens, if it is a positive integer; else 0 (none given)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 @dataclass(frozen=True, slots=True)

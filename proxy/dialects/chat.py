@@ -17,7 +17,7 @@ from ..errors import InvalidRequest, ProxyError, error_body
 from ..messages import SYSTEM_ROLES, message_calls, message_hash, reply_message, text_of, validate_messages
 from ..tokens import counted_parts
 from ..transcript import Call, Item, Raw, Role
-from .base import ReplyRead, ToolSpec
+from .base import JSONBody, ReplyRead, ToolSpec, token_limit, tools_text
 from .chat_stream import ChatRelay
 
 log = logging.getLogger("proxy.chat")
@@ -69,7 +69,7 @@ class ChatCodec:
         return Item({"role": "tool", "tool_call_id": call.id, "content": text}, Role.TOOL, answers=call.id, joins=True)
 
 
-class ChatDialect:
+class ChatDialect(JSONBody):
     name = "chat"
     transcript_key = "messages"
 
@@ -108,19 +108,11 @@ class ChatDialect:
         first_user = next((m.get("content") for m in dicts if m.get("role") == "user"), None)
         return [system, first_user]
 
-    def model(self, body: dict[str, Any]) -> str:
-        return str(body.get("model") or "")
-
-    def streaming(self, body: dict[str, Any]) -> bool:
-        return body.get("stream") is True
-
     def reply_reserve(self, body: dict[str, Any]) -> int:
-        values = [body.get(key) for key in ("max_completion_tokens", "max_tokens")]
-        return max((v for v in values if isinstance(v, int) and not isinstance(v, bool) and v > 0), default=0)
+        return max(token_limit(body.get("max_completion_tokens")), token_limit(body.get("max_tokens")))
 
     def fixed_parts(self, body: dict[str, Any]) -> list[str]:
-        tools = body.get("tools")
-        return [orjson.dumps(tools).decode()] if isinstance(tools, list) and tools else []
+        return tools_text(body)
 
     def has_tool(self, body: dict[str, Any], name: str) -> bool:
         tools = body.get("tools")

@@ -21,14 +21,14 @@ from ..errors import InvalidRequest, ProxyError, error_body
 from ..identity import session_conversation_id
 from ..messages import MAX_DEPTH, too_deep
 from ..transcript import Call, Item, Raw
-from .base import ReplyRead, ToolSpec
+from .base import JSONBody, ReplyRead, ToolSpec, has_named_tool, token_limit, tools_text
 from .responses_codec import CALLS, CODEC, MESSAGE_ROLES, RESULTS, item_type, reply_read, without_calls
 from .responses_stream import ResponsesRelay
 
 log = logging.getLogger("proxy.responses")
 
 
-class ResponsesDialect:
+class ResponsesDialect(JSONBody):
     name = "responses"
     transcript_key = "input"
 
@@ -71,28 +71,17 @@ class ResponsesDialect:
         first_user = next((r.get("content") for r in items if item_type(r) == "message" and r.get("role") == "user"), None)
         return ["responses", body.get("instructions"), system, first_user]
 
-    def model(self, body: dict[str, Any]) -> str:
-        return str(body.get("model") or "")
-
-    def streaming(self, body: dict[str, Any]) -> bool:
-        return body.get("stream") is True
-
     def reply_reserve(self, body: dict[str, Any]) -> int:
-        value = body.get("max_output_tokens")
-        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+        return token_limit(body.get("max_output_tokens"))
 
     def fixed_parts(self, body: dict[str, Any]) -> list[str]:
         parts = []
         if isinstance(body.get("instructions"), str) and body["instructions"]:
             parts.append(body["instructions"])
-        tools = body.get("tools")
-        if isinstance(tools, list) and tools:
-            parts.append(orjson.dumps(tools).decode())
-        return parts
+        return parts + tools_text(body)
 
     def has_tool(self, body: dict[str, Any], name: str) -> bool:
-        tools = body.get("tools")
-        return isinstance(tools, list) and any(isinstance(t, dict) and t.get("name") == name for t in tools)
+        return has_named_tool(body, name)
 
     def tool_definition(self, tool: ToolSpec) -> dict[str, Any]:
         return {"type": "function", "name": tool.name, "description": tool.description,

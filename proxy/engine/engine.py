@@ -37,7 +37,7 @@ from ..summarizer import Summarizer
 from ..telemetry import NO_TELEMETRY, Telemetry, TurnTrace
 from ..titles import task_of
 from ..tokens import TokenCounter
-from ..tools import standing
+from ..tools import offered, standing
 from ..tools.readback import READ_TOOL_SPEC
 from ..turns import TurnWriter
 from ..upstream.router import UpstreamRouter
@@ -151,7 +151,6 @@ class Engine:
         known = self.prefixes.known_prefix(key, raws)
         hashes = known + await validated_hashes(dialect.validate, codec.hash, raws, len(known), request.size)
         self.prefixes.remember(key, raws, hashes, size=request.size)
-        model = dialect.model(body)
         profile = request.profile
 
         async with self.store.lock(key):
@@ -160,39 +159,16 @@ class Engine:
                 report.task = task_of(codec, raws)
             plan = await self._plan(request, key, raws, hashes, conversation)
             writer = TurnWriter(self.store, key, plan, codec)
-            ledger = QuotaLedger(
-                profile.quota,
-                call_number=(conversation.llm_calls if conversation else 0) + 1,
-                first_forwarded=dict(conversation.first_forwarded) if conversation else {},
-            )
-            # The proxy's tools offered on every turn are sent with every call, like the client's own.
-            standing_tools = [
-                orjson.dumps(dialect.tool_definition(spec)).decode()
-                for spec in standing(profile) if not dialect.has_tool(body, spec.name)
-            ]
-            turn = Turn(
-                key, codec, model, self.store, profile, self.counter, self.refs, ledger, self.summarizer,
-                request.headers, report,
-                reply_reserve=dialect.reply_reserve(body),
-                fixed_tokens=self.counter.count_texts(dialect.fixed_parts(body) + standing_tools, model),
-                proxy_tool_tokens=self.counter.count_texts([orjson.dumps(dialect.tool_definition(READ_TOOL_SPEC)).decode()], model),
-                body=body,
-                marks=dict(conversation.marks) if conversation else {},
-                conversation=conversation,
-                knowledge_namespace=request.knowledge_namespace,
-            )
-            job = CompactionJob(
-                key, profile, self.summarizer.model_for(model), request.headers, ledger.figures(None), codec,
-                force=request.compaction == "force",
-            )
+            turn, job = self._turn(request, key, conversation, report)
             if request.compaction == "force" or (request.compaction != "skip" and not profile.compaction.background):
                 await self.compaction.run_now(job)  # before forwarding: this request already uses the new summary
             turn.summary = await self.compaction.current_summary(job)
-            upstream = self.router.for_model(model)
+            upstream = self.router.for_model(turn.model)
             if request.anchor_seq is not None:
                 body = dialect.detach_anchor(body)  # the history goes from our store: the upstream needs none
             exchange = Exchange(
-                turn, writer, dialect, body, dialect.streaming(body), self.pipeline, upstream, sink, self.metrics, trace
+                turn, writer, dialect, body, dialect.streaming(body), self.pipeline, upstream, sink, self.metrics, trace,
+                query=request.query,
             )
             try:
                 outcome = await exchange.run()
@@ -203,6 +179,66 @@ class Engine:
         if request.compaction is None and profile.compaction.background and 200 <= outcome.status < 300:
             self.compaction.schedule(job)  # after the reply: never on the request's critical path
         return outcome
+
+    async def dry_run(self, request: TurnRequest, key: ConversationKey, report: TurnReport) -> dict:
+        """The body a turn of `request` would send upstream first, worked out without writing
+        anything, calling no LLM and taking no lock (Anthropic's count_tokens: the client sizes
+        its own compaction from the prompt the proxy really sends). New items get the seqs they
+        would be stored under, so truncation markers come out as long as they will be."""
+        dialect, codec, body = request.dialect, request.dialect.codec, request.body
+        raws = dialect.transcript(body)
+        known = self.prefixes.known_prefix(key, raws)
+        hashes = known + await validated_hashes(dialect.validate, codec.hash, raws, len(known), request.size)
+        conversation = await self.store.get(key)
+        plan = await self._plan(request, key, raws, hashes, conversation)
+        if conversation is not None and conversation.live and request.history == "full" and not plan.known_seqs:
+            # Nothing of the conversation in it (Claude Code counts a tool result or its tools on
+            # their own, under its session id): counted as a conversation of its own would send it.
+            conversation = None
+            plan = await self._plan(request, key, raws, hashes, None)
+        turn, job = self._turn(request, key, conversation, report, dry_run=True)
+        turn.summary = await self.compaction.current_summary(job) if conversation is not None else None
+        first_seq = conversation.next_seq if conversation else 1
+        items = await self.pipeline(turn, plan.items(codec, range(first_seq, first_seq + len(plan.new))))
+        if request.anchor_seq is not None:
+            body = dialect.detach_anchor(body)
+        tools = offered(turn, items, lambda name: dialect.has_tool(body, name))
+        return dialect.upstream_body(body, items, [tool.spec for tool in tools])
+
+    def _turn(
+        self, request: TurnRequest, key: ConversationKey, conversation: Conversation | None, report: TurnReport,
+        dry_run: bool = False,
+    ) -> tuple[Turn, CompactionJob]:
+        """The stages' view of this turn, and the compaction job it may start."""
+        dialect, body, profile = request.dialect, request.body, request.profile
+        model = dialect.model(body)
+        ledger = QuotaLedger(
+            profile.quota,
+            call_number=(conversation.llm_calls if conversation else 0) + 1,
+            first_forwarded=dict(conversation.first_forwarded) if conversation else {},
+        )
+        # The proxy's tools offered on every turn are sent with every call, like the client's own.
+        standing_tools = [
+            orjson.dumps(dialect.tool_definition(spec)).decode()
+            for spec in standing(profile) if not dialect.has_tool(body, spec.name)
+        ]
+        turn = Turn(
+            key, dialect.codec, model, self.store, profile, self.counter, self.refs, ledger, self.summarizer,
+            request.headers, report,
+            reply_reserve=dialect.reply_reserve(body),
+            fixed_tokens=self.counter.count_texts(dialect.fixed_parts(body) + standing_tools, model),
+            proxy_tool_tokens=self.counter.count_texts([orjson.dumps(dialect.tool_definition(READ_TOOL_SPEC)).decode()], model),
+            body=body,
+            marks=dict(conversation.marks) if conversation else {},
+            conversation=conversation,
+            knowledge_namespace=request.knowledge_namespace,
+            dry_run=dry_run,
+        )
+        job = CompactionJob(
+            key, profile, self.summarizer.model_for(model), request.headers, ledger.figures(None), dialect.codec,
+            force=request.compaction == "force", dialect=dialect.name,
+        )
+        return turn, job
 
     async def _plan(
         self, request: TurnRequest, key: ConversationKey, raws: list, hashes: list[str], conversation: Conversation | None

@@ -51,8 +51,9 @@ class Exchange:
         sink: ClientSink,
         metrics: Metrics,
         trace: TurnTrace,
+        query: str = "",
     ) -> None:
-        self.turn, self.writer, self.dialect, self.body = turn, writer, dialect, body
+        self.turn, self.writer, self.dialect, self.body, self.query = turn, writer, dialect, body, query
         self.streaming, self.pipeline, self.upstream, self.sink, self.metrics = streaming, pipeline, upstream, sink, metrics
         self.trace = trace  # the turn's trace: told of each upstream call and read-back round
         self.report = turn.report
@@ -129,7 +130,9 @@ class Exchange:
             self.turn.headers, self.items, self.internal, (self.report.tokens_sent or 0) + self.internal_tokens
         )
         self._call_started = time.perf_counter()
-        reply = await self.turn.summarizer.inflight.agent_call(self.upstream, self.dialect.name, body, headers)
+        reply = await self.turn.summarizer.inflight.agent_call(
+            self.upstream, self.dialect.name, body, headers, self.query
+        )
         self.trace.upstream_replied(reply.status)
         return reply
 

@@ -43,6 +43,8 @@ class Turn:
     body: dict[str, Any] | None = None  # the request as received (for custom stages); never edited
     conversation: Conversation | None = None  # its record as the turn began (None: its first turn)
     knowledge_namespace: str | None = None  # the long-term knowledge document it uses (None: the default)
+    # A dry run (count_tokens: the prompt a turn would send): stages write nothing and call no LLM.
+    dry_run: bool = False
 
 
 class Stage(Protocol):

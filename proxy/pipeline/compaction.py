@@ -2,7 +2,7 @@
 
 - `turns` / `budget`: live items up to the summary's boundary are left out; the summary goes
   upstream as an instruction of the proxy's own right after the client's system prompt. The first
-  user item (the task) is pinned: always sent, right after the summary.
+  user item (the task, with the items that join it) is pinned: always sent, right after the summary.
 - `mask` (no LLM): tool outputs older than the newest `keep_tool_outputs` become a one-line
   placeholder naming their ref, still readable through read_tool_output; they are masked in
   batches of `mask_batch`, so the prompt changes once a batch instead of every turn.
@@ -15,7 +15,7 @@ from __future__ import annotations
 from ..compaction.render import render_summary
 from ..config import Settings
 from ..tools.readback import READ_TOOL
-from ..transcript import Item, Role, first_user, leading_system_count
+from ..transcript import Item, Role, first_user, leading_system_count, unit_end
 from .base import Turn
 
 MASK_MARK = "mask_through"  # outputs up to this seq go as placeholders
@@ -35,18 +35,18 @@ class Compaction:
         n_system = leading_system_count(items)
         rest = items[n_system:]
         task_at = first_user(rest)
-        task = rest[task_at] if task_at is not None else None
+        # The task with what joins it (Claude Code's environment notes), where the summary covers it.
+        task = rest[task_at : unit_end(rest, task_at + 1)] if task_at is not None else []
+        head = [it.but(pinned=True) for it in task if it.seq is not None and it.seq <= boundary]
         kept = [it for it in rest if it.seq is None or it.seq > boundary]
-        pinned = task is not None and task.seq is not None and task.seq <= boundary
         rendered = render_summary(turn.summary, turn.profile.compaction)
         assert rendered is not None
         # A shortened user message in it reads back by ref: the item carries one, so the read tool goes too.
         summary = turn.codec.system_note(rendered.text).but(ref=next(iter(rendered.refs.values()), None), origin=SUMMARY)
-        turn.report.messages_left_out += len(rest) - len(kept) - pinned
+        turn.report.messages_left_out += len(rest) - len(kept) - len(head)
         turn.report.summary_id = turn.summary.id
         dropped = sum(len(turn.codec.text(it) or "") for it in rest if it.seq is not None and it.seq <= boundary)
         turn.report.saved("compaction", dropped - len(rendered.text))
-        head = [task.but(pinned=True)] if pinned and task is not None else []
         return [*items[:n_system], summary, *head, *kept]
 
     def _mask(self, turn: Turn, items: list[Item]) -> list[Item]:

@@ -21,9 +21,10 @@ the next turn again.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from ..config import Settings
-from ..store import APPEND, BEFORE, InboxMessage
+from ..store import APPEND, BEFORE, INBOX_PENDING, InboxMessage
 from ..transcript import Item, Role, unit_start
 from .base import Turn
 
@@ -46,7 +47,11 @@ class Inbox:
             place = placement(turn, items)
             if place is not None:
                 seq, where = place
-                new = await turn.store.deliver_inbox(turn.key, seq, where, conversation.turns + 1, time.time())
+                if turn.dry_run:  # a count of the prompt: the notes as they would go, nothing delivered
+                    waiting = await turn.store.inbox(turn.key)
+                    new = [replace(m, seq=seq, placement=where) for m in waiting if m.status == INBOX_PENDING]
+                else:
+                    new = await turn.store.deliver_inbox(turn.key, seq, where, conversation.turns + 1, time.time())
                 known = {m.id for m in delivered.get(seq, ())}
                 delivered.setdefault(seq, []).extend(m for m in new if m.id not in known)
                 turn.report.inbox_delivered = [m.id for m in new]
@@ -58,10 +63,13 @@ class Inbox:
 def placement(turn: Turn, items: list[Item]) -> tuple[int, str] | None:
     """(seq, APPEND | BEFORE) of the item a delivery goes with this turn, or None when it can't
     go anywhere safe this turn (it then waits for the next)."""
-    newest = items[-1]
+    last = len(items) - 1
+    while last > 0 and items[last].role is Role.USER and items[last].joins:
+        last -= 1  # the rest of its results' message (Anthropic: text after the tool_results)
+    newest = items[last]
     if newest.role is Role.TOOL:
         appendable = turn.codec.with_appended_text(newest, "\n").raw is not newest.raw
-        if newest.seq is not None and appendable and answers_its_call(items, len(items) - 1):
+        if newest.seq is not None and appendable and answers_its_call(items, last):
             return newest.seq, APPEND
         return None  # a stray result the pairing guard drops, or one that can't hold text
     start = unit_start(items, len(items) - 1)

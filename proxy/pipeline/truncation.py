@@ -75,10 +75,12 @@ class Truncation:
         seqs = [item.seq for item, _, _ in wanted if item.seq is not None]
         stored = await turn.store.rewrites(turn.key, seqs)
         made: dict[int, str] = {}
+        if turn.dry_run:  # no summarizer call for a count: a preview stands in for a summary not made yet
+            return stored
         for item, text, tool in wanted:
             if item.seq is None or item.seq in stored:
                 continue
-            summary = await turn.summarizer.tool_output(text, tool, turn.model, turn.headers)
+            summary = await turn.summarizer.tool_output(text, tool, turn.model, turn.headers, turn.report.dialect)
             if summary is None:
                 turn.report.summaries_failed += 1
                 continue

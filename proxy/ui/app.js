@@ -119,9 +119,37 @@
     return JSON.stringify(content);
   }
 
+  // Anthropic Messages blocks that need more than their text shown (the proxy stores a user
+  // message's tool_result blocks one per stored message: each shows as a tool result).
+  const ANTHROPIC_BLOCKS = new Set(["tool_use", "tool_result", "thinking", "redacted_thinking"]);
+
+  /** The content blocks of an Anthropic message that holds tool use, results or thinking; else null. */
+  function anthropicBlocks(message) {
+    const content = message.content;
+    if (!Array.isArray(content)) return null;
+    return content.some((b) => b && typeof b === "object" && ANTHROPIC_BLOCKS.has(b.type)) ? content : null;
+  }
+
+  /** The tool_result block of a stored Anthropic tool result (a user message holding just it), or null. */
+  function anthropicResult(message) {
+    const blocks = anthropicBlocks(message);
+    return blocks && blocks.length === 1 && blocks[0].type === "tool_result" ? blocks[0] : null;
+  }
+
   /** Characters of a message as the transcript holds it: content plus tool calls. */
   function charsOf(message) {
     if (typeof message.type === "string") return responsesChars(message);
+    const blocks = anthropicBlocks(message);
+    if (blocks) {
+      let n = 0;
+      for (const b of blocks) {
+        if (b.type === "text") n += (b.text || "").length;
+        else if (b.type === "thinking") n += (b.thinking || "").length;
+        else if (b.type === "tool_use") n += (b.name || "").length + JSON.stringify(b.input || {}).length;
+        else if (b.type === "tool_result") n += (textOf(b.content) || "").length;
+      }
+      return n;
+    }
     let n = (textOf(message.content) || "").length;
     for (const call of message.tool_calls || []) {
       const fn = call.function || {};
@@ -735,6 +763,8 @@
 
     messageNode(m) {
       if (isResponsesItem(m, this.format)) return responsesItemNode(this, m);
+      const result = anthropicResult(m);
+      if (result) return this.anthropicResultNode(m, result);
       const role = m.role || "unknown";
       const status = m.status || "live";
       const li = h("li", {
@@ -763,6 +793,12 @@
       }
       head.append(h("span", { class: "spacer" }), timeNode(m.created_at));
 
+      const blocks = anthropicBlocks(m);
+      if (blocks) {
+        for (const block of blocks) li.append(this.blockNode(block));
+        this.nodes.set(m.seq, li);
+        return li;
+      }
       const text = textOf(m.content);
       if (role === "tool") {
         li.append(this.toolOutput(m, text || ""));
@@ -775,6 +811,71 @@
         this.callNames.set(call.id, fn.name);
         li.append(this.toolCallNode(call));
       }
+      this.nodes.set(m.seq, li);
+      return li;
+    }
+
+    /** One Anthropic content block: text, thinking, a tool call, a tool result, or its type. */
+    blockNode(block) {
+      if (!block || typeof block !== "object") return clipped(String(block), "content");
+      switch (block.type) {
+        case "text":
+          return clipped(block.text || "", "content");
+        case "thinking":
+        case "redacted_thinking": {
+          const shown = block.type === "thinking" && block.thinking;
+          const note = block.type === "redacted_thinking" ? "redacted thinking (encrypted)" : shown ? "thinking" : "thinking (not shown; signed)";
+          return h(
+            "details",
+            { class: "thinking", "data-block": block.type },
+            h("summary", null, note, shown ? ` · ${num(block.thinking.length)} chars` : null),
+            shown ? clipped(block.thinking, "content") : null
+          );
+        }
+        case "tool_use":
+          this.callNames.set(block.id, block.name);
+          return this.toolCallNode({ id: block.id, function: { name: block.name, arguments: JSON.stringify(block.input || {}) } });
+        case "tool_result": {
+          const text = textOf(block.content) || "";
+          return h("div", { class: "tool-output" }, h("span", { class: "muted" }, `result of ${this.callNames.get(block.tool_use_id) || "?"}`), clipped(text, "content"));
+        }
+        default:
+          return h("div", { class: "muted block-type" }, `[${block.type || "block"}]`);
+      }
+    }
+
+    /** A stored Anthropic tool result, shown as a tool message: its call's name, its output expandable. */
+    anthropicResultNode(m, result) {
+      const status = m.status || "live";
+      const text = textOf(result.content) || "";
+      const li = h("li", {
+        class: `message role-tool status-${word(status)}`,
+        "data-seq": m.seq,
+        "data-role": "tool",
+        "data-status": word(status),
+      });
+      li.append(
+        h(
+          "div",
+          { class: "message-head" },
+          h("span", { class: "seq" }, `#${m.seq}`),
+          h("span", { class: "role" }, "tool"),
+          status !== "live" ? h("span", { class: `badge status-${word(status)}`, title: STATUS_NOTES[status] || null }, status) : null,
+          h(
+            "span",
+            { class: "tool-of" },
+            "result of ",
+            h("code", null, this.callNames.get(result.tool_use_id) || "?"),
+            " ",
+            h("span", { class: "muted" }, result.tool_use_id || "")
+          ),
+          result.is_error ? h("span", { class: "badge status-failed" }, "error") : null,
+          h("span", { class: "muted chars" }, `${num(text.length)} chars`),
+          h("span", { class: "spacer" }),
+          timeNode(m.created_at)
+        ),
+        this.toolOutput(m, text)
+      );
       this.nodes.set(m.seq, li);
       return li;
     }

@@ -28,9 +28,12 @@ class UpstreamReply(Protocol):
 
 
 class Upstream(Protocol):
-    async def call(self, dialect: str, body: Mapping[str, Any], headers: Mapping[str, str]) -> UpstreamReply:
-        """Send one turn's request in the wire format named by `dialect` ("chat", ...); raises
+    async def call(
+        self, dialect: str, body: Mapping[str, Any], headers: Mapping[str, str], query: str = ""
+    ) -> UpstreamReply:
+        """Send one turn's request in the wire format named by `dialect` ("chat", "messages", ...),
+        with the client's query string (`query`: Anthropic's `beta=true`); raises
         UpstreamUnreachable / UpstreamTimeout if no status came back."""
 
     async def chat(self, body: Mapping[str, Any], headers: Mapping[str, str]) -> UpstreamReply:
-        """Send a chat completion (`call("chat", ...)`): what the summarizer uses."""
+        """Send a chat completion (`call("chat", ...)`)."""

@@ -1,4 +1,5 @@
-"""The raw passthrough: any OpenAI-compatible base URL over one pooled aiohttp session."""
+"""The raw passthrough: any OpenAI-compatible base URL, and the Anthropic API for Messages
+requests, over one pooled aiohttp session."""
 
 from __future__ import annotations
 
@@ -30,8 +31,14 @@ HOP_BY_HOP = frozenset(
 _SEGMENT_SEPARATORS = re.compile(r"[/\\;]")
 
 
-# Where each managed wire format is sent, under base_url.
-ENDPOINTS = {"chat": "/chat/completions", "responses": "/responses"}
+# Where each managed wire format is sent: (which API, the path under its root). OpenAI paths are
+# under `base_url` (its /v1 included), Anthropic ones under `anthropic_base_url`.
+ENDPOINTS = {
+    "chat": ("openai", "/chat/completions"),
+    "responses": ("openai", "/responses"),
+    "messages": ("anthropic", "/v1/messages"),
+}
+COUNT_TOKENS = "/v1/messages/count_tokens"
 
 
 def forwardable(headers: Mapping[str, str], drop: frozenset[str] = frozenset()) -> CIMultiDict[str]:
@@ -158,6 +165,7 @@ class HttpUpstream:
             aiohttp.BasicAuth(base.user or "", base.password or "").encode() if base.user or base.password else None
         )
         self.base_url = str(base.with_user(None)) if self._basic_auth else str(base)
+        self.anthropic_base_url = settings.anthropic_base_url.rstrip("/")
         self.turn_limits = ReplyLimits.for_turn(settings)
         self.passthrough_limits = ReplyLimits.for_passthrough(settings)
         self._session: aiohttp.ClientSession | None = None
@@ -194,16 +202,37 @@ class HttpUpstream:
             headers["Authorization"] = self._basic_auth
         return headers
 
-    async def call(self, dialect: str, body: Mapping[str, Any], headers: Mapping[str, str]) -> HttpReply:
-        path = ENDPOINTS.get(dialect)
-        if path is None:
+    def _anthropic_auth(self, headers: CIMultiDict[str]) -> CIMultiDict[str]:
+        """The configured Anthropic key, when set, instead of whatever key the client sent."""
+        if self.settings.anthropic_api_key is not None:
+            headers.popall("Authorization", None)
+            headers["x-api-key"] = self.settings.anthropic_api_key.get_secret_value()
+        return headers
+
+    async def call(
+        self, dialect: str, body: Mapping[str, Any], headers: Mapping[str, str], query: str = ""
+    ) -> HttpReply:
+        endpoint = ENDPOINTS.get(dialect)
+        if endpoint is None:
             raise ValueError(f"no upstream endpoint for the {dialect!r} wire format")
-        out = self._auth(CIMultiDict(headers))
-        out["Content-Type"] = "application/json"
-        return await self.send("POST", path, out, orjson.dumps(body), limits=self.turn_limits)
+        return await self._post(*endpoint, body, headers, query)
 
     async def chat(self, body: Mapping[str, Any], headers: Mapping[str, str]) -> HttpReply:
         return await self.call("chat", body, headers)
+
+    async def count_tokens(self, body: Mapping[str, Any], headers: Mapping[str, str], query: str = "") -> HttpReply:
+        """Anthropic's `POST /v1/messages/count_tokens`."""
+        return await self._post("anthropic", COUNT_TOKENS, body, headers, query)
+
+    async def _post(
+        self, api: str, path: str, body: Mapping[str, Any], headers: Mapping[str, str], query: str
+    ) -> HttpReply:
+        """`body` as JSON to `path` of the OpenAI (`api` "openai") or the Anthropic API."""
+        out = CIMultiDict(headers)
+        out["Content-Type"] = "application/json"
+        path_qs = path + (f"?{query}" if query else "")
+        send = self.send_anthropic if api == "anthropic" else self.send
+        return await send("POST", path_qs, out, orjson.dumps(body), limits=self.turn_limits)
 
     async def send(
         self,
@@ -215,14 +244,28 @@ class HttpUpstream:
     ) -> HttpReply:
         """One request upstream; returns once the status line and headers are in. The reply is
         read within `limits` (default: those of a passthrough request)."""
+        return await self._request(method, self.url(path_qs), self._auth(headers), data, limits)
+
+    async def send_anthropic(
+        self,
+        method: str,
+        path_qs: str,
+        headers: CIMultiDict[str],
+        data: bytes | None,
+        limits: ReplyLimits | None = None,
+    ) -> HttpReply:
+        """`send` to the Anthropic API: its root (`path_qs` keeps its /v1), its key."""
+        url = URL(self.anthropic_base_url + checked_path(path_qs), encoded=True)
+        return await self._request(method, url, self._anthropic_auth(headers), data, limits)
+
+    async def _request(
+        self, method: str, url: URL, headers: CIMultiDict[str], data: bytes | None, limits: ReplyLimits | None
+    ) -> HttpReply:
         assert self._session is not None, "HttpUpstream.start() was not awaited"
-        url = self.url(path_qs)
         meter = ReplyMeter(limits or self.passthrough_limits)
         with _upstream_errors(self.settings.timeout_s, meter):
             async with asyncio.timeout_at(meter.deadline):
-                response = await self._session.request(
-                    method, url, headers=self._auth(headers), data=data, allow_redirects=False
-                )
+                response = await self._session.request(method, url, headers=headers, data=data, allow_redirects=False)
         return HttpReply(response, self.settings.timeout_s, meter)
 
 

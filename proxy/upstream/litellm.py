@@ -33,7 +33,8 @@ import os
 import re
 import threading
 import warnings
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -41,7 +42,6 @@ from ..config import ModelSettings
 from ..errors import ProxyError
 from .base import UpstreamReply
 from .limits import ReplyLimits, ReplyMeter
-from .litellm_responses import call_responses
 
 log = logging.getLogger("proxy.litellm")
 
@@ -327,11 +327,23 @@ def provider_detail(exc: BaseException, secrets: list[str]) -> tuple[str | None,
 
 # -- the upstream -------------------------------------------------------------------------------
 
+# A wire format a route serves besides chat: one request in that format, sent through the route's
+# chat path and answered in that format (litellm_responses.py, litellm_messages.py; the router
+# supplies them, so this module imports neither).
+FormatCall = Callable[["LiteLLMUpstream", Mapping[str, Any], Mapping[str, str]], Awaitable[UpstreamReply]]
+
 
 class LiteLLMUpstream:
     """One `models:` entry routed through litellm: `chat(body, headers) -> UpstreamReply`."""
 
-    def __init__(self, name: str, entry: ModelSettings, timeout_s: float, limits: ReplyLimits | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        entry: ModelSettings,
+        timeout_s: float,
+        limits: ReplyLimits | None = None,
+        formats: Mapping[str, FormatCall] | None = None,
+    ) -> None:
         if not entry.litellm_model:
             raise ValueError(f"models.{name} has no litellm_model")
         self.name = name
@@ -340,6 +352,7 @@ class LiteLLMUpstream:
         self.litellm_model: str = entry.litellm_model
         self.provider = self.litellm_model.split("/", 1)[0] if "/" in self.litellm_model else "litellm"
         self.timeout_s = entry.timeout_s or timeout_s
+        self.formats = dict(formats or {})  # wire formats besides chat, each translated to chat and back
 
     def __repr__(self) -> str:
         return f"LiteLLMUpstream({self.name!r} -> {self.litellm_model!r})"
@@ -391,16 +404,33 @@ class LiteLLMUpstream:
             kwargs["extra_headers"] = dict(self.entry.extra_headers)
         return kwargs
 
-    async def call(self, dialect: str, body: Mapping[str, Any], headers: Mapping[str, str]) -> UpstreamReply:
-        if dialect == "responses":
-            return await call_responses(self, body, headers)
-        if dialect != "chat":
-            raise ValueError(f"litellm routes serve chat completions, not {dialect!r}")
-        return await self.chat(body, headers)
+    async def call(
+        self, dialect: str, body: Mapping[str, Any], headers: Mapping[str, str], query: str = ""
+    ) -> UpstreamReply:
+        if dialect == "chat":
+            return await self.chat(body, headers)
+        translate = self.formats.get(dialect)
+        if translate is None:
+            raise ValueError(f"litellm routes serve chat completions and {sorted(self.formats)}, not {dialect!r}")
+        return await translate(self, body, headers)
 
     async def chat(self, body: Mapping[str, Any], headers: Mapping[str, str]) -> LiteLLMReply:
+        started = await self.start(self.arguments(body, headers))
+        if started.iterator is None:
+            return LiteLLMReply(self, started.secrets, started.meter, body=self._completion_bytes(started.response))
+        return LiteLLMReply(
+            self, started.secrets, started.meter, stream=started.response, iterator=started.iterator,
+            first=started.first,
+        )
+
+    async def start(self, kwargs: dict[str, Any]) -> Started:
+        """One `litellm.acompletion`, within this route's limits: the whole response, or a stream
+        whose first chunk is in.
+
+        Waiting for the first chunk: a provider that refuses a streamed request (401, 429, ...) does
+        so before any chunk, and some litellm providers only connect on the first read. The
+        refusal is then still an HTTP error with its status, not a 200 stream holding an error."""
         litellm = await load_litellm()
-        kwargs = self.arguments(body, headers)
         secrets = [kwargs.get("api_key") or ""]
         meter = ReplyMeter(self.limits or UNBOUNDED, event_stream=kwargs["stream"])
         try:
@@ -409,10 +439,7 @@ class LiteLLMUpstream:
         except Exception as exc:  # noqa: BLE001  # every provider failure becomes an OpenAI error
             raise (meter.timeout() if meter.expired() else self.error(exc, secrets)) from None
         if not kwargs["stream"]:
-            return LiteLLMReply(self, secrets, meter, body=self._completion_bytes(response))
-        # Wait for the first chunk: a provider that refuses a streamed request (401, 429, ...) does
-        # so before any chunk, and some litellm providers only connect on the first read. The
-        # refusal is then still an HTTP error with its status, not a 200 stream holding an error.
+            return Started(response, secrets, meter)
         stream = response.__aiter__()
         try:
             async with asyncio.timeout_at(meter.deadline):
@@ -424,7 +451,7 @@ class LiteLLMUpstream:
             if isinstance(exc, Exception):
                 raise (meter.timeout() if meter.expired() else self.error(exc, secrets)) from None
             raise
-        return LiteLLMReply(self, secrets, meter, stream=response, iterator=stream, first=first)
+        return Started(response, secrets, meter, stream, first)
 
     def error(self, exc: BaseException, secrets: list[str], midstream: bool = False) -> ProviderError:
         if isinstance(exc, ProviderError):
@@ -463,6 +490,18 @@ class LiteLLMUpstream:
         data["model"] = self.name
         finished = any(isinstance(c, dict) and c.get("finish_reason") for c in data.get("choices") or ())
         return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n", finished
+
+
+@dataclass(slots=True)
+class Started:
+    """A litellm call under way: its response (a stream: its iterator and first chunk too), read
+    within `meter`'s bounds."""
+
+    response: Any
+    secrets: list[str]
+    meter: ReplyMeter
+    iterator: AsyncIterator[Any] | None = None
+    first: Any = None
 
 
 def user_first(messages: list[Any]) -> list[Any]:

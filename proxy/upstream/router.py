@@ -14,6 +14,12 @@ from . import litellm as litellm_upstream
 from .base import Upstream
 from .limits import ReplyLimits
 from .litellm import LiteLLMUpstream
+from .litellm_messages import messages_call
+from .litellm_responses import call_responses
+
+# What a litellm route serves besides chat completions, each translated to chat and back: the
+# Responses API (Codex, the Agents SDK) and Anthropic Messages (Claude Code), on any model.
+FORMATS = {"responses": call_responses, "messages": messages_call}
 
 
 class UpstreamRouter:
@@ -25,7 +31,9 @@ class UpstreamRouter:
         self.timeout_s = timeout_s
         self.limits = limits
         self.routes: dict[str, LiteLLMUpstream] = {
-            name: LiteLLMUpstream(name, entry, timeout_s, limits) for name, entry in models.items() if entry.litellm_model
+            name: LiteLLMUpstream(name, entry, timeout_s, limits, FORMATS)
+            for name, entry in models.items()
+            if entry.litellm_model
         }
         self._adhoc: dict[tuple[str, str], LiteLLMUpstream] = {}
 
@@ -49,7 +57,7 @@ class UpstreamRouter:
         key = (name, entry.model_dump_json())  # entries hold dicts: not hashable
         upstream = self._adhoc.get(key)
         if upstream is None:
-            upstream = self._adhoc[key] = LiteLLMUpstream(name, entry, self.timeout_s, self.limits)
+            upstream = self._adhoc[key] = LiteLLMUpstream(name, entry, self.timeout_s, self.limits, FORMATS)
         return upstream
 
     def litellm_names(self) -> Iterator[str]:

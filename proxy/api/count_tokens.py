@@ -1,0 +1,40 @@
+"""`POST /v1/messages/count_tokens`: the input tokens of the prompt the proxy would really send.
+
+Claude Code sizes its own compaction from these counts, so they must be the managed prompt's
+(long tool results shortened, the window, the summary, a waiting inbox message), not the raw
+transcript's. The engine works that prompt out without writing anything (`Engine.dry_run`; a
+count of something on its own, a tool result or the tool list, is counted as a new conversation
+would send it); the Anthropic API counts it, or, for a model served through litellm, the proxy's
+own counter does (the count the window uses). Errors are Anthropic's shape, as on /v1/messages.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from ..dialects.messages import MESSAGES
+from ..errors import add_error_shape
+from ..state import ENGINE, ROUTER, UPSTREAM
+from ..upstream import forwardable
+from .turns import read_turn
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    app = request.app
+    turn, key, report = await read_turn(request, MESSAGES)
+    managed = await app[ENGINE].dry_run(turn, key, report)
+    headers = report.headers()
+    if app[ROUTER].is_litellm(report.model):
+        return web.json_response({"input_tokens": report.tokens_sent or 0}, headers=headers)
+    reply = await app[UPSTREAM].count_tokens(managed, turn.headers, turn.query)
+    try:
+        data = await reply.read()
+    finally:
+        reply.close()
+    return web.Response(body=data, status=reply.status, headers={**forwardable(reply.headers), **headers})
+
+
+def add_routes(app: web.Application) -> None:
+    add_error_shape(app, count_tokens, MESSAGES.error_body)
+    for prefix in ("", "/c/{conversation_id}"):
+        app.router.add_post(prefix + "/v1/messages/count_tokens", count_tokens)

@@ -1,0 +1,58 @@
+"""The wire-format bench (bench/formats.py, part of `make bench`) works end to end in a tiny run,
+and the Messages transcript it sends is one the real Anthropic API accepts, turn after turn."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.messages_workload import MessagesConversation
+from bench.mock_upstream import CALL_ARGS, CALL_NAME
+from tests.anthropic_rules import check_messages_request
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class NoThinking:
+    """The bench's model never thinks: no signature is valid."""
+
+    def signature_valid(self, thinking: str, signature: str) -> bool:
+        return False
+
+    def redacted_valid(self, data: str) -> bool:
+        return False
+
+    def issued_before(self, tool_use_id: str) -> dict | None:
+        return None
+
+
+def test_the_messages_transcript_is_valid_and_moves_its_breakpoint(tmp_path: Path) -> None:
+    conversation = MessagesConversation("bench-1", "agent200")
+    bodies = []
+    for turn in range(3):
+        body = json.loads(conversation.body("bench-s16", stream=False))
+        assert check_messages_request(body, frozenset(), NoThinking()) is None, turn
+        bodies.append(body)
+        reply = [{"type": "text", "text": "Next."}, {"type": "tool_use", "id": f"toolu_{turn}", "name": CALL_NAME, "input": json.loads(CALL_ARGS)}]
+        conversation.advance(reply)
+    assert len(bodies[0]["messages"]) == 199 and bodies[0]["messages"][0]["content"].startswith("[bench-1]")
+    marked = [[i for i, m in enumerate(b["messages"]) if "cache_control" in json.dumps(m)] for b in bodies]
+    assert marked == [[198], [200], [202]]  # one breakpoint, on the newest message
+    assert bodies[1]["messages"][-1]["content"][0]["tool_use_id"] == "toolu_0"
+
+
+def test_the_formats_bench_runs_and_prints_its_table(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.formats", "-n", "2", "--repeats", "1", "--conversations", "1", "--out", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [r.split("|")[1].strip() for r in rows[1:]] == [
+        "chat completions json", "messages json", "chat completions stream", "messages stream"
+    ]
+    data = json.loads((tmp_path / "formats-latest.json").read_text())
+    assert set(data["messages_vs_chat"]) == {"json", "stream"}
+    assert all(row["cpu_ms"] > 0 for row in data["rows"].values())
