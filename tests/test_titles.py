@@ -10,6 +10,7 @@ import pytest
 
 from proxy.clients import client_name
 from proxy.dialects.chat import CHAT
+from proxy.dialects.messages import MESSAGES
 from proxy.dialects.responses import RESPONSES
 from proxy.errors import InvalidRequest
 from proxy.titles import MAX_OPENINGS, MAX_TASK_CHARS, check_title, task_of, title_from_task, without_wrapped_blocks
@@ -22,6 +23,13 @@ SAMPLES = ROOT / "tests" / "samples"
 def test_codex_s_task_is_what_the_person_typed_not_its_environment_block():
     body = json.loads((SAMPLES / "codex-session.json").read_text())["turn_1"]["body"]
     assert task_of(RESPONSES.codec, RESPONSES.transcript(body)) == "Run `echo hello` in the shell, then say what it printed."
+
+
+@pytest.mark.parametrize("sample", ["claude-turn1.json", "claude-tool-continuation.json", "claude-resumed-turn.json"])
+def test_claude_code_s_task_is_what_the_person_typed_not_its_reminders(sample):
+    body = json.loads((SAMPLES / sample).read_text())
+    body = body.get("body", body)
+    assert task_of(MESSAGES.codec, MESSAGES.transcript(body)) == "Run `echo hello` with Bash and tell me what it printed."
 
 
 def test_a_chat_task_skips_system_prompts_and_wrapped_blocks_and_is_cut():
