@@ -13,7 +13,9 @@ turn is "reply + tool result", like an agent loop. Streamed replies are content 
 tool-call chunk, a finish chunk with usage, then [DONE]; `--gap-ms` spaces the chunks the way a
 model's tokens are spaced, so a proxy forwards them one by one instead of one coalesced read.
 `POST /v1/messages` answers the same in Anthropic's format: a `message` with a text and a
-`tool_use` block, or as many SSE events (message_start ... message_stop) as a chat stream has chunks.
+`tool_use` block, or as many SSE events (message_start ... message_stop) as a chat stream has chunks;
+`POST /v1/responses` in the Responses API's: a `response` with a message and a `function_call`
+item, or its events (response.created ... response.completed, numbered).
 """
 
 from __future__ import annotations
@@ -156,6 +158,53 @@ def anthropic_stream_parts(chunks: int) -> tuple[list[bytes], tuple[bytes, bytes
     return head, (a, b), tail
 
 
+def _responses_reply(chunks: int) -> dict[str, object]:
+    output = [
+        {"type": "message", "id": "msg_bench", "status": "completed", "role": "assistant",
+         "content": [{"type": "output_text", "text": THOUGHT, "annotations": []}]},
+        {"type": "function_call", "id": "fc_bench", "status": "completed", "call_id": "@@ID@@",
+         "name": CALL_NAME, "arguments": CALL_ARGS},
+    ]
+    return {"id": "resp_bench", "object": "response", "created_at": CREATED, "status": "completed", "model": "bench",
+            "output": output, "usage": {"input_tokens": 111111111, "input_tokens_details": {"cached_tokens": 0},
+                                        "output_tokens": chunks, "output_tokens_details": {"reasoning_tokens": 0},
+                                        "total_tokens": 111111111}}
+
+
+RESPONSES_REPLY = _j(_responses_reply(42)).replace(b"@@ID@@", b"%s").replace(b"111111111", b"%d")
+
+
+@lru_cache(maxsize=64)
+def responses_stream_parts(chunks: int) -> list[bytes]:
+    """The events of a streamed response, as bytes with `@@ID@@` where the call id goes: about
+    `chunks` of them (the text's deltas make up the difference)."""
+    reply = _responses_reply(chunks)
+    message, call = reply["output"]  # type: ignore[misc]
+    n_text = max(1, chunks - 10)
+    words = (THOUGHT + " ") * (n_text // 8 + 1)
+    step = max(1, len(words) // n_text)
+    pieces = [words[i * step : (i + 1) * step] for i in range(n_text)]
+    started = {**reply, "status": "in_progress", "output": [], "usage": None}
+    at = {"item_id": "msg_bench", "output_index": 0, "content_index": 0}
+    events: list[dict[str, object]] = [
+        {"type": "response.created", "response": started},
+        {"type": "response.in_progress", "response": started},
+        {"type": "response.output_item.added", "output_index": 0, "item": {**message, "status": "in_progress", "content": []}},
+        {"type": "response.content_part.added", **at, "part": {"type": "output_text", "text": "", "annotations": []}},
+        *({"type": "response.output_text.delta", **at, "delta": piece, "logprobs": []} for piece in pieces),
+        {"type": "response.output_text.done", **at, "text": THOUGHT, "logprobs": []},
+        {"type": "response.content_part.done", **at, "part": message["content"][0]},
+        {"type": "response.output_item.done", "output_index": 0, "item": message},
+        {"type": "response.output_item.added", "output_index": 1, "item": {**call, "status": "in_progress", "arguments": ""}},
+        {"type": "response.function_call_arguments.delta", "item_id": "fc_bench", "output_index": 1, "delta": CALL_ARGS},
+        {"type": "response.function_call_arguments.done", "item_id": "fc_bench", "output_index": 1, "arguments": CALL_ARGS},
+        {"type": "response.output_item.done", "output_index": 1, "item": call},
+        {"type": "response.completed", "response": {**reply, "usage": {**reply["usage"], "input_tokens": 1000, "total_tokens": 1000}}},  # type: ignore[dict-item]
+    ]
+    return [b"event: " + str(e["type"]).encode() + b"\ndata: " + _j({"type": e["type"], "sequence_number": n, **e}) + b"\n\n"
+            for n, e in enumerate(events)]
+
+
 def _chunk_count(body: bytes) -> int:
     i = body.find(b"bench-s")
     if i < 0:
@@ -190,6 +239,15 @@ class Mock:
             return await self._send(request, [*head, start_a + call_id + start_b, *tail])
         return web.Response(body=ANTHROPIC_REPLY % (call_id, len(body) // 4), content_type="application/json")
 
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        self.requests += 1
+        call_id = b"call_%08d" % next(_ids)
+        if b'"stream":true' in body or b'"stream": true' in body:
+            return await self._send(request, [e.replace(b"@@ID@@", call_id) for e in responses_stream_parts(_chunk_count(body))])
+        tokens = len(body) // 4
+        return web.Response(body=RESPONSES_REPLY % (call_id, tokens, tokens), content_type="application/json")
+
     async def _stream(self, request: web.Request, call_id: bytes, chunks: int) -> web.StreamResponse:
         content, (call_a, call_b), closing = stream_parts(chunks)
         return await self._send(request, [*content, call_a + call_id + call_b, *closing])
@@ -217,6 +275,7 @@ def build_app(gap_s: float = 0.0) -> web.Application:
     for path in ("/v1/chat/completions", "/chat/completions"):
         app.router.add_post(path, mock.chat)
     app.router.add_post("/v1/messages", mock.messages)
+    app.router.add_post("/v1/responses", mock.responses)
     app.router.add_get("/v1/models", mock.models)
     app.router.add_get("/models", mock.models)
     app.router.add_get("/healthz", mock.stats)

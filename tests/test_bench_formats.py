@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 
 from bench.messages_workload import MessagesConversation
+from bench.responses_workload import ResponsesConversation
 from bench.mock_upstream import CALL_ARGS, CALL_NAME
 from tests.anthropic_rules import check_messages_request
+from tests.responses_checks import check_request
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -43,6 +45,18 @@ def test_the_messages_transcript_is_valid_and_moves_its_breakpoint(tmp_path: Pat
     assert bodies[1]["messages"][-1]["content"][0]["tool_use_id"] == "toolu_0"
 
 
+def test_the_responses_transcript_is_valid_turn_after_turn() -> None:
+    conversation = ResponsesConversation("bench-1", "agent200")
+    for turn in range(3):
+        body = json.loads(conversation.body("bench-s16", stream=False))
+        assert check_request(body) is None, turn
+        call = {"type": "function_call", "id": f"fc_{turn}", "status": "completed", "call_id": f"call_r{turn}",
+                "name": CALL_NAME, "arguments": CALL_ARGS}
+        conversation.advance([{"type": "message", "id": f"msg_{turn}", "role": "assistant",
+                               "content": [{"type": "output_text", "text": "Next.", "annotations": []}]}, call])
+    assert body["input"][0]["role"] == "developer" and body["input"][-1]["call_id"] == "call_r1"
+
+
 def test_the_formats_bench_runs_and_prints_its_table(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "bench.formats", "-n", "2", "--repeats", "1", "--conversations", "1", "--out", str(tmp_path)],
@@ -51,8 +65,9 @@ def test_the_formats_bench_runs_and_prints_its_table(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line]
     assert [r.split("|")[1].strip() for r in rows[1:]] == [
-        "chat completions json", "messages json", "chat completions stream", "messages stream"
+        "chat completions json", "messages json", "responses json",
+        "chat completions stream", "messages stream", "responses stream",
     ]
     data = json.loads((tmp_path / "formats-latest.json").read_text())
-    assert set(data["messages_vs_chat"]) == {"json", "stream"}
+    assert set(data["vs_chat"]) == {f"{name} vs chat completions, {mode}" for name in ("messages", "responses") for mode in ("json", "stream")}
     assert all(row["cpu_ms"] > 0 for row in data["rows"].values())
