@@ -43,6 +43,11 @@ class ServerSettings(Section):
     max_messages: int = Field(
         10_000, ge=1, le=1_000_000, description="Most messages one request may carry (413 above)."
     )
+    fast_path: bool = Field(
+        True,
+        description="A request that extends the conversation's previous one byte for byte costs only its new "
+        "items (the previous turn's work is reused; same result). false = every turn does all the work.",
+    )
     allowed_hosts: tuple[str, ...] = Field(
         (),
         description="Host names (without port) accepted besides localhost and loopback addresses: on every "

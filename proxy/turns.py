@@ -27,6 +27,7 @@ class TurnWriter:
         self.pending: list[int] = []
         # What went upstream, kept with the turn once it ends: set once the prompt is built.
         self.report: TurnReport | None = None
+        self.ended: tuple[str, str] | None = None  # (the turn's items' status, the reply's) once stored
         self._last: asyncio.Future[Any] | None = None
 
     def _then(self, step: Callable[[], Awaitable[Any]]) -> Awaitable[Any]:
@@ -72,6 +73,7 @@ class TurnWriter:
         record = self.report.record(status, self.pending) if self.report is not None else None
         hashes = await off_loop(sum(_size(raw) for raw in reply), lambda: [self.codec.hash(raw) for raw in reply])
         await self.store.finish_turn(self.key, changes, list(zip(reply, hashes, strict=True)), reply_status, record)
+        self.ended = (status, reply_status)
 
     async def settled(self) -> None:
         """Wait for the last write to land, even if this request is being cancelled."""

@@ -20,6 +20,7 @@ from ..engine import TurnReport, TurnRequest
 from ..errors import ERROR_SHAPE, InvalidRequest
 from ..identity import explicit_conversation_id, request_tenant
 from ..messages import MAX_DEPTH, too_deep
+from ..prefix import ParsedBody
 from ..request_limits import check_message_count, parse_json
 from ..state import CONVERSATION, ENGINE, LOG_FIELDS, METRICS, SETTINGS, TRAJECTORIES
 from ..upstream import forwardable
@@ -30,6 +31,18 @@ COMPACTION_HEADER = "X-Compaction"
 KNOWLEDGE_HEADER = "X-Knowledge-Namespace"
 # Our own request headers: meant for the proxy, never forwarded upstream.
 OWN_HEADERS = frozenset({"x-history", "x-context-profile", "x-compaction", "x-knowledge-namespace"})
+
+
+async def read_turn_body(request: web.Request, dialect: Dialect, cache_key: Any) -> ParsedBody:
+    """The request body; one that extends the previous request of the conversation the client
+    names (`cache_key`) by appending transcript items is parsed only where it is new."""
+    raw = await request.read()
+    bodies = request.app[ENGINE].bodies
+    parsed = bodies.extend(cache_key, raw, dialect.transcript_key) if cache_key is not None else None
+    if parsed is not None:
+        return parsed
+    body = await read_json_object(request, dialect.transcript_key)
+    return await bodies.full(cache_key, raw, body, dialect.transcript_key) if cache_key is not None else ParsedBody(body)
 
 
 async def read_json_object(request: web.Request, transcript_key: str) -> dict[str, Any]:
@@ -121,7 +134,11 @@ def managed(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamRes
         app = request.app
         settings = app[SETTINGS]
         engine = app[ENGINE]
-        body = await read_json_object(request, dialect.transcript_key)
+        tenant = request_tenant(request, settings.conversation)
+        conversation_id = explicit_conversation_id(request, settings.conversation)
+        named = conversation_id or request.headers.get("session-id") or request.headers.get("x-claude-code-session-id")
+        parsed = await read_turn_body(request, dialect, (tenant, dialect.name, named) if named else None)
+        body = parsed.body
         # A missing or malformed transcript is a 400 before anything else, too long a one a 413.
         check_message_count(dialect.transcript(body), settings.server.max_messages, dialect.transcript_key)
         profile = request_profile(request, settings, dialect.model(body))
@@ -129,14 +146,15 @@ def managed(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamRes
             dialect=dialect,
             body=body,
             size=len(await request.read()),  # aiohttp keeps the bytes read
-            tenant=request_tenant(request, settings.conversation),
-            conversation_id=explicit_conversation_id(request, settings.conversation),
+            tenant=tenant,
+            conversation_id=conversation_id,
             session_id=dialect.session_id(body, request.headers),
             history=history_mode(request, settings.conversation.history),
             profile=profile,
             compaction=compaction_control(request),
             headers=dict(forwardable(request.headers, drop=OWN_HEADERS | {settings.conversation.id_header.lower()})),
             knowledge_namespace=knowledge_namespace(request, profile),
+            parsed=parsed,
         )
         key = await engine.conversation_key(turn)
         request[CONVERSATION] = key

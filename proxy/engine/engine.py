@@ -27,11 +27,11 @@ from ..history import TurnPlan, is_fresh_start, plan_anchored, plan_appended, pl
 from ..identity import ConversationKey, derived_conversation_id
 from ..metrics import Metrics
 from ..pipeline import Pipeline, Turn
-from ..prefix import PrefixCache
+from ..prefix import BodyCache, PrefixCache
 from ..quota import QuotaLedger
 from ..refs import RefSigner
 from ..request_limits import validated_hashes
-from ..store import Conversation, Store
+from ..store import LIVE, Conversation, Store
 from ..summarizer import Summarizer
 from ..tokens import TokenCounter
 from ..tools import standing
@@ -39,6 +39,7 @@ from ..tools.readback import READ_TOOL_SPEC
 from ..turns import TurnWriter
 from ..upstream.router import UpstreamRouter
 from .exchange import Exchange
+from .fastpath import FastPath, FastTurn
 from .report import TurnReport
 from .request import ClientSink, Outcome, TurnRequest
 
@@ -76,6 +77,9 @@ class Engine:
         self.summarizer, self.compaction, self.router, self.prefixes, self.metrics = (
             summarizer, compaction, router, prefixes, metrics,
         )
+        # Requests that extend the previous one: parsed (bodies) and rewritten (fastpath) only where new.
+        self.bodies = BodyCache(enabled=settings.server.fast_path)
+        self.fastpath = FastPath(enabled=settings.server.fast_path)
 
     async def conversation_key(self, request: TurnRequest) -> ConversationKey:
         """The conversation a request belongs to, in this order: the one it names; the one that
@@ -134,12 +138,16 @@ class Engine:
 
     async def run(self, request: TurnRequest, key: ConversationKey, report: TurnReport, sink: ClientSink) -> Outcome:
         """Run one turn; `report` is filled in as it goes (also when the turn fails)."""
-        dialect, codec, body = request.dialect, request.dialect.codec, request.body
+        dialect, codec, body, parsed = request.dialect, request.dialect.codec, request.body, request.parsed
         raws = dialect.transcript(body)
         # Items identical to the last request's need no checking or hashing again (see prefix.py).
-        known = self.prefixes.known_prefix(key, raws)
+        by_bytes = parsed is not None and parsed.entry is not None and parsed.entry.raws is raws
+        known = parsed.hashes if by_bytes else self.prefixes.known_prefix(key, raws)  # type: ignore[union-attr]
         hashes = known + await validated_hashes(dialect.validate, codec.hash, raws, len(known), request.size)
-        self.prefixes.remember(key, raws, hashes, size=request.size)
+        if by_bytes:
+            self.bodies.remember(parsed.key, parsed, hashes)  # type: ignore[union-attr]
+        else:
+            self.prefixes.remember(key, raws, hashes, size=request.size)
         model = dialect.model(body)
         profile = request.profile
 
@@ -157,12 +165,15 @@ class Engine:
                 orjson.dumps(dialect.tool_definition(spec)).decode()
                 for spec in standing(profile) if not dialect.has_tool(body, spec.name)
             ]
+            reply_reserve = dialect.reply_reserve(body)
+            fixed_tokens = self.counter.count_texts(dialect.fixed_parts(body) + standing_tools, model)
+            proxy_tool_tokens = self.counter.count_texts([orjson.dumps(dialect.tool_definition(READ_TOOL_SPEC)).decode()], model)
             turn = Turn(
                 key, codec, model, self.store, profile, self.counter, self.refs, ledger, self.summarizer,
                 request.headers, report,
-                reply_reserve=dialect.reply_reserve(body),
-                fixed_tokens=self.counter.count_texts(dialect.fixed_parts(body) + standing_tools, model),
-                proxy_tool_tokens=self.counter.count_texts([orjson.dumps(dialect.tool_definition(READ_TOOL_SPEC)).decode()], model),
+                reply_reserve=reply_reserve,
+                fixed_tokens=fixed_tokens,
+                proxy_tool_tokens=proxy_tool_tokens,
                 body=body,
                 marks=dict(conversation.marks) if conversation else {},
                 conversation=conversation,
@@ -178,15 +189,25 @@ class Engine:
             upstream = self.router.for_model(model)
             if request.anchor_seq is not None:
                 body = dialect.detach_anchor(body)  # the history goes from our store: the upstream needs none
+            fast = None
+            if conversation is not None and request.history == "full" and request.anchor_seq is None and request.compaction is None:
+                settings = (reply_reserve, fixed_tokens, proxy_tool_tokens, tuple(standing_tools), request.knowledge_namespace)
+                fast = self.fastpath.turn(key, parsed, FastTurn.settings_of(profile, model, dialect, settings))
+            else:
+                self.fastpath.forget(key)
             exchange = Exchange(
-                turn, writer, dialect, body, dialect.streaming(body), self.pipeline, upstream, sink, self.metrics
+                turn, writer, dialect, body, dialect.streaming(body), self.pipeline, upstream, sink, self.metrics, fast
             )
+            outcome = None
             try:
                 outcome = await exchange.run()
             finally:
                 await writer.settled()  # the next turn of this conversation must see every write of this one
                 if report.marks:  # a cut moved: the next turns start from it
                     await self.store.set_marks(key, report.marks)
+                if fast is not None:
+                    ok = outcome is not None and 200 <= outcome.status < 300 and report.stream_error is None
+                    fast.done(turn, report, ok and writer.ended == (LIVE, LIVE))
         if request.compaction is None and profile.compaction.background and 200 <= outcome.status < 300:
             self.compaction.schedule(job)  # after the reply: never on the request's critical path
         return outcome

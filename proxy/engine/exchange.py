@@ -29,6 +29,7 @@ from .request import ClientSink, Outcome
 
 if TYPE_CHECKING:
     from ..metrics import Metrics
+    from .fastpath import FastTurn
 
 log = logging.getLogger("proxy.exchange")
 
@@ -48,8 +49,9 @@ class Exchange:
         upstream: Upstream,
         sink: ClientSink,
         metrics: Metrics,
+        fast: FastTurn | None = None,
     ) -> None:
-        self.turn, self.writer, self.dialect, self.body = turn, writer, dialect, body
+        self.turn, self.writer, self.dialect, self.body, self.fast = turn, writer, dialect, body, fast
         self.streaming, self.pipeline, self.upstream, self.sink, self.metrics = streaming, pipeline, upstream, sink, metrics
         self.report = turn.report
         self.items: list[Item] = []  # what the pipeline made of the client's transcript
@@ -87,13 +89,21 @@ class Exchange:
         self.report.upstream_s += time.perf_counter() - self._call_started
 
     async def _rewrite(self) -> None:
-        items = await self.pipeline(self.turn, self.writer.plan.items(self.dialect.codec, self.writer.pending))
+        plan, fast = self.writer.plan, self.fast
+        if fast is not None:  # the previous turn's work reused where it can be (see fastpath.py)
+            items = await fast.rewrite(self.turn, plan, self.writer.pending, self.pipeline)
+        else:
+            items = await self.pipeline(self.turn, plan.items(self.dialect.codec, self.writer.pending))
         await self.turn.store.mark_forwarded(self.turn.key, self.turn.ledger.new_marks)
         self.items = items
         self.writer.report = self.report  # from now on the turn's record is kept with it
-        self.report.sent_seqs = [item.seq for item in items if item.seq is not None]
-        self.report.shortened = sum(1 for item in items if item.ref is not None and not item.masked)
-        tools = offered(self.turn, items, lambda name: self.dialect.has_tool(self.body, name))
+        if fast is not None:
+            self.report.sent_seqs, self.report.shortened = fast.sent(items)
+        else:
+            self.report.sent_seqs = [item.seq for item in items if item.seq is not None]
+            self.report.shortened = sum(1 for item in items if item.ref is not None and not item.masked)
+        probe = fast.offer_probe(items) if fast is not None else items
+        tools = offered(self.turn, probe, lambda name: self.dialect.has_tool(self.body, name))
         self.tools = {tool.spec.name: tool for tool in tools}
 
     async def _call(self) -> UpstreamReply:
@@ -112,7 +122,10 @@ class Exchange:
         self.report.llm_call_limit = ledger.settings.max_llm_calls
         self.report.tokens_sent_total += (self.report.tokens_sent or 0) + self.internal_tokens
         specs = [tool.spec for tool in self.tools.values()]
-        body = self.dialect.upstream_body(self.body, self.items + self.internal, specs)
+        if self.fast is not None and not self.internal:  # the first call: its bytes reuse the last turn's
+            body = self.fast.upstream_body(self.dialect, self.body, self.items, specs)
+        else:
+            body = self.dialect.upstream_body(self.body, self.items + self.internal, specs)
         self._call_started = time.perf_counter()
         return await self.turn.summarizer.inflight.agent_call(self.upstream, self.dialect.name, body, self.turn.headers)
 

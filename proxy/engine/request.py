@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from ..config import Profile
 from ..dialects.base import Dialect
+from ..prefix import ParsedBody
 from .report import TurnReport
 
 
@@ -27,6 +28,7 @@ class TurnRequest:
     headers: dict[str, str]  # what goes upstream with the request (credentials, betas, ...)
     knowledge_namespace: str | None = None  # X-Knowledge-Namespace, else the profile's (None: the default)
     anchor_seq: int | None = None  # set by the engine: the stored reply the request continues
+    parsed: ParsedBody | None = None  # how the body was read (what it reuses of the previous request)
 
 
 @dataclass(slots=True)

@@ -16,7 +16,7 @@ from ..compaction.render import render_summary
 from ..config import Settings
 from ..tools.readback import READ_TOOL
 from ..transcript import Item, Role, first_user, leading_system_count
-from .base import Turn
+from .base import StageRun, Turn
 
 MASK_MARK = "mask_through"  # outputs up to this seq go as placeholders
 SUMMARY = "summary"  # the origin of the summary's note (the window adds what it leaves out to it)
@@ -27,6 +27,7 @@ class Compaction:
 
     async def __call__(self, turn: Turn, items: list[Item]) -> list[Item]:
         strategy = turn.profile.compaction.strategy
+        turn.notes[self.name] = turn.summary.id if turn.summary is not None else None
         if strategy == "mask":
             return self._mask(turn, items)
         if strategy == "off" or turn.summary is None:
@@ -48,6 +49,17 @@ class Compaction:
         turn.report.saved("compaction", dropped - len(rendered.text))
         head = [task.but(pinned=True)] if pinned and task is not None else []
         return [*items[:n_system], summary, *head, *kept]
+
+    async def extend(self, turn: Turn, run: StageRun, new: list[Item]) -> list[Item] | None:
+        """New items come after any boundary: kept as they are, while the summary is the same one."""
+        strategy = turn.profile.compaction.strategy
+        summary_id = turn.summary.id if turn.summary is not None else None
+        if strategy == "mask" or summary_id != run.note:
+            return None  # masking moves its mark as outputs pile up: the whole pipeline decides
+        if strategy == "off" or turn.summary is None:
+            return new
+        boundary = turn.summary.last_seq
+        return new if all(item.seq is None or item.seq > boundary for item in new) else None
 
     def _mask(self, turn: Turn, items: list[Item]) -> list[Item]:
         """Outputs up to the mask mark are placeholders; once `keep + batch` outputs are past it,

@@ -9,12 +9,12 @@ from typing import Any
 from urllib.parse import unquote
 
 import aiohttp
-import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from ..config import UpstreamSettings
 from ..errors import InvalidRequest, ProxyError, UpstreamTimeout, UpstreamUnreachable
+from .base import encoded
 from .limits import ReplyLimits, ReplyMeter
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and those aiohttp recomputes; never copied across.
@@ -200,7 +200,7 @@ class HttpUpstream:
             raise ValueError(f"no upstream endpoint for the {dialect!r} wire format")
         out = self._auth(CIMultiDict(headers))
         out["Content-Type"] = "application/json"
-        return await self.send("POST", path, out, orjson.dumps(body), limits=self.turn_limits)
+        return await self.send("POST", path, out, encoded(body), limits=self.turn_limits)
 
     async def chat(self, body: Mapping[str, Any], headers: Mapping[str, str]) -> HttpReply:
         return await self.call("chat", body, headers)
