@@ -2,7 +2,8 @@
 with planted facts, what that costs at prompt-cache prices, how stable the prompts' prefixes
 stay, and which planted facts still reach the upstream at the end.
 
-    .venv/bin/python -m bench.context [--steps 300] [--seed 7] [--only turns,budget]
+    .venv/bin/python -m bench.context [--steps 300] [--seed 7] [--only turns,budget] [--wire chat,responses]
+                                      [--refill 0.4,0.6,1]
 
 The proxy runs in-process on loopback in front of the strict fake upstream of the test suite,
 which plays the agent's model (the run's scripted steps, with a few reads of shortened outputs,
@@ -13,12 +14,16 @@ background after each reply, as by default; the bench waits for each before the 
 Figures (agent requests as the upstream received them, read-back rounds included; tokens by
 tiktoken over messages and tool schemas):
 - tokens: every agent prompt's tokens, summed;
-- cost: each prompt's tokens that continue the previous prompt byte for byte (same tools, then
-  the same leading messages) at a tenth, the rest at full price, plus every summarizer call
-  (input and output) at full price; and its share of the naive run's cost (the whole transcript
-  every time, each prompt continuing the last);
-- prefix: the share of consecutive agent prompts that extend the previous one byte for byte,
-  over the pairs with no new summary between them;
+- cost: each prompt's tokens that continue an earlier prompt the provider's cache still holds
+  byte for byte (same tools, then the same leading messages) at a tenth, the rest at full price,
+  plus every summarizer call (input and output) at full price; and its share of the naive run's
+  cost (the whole transcript every time, each prompt continuing the last). The cache holds the
+  prompt just before, and for a step's first prompt every prompt of the step before: a read-back
+  round's prompt and the one it continued (the proxy does not replay its rounds, so the next
+  step extends the latter);
+- prefix: the share of agent prompts that extend one the cache holds, over those with the same
+  summary note as one of them (a new summary, or the window's note changing at a cut, starts a
+  new prefix: counted apart as "summary");
 - facts: of the planted facts whose message left the prompt, the share that still reaches the
   upstream in the last prompt, by kind;
 - max prompt, over limit: the largest agent prompt without its system messages (tool schemas and
@@ -28,12 +33,14 @@ tiktoken over messages and tool schemas):
   then goes on as scripted).
 
 The client side and the reading of the upstream's requests sit behind `Wire` (one per wire
-format; Chat Completions here), so the same run can go over the Responses and Messages APIs.
+format: Chat Completions, and the Responses API as Codex sends it), so the same run goes over
+each (`--wire`), one table per wire format.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import logging
 import statistics
@@ -81,6 +88,8 @@ class Prompt:
     summary: bool  # a summarizer's request, not the agent's
     output: str = ""  # what the upstream answered (for a summarizer call: what it cost to write)
     refused: bool = False  # the strict fake refused it as the real API would (4xx)
+    request: int = 0  # its place among every request the upstream received
+    step: int = 0  # the run's step it was made in (set by run_config)
 
 
 class Wire(Protocol):
@@ -111,14 +120,113 @@ class ChatWire:
 
     def prompts(self, upstream: FakeUpstream) -> list[Prompt]:
         out = []
-        for record in upstream.requests:
+        for index, record in enumerate(upstream.requests):
             body = record.body
             if not record.path.endswith("/chat/completions") or not isinstance(body, dict) or "messages" not in body:
                 continue
             summary = is_summary_request(body) or is_tool_summary_request(body)
             refused = 400 <= record.status_sent < 500
-            out.append(Prompt(body["messages"], body.get("tools") or [], summary, SUMMARY_TEXT if summary else "", refused))
+            out.append(Prompt(body["messages"], body.get("tools") or [], summary, SUMMARY_TEXT if summary else "", refused, index))
         return out
+
+
+class ResponsesWire:
+    """The same run over the Responses API as Codex sends it: every item resent (`store: false`),
+    the system prompt as the first `developer` message, flat function tools."""
+
+    name = "responses"
+
+    def ask(self, http: httpx.Client, run: Run, transcript: list[Message]) -> tuple[int, Message | None]:
+        response = http.post(
+            "/v1/responses",
+            json={"model": MODEL, "input": [item for m in transcript for item in to_items(m)],
+                  "tools": [flat_tool(t) for t in run.tools], "store": False},
+            headers={"Authorization": f"Bearer {KEY}", "X-Conversation-ID": "bench"},
+        )
+        if response.status_code != 200:
+            return response.status_code, None
+        return 200, from_output(response.json()["output"])
+
+    def prompts(self, upstream: FakeUpstream) -> list[Prompt]:
+        out = []
+        for index, record in enumerate(upstream.requests):
+            body = record.body
+            if not isinstance(body, dict):
+                continue
+            refused = 400 <= record.status_sent < 500
+            if record.path.endswith("/chat/completions") and (is_summary_request(body) or is_tool_summary_request(body)):
+                out.append(Prompt(body["messages"], [], True, SUMMARY_TEXT, refused, index))  # summarizers speak chat
+            elif record.path.endswith("/responses") and "input" in body:
+                messages, tools = neutral(body)
+                out.append(Prompt(messages, tools, False, "", refused, index))
+        return out
+
+
+def to_items(message: Message) -> list[Message]:
+    """A chat message as the Responses items a client sends for it."""
+    role = message["role"]
+    if role == "system":
+        return [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": message["content"]}]}]
+    if role == "user":
+        return [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": message["content"]}]}]
+    if role == "tool":
+        return [{"type": "function_call_output", "call_id": message["tool_call_id"], "output": message["content"]}]
+    items: list[Message] = []
+    if message.get("content"):
+        items.append({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": message["content"]}]})
+    for call in message.get("tool_calls") or ():
+        items.append({"type": "function_call", "call_id": call["id"], "name": call["function"]["name"],
+                      "arguments": call["function"]["arguments"]})
+    return items
+
+
+def from_output(output: list[Message]) -> Message:
+    """A response's output items as the chat message the run keeps (its ids are the client's to drop:
+    Codex sends back what it needs, as chat-shaped replay does)."""
+    text = "".join(part.get("text", "") for item in output if item.get("type") == "message" for part in item["content"])
+    calls = [{"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item["arguments"]}}
+             for item in output if item.get("type") == "function_call"]
+    message: Message = {"role": "assistant", "content": text or None}
+    if calls:
+        message["tool_calls"] = calls
+    return {k: v for k, v in message.items() if v is not None}
+
+
+def flat_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function", **tool["function"]}
+
+
+def neutral(body: dict[str, Any]) -> tuple[list[Message], list[dict[str, Any]]]:
+    """A request of either wire format as chat messages and chat-shaped tools: the bench's one
+    reading of a prompt (a function call joins the assistant message before it, as chat has it)."""
+    if "messages" in body:
+        return body["messages"], body.get("tools") or []
+    messages: list[Message] = []
+    for item in body["input"] if isinstance(body["input"], list) else [{"role": "user", "content": body["input"]}]:
+        kind = item.get("type", "message")
+        if kind == "message":
+            content = item["content"]
+            text = content if isinstance(content, str) else "".join(p.get("text", "") for p in content)
+            role = {"developer": "system"}.get(item["role"], item["role"])
+            messages.append({"role": role, "content": text})
+        elif kind == "function_call":
+            call = {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item["arguments"]}}
+            if messages and messages[-1]["role"] == "assistant":
+                messages[-1].setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item["output"]
+            messages.append({"role": "tool", "tool_call_id": item["call_id"],
+                             "content": output if isinstance(output, str) else json.dumps(output)})
+        else:
+            messages.append({"role": "other", "content": json.dumps(item)})
+    tools = [{"type": "function", "function": {k: v for k, v in t.items() if k != "type"}}
+             for t in body.get("tools") or () if t.get("type") == "function"]
+    return messages, tools
+
+
+WIRES: dict[str, type[ChatWire] | type[ResponsesWire]] = {"chat": ChatWire, "responses": ResponsesWire}
 
 
 class ScriptedModel:
@@ -132,10 +240,11 @@ class ScriptedModel:
         self.made = 0
 
     def __call__(self, body: dict) -> Reply:
-        if is_summary_request(body) or is_tool_summary_request(body):
+        if "messages" in body and (is_summary_request(body) or is_tool_summary_request(body)):
             return Reply.text(SUMMARY_TEXT)
-        offered = any((t.get("function") or {}).get("name") == READ_TOOL for t in body.get("tools") or ())
-        refs = REF.findall(json.dumps(body["messages"][-12:]))
+        messages, tools = neutral(body)
+        offered = any((t.get("function") or {}).get("name") == READ_TOOL for t in tools)
+        refs = REF.findall(json.dumps(messages[-12:]))
         if self.made < self.reads and offered and (refs or self.ref):
             self.made += 1
             arguments = json.dumps({"ref": self.ref or refs[-1], "offset": 2000, "length": 8000})
@@ -168,6 +277,7 @@ def run_config(loop: LoopThread, upstream: FakeUpstream, wire: Wire, name: str, 
         transcripts: list[list[Message]] = []
         failed = 0
         carriers: dict[int, int] = {}  # step -> the model's message of that step, in the transcript
+        step_ends: list[int] = []  # after each step: how many requests the upstream had received
         try:
             with httpx.Client(base_url=proxy.url, timeout=120) as http:
                 for index, step in enumerate(run.steps):
@@ -187,9 +297,13 @@ def run_config(loop: LoopThread, upstream: FakeUpstream, wire: Wire, name: str, 
                     for call_id, output in step.outputs.items():
                         transcript.append({"role": "tool", "tool_call_id": call_id, "content": output})
                     loop.run(proxy.app[COMPACTION].idle(), timeout=120)  # background compaction, done before the next step
+                    step_ends.append(len(upstream.requests))
         finally:
             proxy.stop()
-    result = Result(name, wire.prompts(upstream), transcripts, failed)
+    prompts = wire.prompts(upstream)
+    for prompt in prompts:
+        prompt.step = bisect.bisect_right(step_ends, prompt.request)
+    result = Result(name, prompts, transcripts, failed)
     result.plants_left = retention(run, result, transcript, carriers)
     return result
 
@@ -219,23 +333,45 @@ class Pricing:
 
     def tokens(self, messages: list[Message], tools: list[dict[str, Any]]) -> list[int]:
         """Tokens of the tools (first: they come first in the model's prompt), then of each message."""
-        tool_tokens = self.counter.count({"role": "system", "content": json.dumps(tools)}, MODEL) if tools else 0
+        # As the proxy counts them against its window: the schemas as compact JSON text.
+        tool_tokens = self.counter.count_texts([json.dumps(tools, separators=(",", ":"))], MODEL) if tools else 0
         return [tool_tokens, *self.counter.count_many(messages, MODEL)]
 
-    def cost(self, prompts: list[tuple[list[Message], list[dict[str, Any]]]]) -> tuple[int, float]:
-        """(tokens, cache-priced cost) of prompts sent in this order."""
+    def cost(
+        self, prompts: list[tuple[list[Message], list[dict[str, Any]]]], cached_from: list[list[int]] | None = None
+    ) -> tuple[int, float]:
+        """(tokens, cache-priced cost) of prompts sent in this order; `cached_from[i]` names the
+        earlier prompts the cache may still hold for prompt i (default: the one before it)."""
         total, cost = 0, 0.0
-        previous: tuple[list[Message], list[dict[str, Any]]] | None = None
-        for messages, tools in prompts:
+        for i, (messages, tools) in enumerate(prompts):
             counts = self.tokens(messages, tools)
             total += sum(counts)
             cached = 0
-            if previous is not None and previous[1] == tools:
-                shared = _shared_prefix(previous[0], messages)
-                cached = counts[0] + sum(counts[1 : 1 + shared])
+            for j in cached_from[i] if cached_from is not None else ([i - 1] if i else []):
+                if prompts[j][1] == tools:
+                    shared = _shared_prefix(prompts[j][0], messages)
+                    cached = max(cached, counts[0] + sum(counts[1 : 1 + shared]))
             cost += cached * CACHED_PRICE + (sum(counts) - cached)
-            previous = (messages, tools)
         return total, cost
+
+
+def cache_candidates(agent: list[Prompt]) -> list[list[int]]:
+    """For each agent prompt, the earlier ones a provider's prompt cache still holds: the one
+    just before it, and when it is the first of its step, every prompt of the step before (a
+    read-back round's prompt is cached, and so is the prompt it continued, which the next step's
+    prompt extends: the proxy does not replay its rounds)."""
+    out: list[list[int]] = []
+    for i, prompt in enumerate(agent):
+        if i == 0:
+            out.append([])
+        elif agent[i - 1].step == prompt.step:
+            out.append([i - 1])
+        else:
+            j = i - 1
+            while j > 0 and agent[j - 1].step == agent[i - 1].step:
+                j -= 1
+            out.append(list(range(j, i)))
+    return out
 
 
 def _shared_prefix(a: list[Message], b: list[Message]) -> int:
@@ -265,19 +401,24 @@ def figures(result: Result, pricing: Pricing, naive_cost: float, limit: int) -> 
     # A request the API refuses is not billed and caches nothing: it is counted apart.
     agent = [p for p in result.prompts if not p.summary and not p.refused]
     summaries = [p for p in result.prompts if p.summary and not p.refused]
-    tokens, cost = pricing.cost([(p.messages, p.tools) for p in agent])
+    cached_from = cache_candidates(agent)
+    tokens, cost = pricing.cost([(p.messages, p.tools) for p in agent], cached_from)
     summary_tokens = sum(sum(pricing.tokens(p.messages, [])) + pricing.counter.count({"role": "assistant", "content": p.output}, MODEL) for p in summaries)
     extends = pairs = 0
-    breaks: dict[str, int] = defaultdict(int)  # why a prompt did not extend the one before
-    for before, after in zip(agent, agent[1:]):
-        if _summary_of(before) != _summary_of(after):
+    breaks: dict[str, int] = defaultdict(int)  # why a prompt extended none of those the cache holds
+    for i, after in enumerate(agent):
+        earlier = [agent[j] for j in cached_from[i]]
+        if not earlier:
+            continue
+        same_summary = [b for b in earlier if _summary_of(b) == _summary_of(after)]
+        if not same_summary:
             breaks["summary"] += 1
-            continue  # a compaction between them: a new prefix is expected
+            continue  # a compaction (or the window's note) changed in between: a new prefix is expected
         pairs += 1
-        if before.tools == after.tools and after.messages[: len(before.messages)] == before.messages:
+        if any(b.tools == after.tools and after.messages[: len(b.messages)] == b.messages for b in same_summary):
             extends += 1
         else:
-            breaks[_why(before, after)] += 1
+            breaks[_why(same_summary[-1], after)] += 1
     history = [sum(pricing.tokens([m for m in p.messages if m.get("role") != "system"], p.tools)) for p in agent]
     kept = {kind: result.plants_left.get(kind, []) for kind in KINDS}
     left = sum(len(v) for v in kept.values())
@@ -341,24 +482,32 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--only", default="", help="comma-separated configuration names")
+    parser.add_argument("--wire", default=",".join(WIRES), help=f"comma-separated wire formats ({', '.join(WIRES)})")
+    parser.add_argument("--refill", default="", help="comma-separated context.window_refill shares to run each configuration at")
     args = parser.parse_args(argv)
     logging.getLogger("proxy").setLevel(logging.ERROR)  # the table says what failed; warnings would bury it
     run = generate_run(args.steps, args.seed)
     names = [n for n in CONFIGS if not args.only or n in args.only.split(",")]
+    configs = [(name, CONFIGS[name]) for name in names]
+    if args.refill:
+        configs = [(f"{name}, refill {share}", {**overrides, "context": {"window_refill": float(share)}})
+                   for name, overrides in configs for share in args.refill.split(",")]
     loop = LoopThread()
     upstream = FakeUpstream()
     loop.run(upstream.start())
-    wire = ChatWire()
+    tables = []
     try:
-        results = [run_config(loop, upstream, wire, name, CONFIGS[name], run) for name in names]
+        for wire_name in args.wire.split(","):
+            wire = WIRES[wire_name]()
+            results = [run_config(loop, upstream, wire, label, overrides, run) for label, overrides in configs]
+            pricing = Pricing()
+            naive = naive_figures(results[0], pricing, run)
+            rows = [figures(r, pricing, naive["cost"], DEFAULT_LIMIT) for r in results]
+            tables.append(f"### {wire.name}\n\n" + table(rows, naive, run, args.steps))
     finally:
         loop.run(upstream.close())
         loop.stop()
-    pricing = Pricing()
-    naive = naive_figures(results[0], pricing, run)
-    rows = [figures(r, pricing, naive["cost"], DEFAULT_LIMIT) for r in results]
-    print(table(rows, naive, run, args.steps))
-
+    print("\n\n".join(tables))
 
 if __name__ == "__main__":
     main()

@@ -20,6 +20,7 @@ from .config import ConfigError, Settings, load_settings
 from .connections import start_site
 from .errors import ProxyError
 from .logs import configure_logging
+from .settings_doc import reference
 from .store import ConversationExists, open_store
 from .transfer import InvalidExport, dump_from_json, dump_to_json, read_dump
 
@@ -43,7 +44,11 @@ def main(argv: list[str] | None = None) -> int:
         help="overwrite the conversation if the store has it (diskcache: stop the proxy serving that store first)",
     )
     import_.add_argument("file", help="the export file ('-' = stdin)")
+    commands.add_parser("settings", help="print every setting, its default and what it does (markdown)")
     args = parser.parse_args(argv)
+    if args.command == "settings":
+        print(reference())
+        return 0
 
     config = args.config if args.config is not None else ("config.yaml" if Path("config.yaml").is_file() else None)
     server_overrides = {k: v for k in ("host", "port") if (v := getattr(args, k, None)) is not None}

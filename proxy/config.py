@@ -397,8 +397,11 @@ class Settings(BaseSettings):
     knowledge: KnowledgeSettings = KnowledgeSettings()
     inbox: InboxSettings = InboxSettings()
     summarizer: SummarizerSettings = SummarizerSettings()
-    profiles: dict[str, ProfileOverrides] = Field(default_factory=dict)
-    models: dict[str, ModelSettings] = Field(default_factory=dict)
+    profiles: dict[str, ProfileOverrides] = Field(
+        default_factory=dict,
+        description="Named sets of overrides of the per-conversation sections, chosen by X-Context-Profile or a model's profile.",
+    )
+    models: dict[str, ModelSettings] = Field(default_factory=dict, description="Settings per requested model name.")
 
     _profiles: dict[str | None, Profile] = PrivateAttr(default_factory=dict)
 

@@ -27,16 +27,25 @@ def test_the_generator_plants_each_fact_once_where_a_run_names_it():
     assert not occurs("12", "v12.3") and occurs("INV-1234", "as INV-1234;")
 
 
-def test_the_context_bench_prints_its_table():
+def test_the_context_bench_prints_its_table_for_each_wire_format():
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.context", "--steps", "80", "--only", "turns"],
-        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+        [sys.executable, "-m", "bench.context", "--steps", "60", "--only", "turns", "--wire", "chat,responses"],
+        cwd=REPO, capture_output=True, text=True, timeout=240, check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line]
-    assert rows[0].startswith("| configuration | tokens | cost") and len(rows) == 3  # header, naive, turns
-    header = [cell.strip() for cell in rows[0].strip("|").split("|")]
-    turns = dict(zip(header, (cell.strip() for cell in rows[2].strip("|").split("|")), strict=True))
-    assert turns["configuration"] == "turns" and turns["facts kept"].endswith("%")
-    assert all(turns[column].isdigit() for column in ("summaries", "over limit", "refused", "failed"))
-    assert "turns: prompts not extending the one before:" in proc.stdout
+    tables = proc.stdout.split("### ")[1:]
+    assert [t.splitlines()[0] for t in tables] == ["chat completions", "responses"]
+    figures = []
+    for text in tables:
+        rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+        assert rows[0].startswith("| configuration | tokens | cost") and len(rows) == 3  # header, naive, turns
+        header = [cell.strip() for cell in rows[0].strip("|").split("|")]
+        turns = dict(zip(header, (cell.strip() for cell in rows[2].strip("|").split("|")), strict=True))
+        assert turns["configuration"] == "turns" and turns["facts kept"].endswith("%")
+        assert all(turns[column].isdigit() for column in ("summaries", "over limit", "refused", "failed"))
+        assert turns["failed"] == turns["refused"] == "0"
+        assert "turns: prompts not extending the one before:" in text
+        figures.append(turns)
+    # The same run over either wire format: the same summaries and the same facts reach the upstream.
+    chat, responses = figures
+    assert (chat["summaries"], chat["facts kept"]) == (responses["summaries"], responses["facts kept"])

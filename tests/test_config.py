@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from proxy.config import ConfigError, load_settings
+from proxy import settings_doc
+from proxy.config import ConfigError, Settings, load_settings
 from tests.harness import ROOT
 
 
@@ -98,3 +99,15 @@ def test_a_compactor_class_that_does_not_import_stops_start_up_naming_the_settin
     settings = load_settings(None, compaction={"strategy": "turns", "compactor_class": "nowhere.Compactor"})
     with pytest.raises(ConfigError, match=r"compaction\.compactor_class: cannot import"):
         build_app(settings)
+
+
+def test_the_readme_lists_every_setting_as_the_models_describe_it():
+    """The README's settings table is `context-proxy settings`: one place describes a setting."""
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split(settings_doc.START, 1)[1].split(settings_doc.END, 1)[0].strip()
+    assert table == settings_doc.reference()
+    for section, field in Settings.model_fields.items():
+        if section not in ("profiles", "models"):
+            assert all(f"`{section}.{key}`" in table for key in field.annotation.model_fields)
+    done = subprocess.run([sys.executable, "-m", "proxy", "settings"], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == table

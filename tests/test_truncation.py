@@ -285,3 +285,15 @@ def test_tokens_sent_header(proxy, upstream, http):
     tokens = int(response.headers["X-Context-Tokens-Sent"])
     assert 400 < tokens < 2000  # the preview and marker, not the 48k-char output
     assert response.headers["X-Context-Messages-Left-Out"] == "0"
+
+
+def test_reads_past_a_full_window_end_the_turn_not_fail_it(make_proxy, upstream):
+    """Three reads of new ranges in one round: the first takes the room there is, the next find
+    little or none (none once divided by zero: a 500). The round does not fit, so it is not made,
+    and the model's reply goes to the client without our calls."""
+    proxy = make_proxy(context={"history_token_limit": 3000}, truncation={"max_read_rounds": 6})
+    ref = first_turn(proxy, upstream, "full")
+    reads = Reply.tool_calls([read_call(ref, offset, 8000) for offset in (0, 8000, 16000)])
+    text, calls = second_turn(proxy, upstream, "full", reads, Reply.text("done"))
+    assert text == "" and len(calls) == 1
+    assert validate_chat_request(calls[0]) is None

@@ -46,10 +46,12 @@ def fit_quotes(
     budget: int,
     ref_for: Callable[[int], str],
     previously_omitted: int = 0,
+    *,
+    keep_newest: bool = True,
 ) -> tuple[list[QuotedMessage], int]:
     """The quotes a summary carries within `budget` characters, oldest first, and how many of the
     oldest are only counted. Shortens the oldest first (a head and a ref), then counts the oldest
-    shortened ones out; the newest always stays (shortened if it must)."""
+    shortened ones out; the newest always stays (shortened if it must) unless not `keep_newest`."""
     quotes = [*previous, *new]
     omitted = previously_omitted
     total = sum(quoted_chars(q) for q in quotes)
@@ -61,7 +63,7 @@ def fit_quotes(
             total += quoted_chars(shortened) - quoted_chars(message)
             quotes[i] = shortened
     dropped = 0
-    while total > budget and dropped < len(quotes) - 1:
+    while total > budget and dropped < len(quotes) - (1 if keep_newest else 0):
         total -= quoted_chars(quotes[dropped])
         dropped += 1
     return quotes[dropped:], omitted + dropped

@@ -37,11 +37,13 @@ def render_summary(
     *,
     left_out_user_messages: Sequence[QuotedMessage] = (),
     ref_for: Callable[[int], str] | None = None,
+    quote_budget: int | None = None,
 ) -> RenderedSummary | None:
     """The system message for `summary` and the user messages the window leaves out (oldest
     first, after the summary's), or None when there is neither. `ref_for(seq)` names a stored
     message; it is needed only with `left_out_user_messages`, which are shortened within
-    `settings.user_messages_chars` together with the summary's own."""
+    `settings.user_messages_chars` (or the smaller `quote_budget`, where even the newest may end
+    up only counted) together with the summary's own."""
     if summary is None and not left_out_user_messages:
         return None
     quotes = list(summary.user_messages) if summary is not None else []
@@ -49,7 +51,10 @@ def render_summary(
     if left_out_user_messages:
         if ref_for is None:
             raise ValueError("left_out_user_messages need ref_for to shorten them")
-        quotes, omitted = fit_quotes(quotes, left_out_user_messages, settings.user_messages_chars, ref_for, omitted)
+        budget = settings.user_messages_chars if quote_budget is None else min(quote_budget, settings.user_messages_chars)
+        quotes, omitted = fit_quotes(
+            quotes, left_out_user_messages, budget, ref_for, omitted, keep_newest=quote_budget is None
+        )
     parts = [SUMMARY_HEADER + summary.text.strip() if summary is not None else NO_SUMMARY_HEADER.strip()]
     if summary is not None and summary.facts:
         parts.append(FACTS_HEADER + "\n" + "\n".join(f"- {fact.value}" for fact in summary.facts))

@@ -38,6 +38,10 @@ from .base import StageRun, Turn
 from .compaction import SUMMARY
 
 MAX_PASSES = 4
+# The most of the history limit the window's quotes of the user messages it leaves out may take
+# (the rest stays for the history itself), and the characters per token that budget assumes.
+QUOTE_SHARE = 0.25
+CHARS_PER_TOKEN = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,14 +59,25 @@ class TokenWindow:
     name = "window"
 
     async def __call__(self, turn: Turn, items: list[Item]) -> list[Item]:
-        for _ in range(MAX_PASSES):  # the window, then what it left out brought back: converges at once
-            kept, tokens, budget = await self._choose(turn, items)
-            redone = self._keep_what_it_leaves_out(turn, items, kept)
+        # The window, then what it left out brought back (the task pinned, the user's messages
+        # quoted in the note), then the window again with the quotes counted against the limit:
+        # the quotes are bounded, so this settles in a pass or two.
+        n_system = leading_system_count(items)
+        summary = next((item for item in items[:n_system] if item.origin == SUMMARY), None)
+        summary_tokens = sum(await self._count(turn, [summary])) if summary is not None else 0
+        quoted_tokens = 0  # what the window's quotes add to the summary's note
+        quote_budget: int | None = None
+        for attempt in range(MAX_PASSES):
+            kept, tokens, budget, limit = await self._choose(turn, items, quoted_tokens)
+            if quote_budget is None:
+                quote_budget = min(turn.profile.compaction.user_messages_chars, int(limit * QUOTE_SHARE * CHARS_PER_TOKEN))
+            redone = None if attempt == MAX_PASSES - 1 else self._keep_what_it_leaves_out(turn, items, kept, quote_budget)
             if redone is None:
                 break
             items = redone
-        else:
-            turn.notes.pop(self.name, None)  # did not settle: the next turn runs the whole pipeline
+            note = next((item for item in items[:n_system + 1] if item.origin == SUMMARY), None)
+            note_tokens = sum(await self._count(turn, [note])) if note is not None else 0
+            quoted_tokens = max(note_tokens - summary_tokens, 0)
         turn.report.tokens_sent = tokens
         turn.report.token_budget = budget  # the most the prompt may hold, read-back rounds included
         turn.report.messages_left_out += len(items) - len(kept)  # added to: compaction may have left some out
@@ -84,8 +99,9 @@ class TokenWindow:
         turn.notes[self.name] = replace(stepped, history_tokens=history)
         return new
 
-    async def _choose(self, turn: Turn, items: list[Item]) -> tuple[list[int], int, int]:
-        """(the indices of the items to send, the tokens they make, the budget of the prompt)."""
+    async def _choose(self, turn: Turn, items: list[Item], quoted_tokens: int) -> tuple[list[int], int, int, int]:
+        """(the indices of the items to send, the tokens they make, the budget of the prompt, the
+        history limit before `quoted_tokens` of the window's own quotes are taken from it)."""
         n_system = leading_system_count(items)
         head = n_system
         while head < len(items) and items[head].pinned:
@@ -100,7 +116,8 @@ class TokenWindow:
             turn.reply_reserve,
             sum(head_counts[:n_system]) + fixed,
         )
-        limit = max(limit - sum(head_counts[n_system:]), 0)
+        full_limit = limit
+        limit = max(limit - sum(head_counts[n_system:]) - quoted_tokens, 0)
         counts, scan_from = await self._tail_counts(turn, items, head, limit)
         counts[:head] = head_counts
         kept = self._stepped(turn, items, counts, limit, head, scan_from)
@@ -111,7 +128,7 @@ class TokenWindow:
         tokens = fixed + sum(counts[i] for i in kept)
         history = sum(counts[i] for i in kept[head:])
         self._note(turn, items, kept, head, Stepped(None, history, limit, with_read_tool))
-        return kept, tokens, tokens + limit - history
+        return kept, tokens, tokens + limit - history, full_limit
 
     @staticmethod
     def _note(turn: Turn, items: list[Item], kept: list[int], head: int, stepped: Stepped) -> None:
@@ -126,10 +143,11 @@ class TokenWindow:
         turn.notes[TokenWindow.name] = replace(stepped, mark=mark)
 
     @staticmethod
-    def _keep_what_it_leaves_out(turn: Turn, items: list[Item], kept: list[int]) -> list[Item] | None:
+    def _keep_what_it_leaves_out(turn: Turn, items: list[Item], kept: list[int], budget: int) -> list[Item] | None:
         """The user's words are never left out without a trace: a task the window would leave out
         is pinned instead, and the user messages it leaves out are quoted in the summary's note
-        (made if there is no summary yet). The new items to choose from, or None if nothing changes."""
+        (made if there is no summary yet) within `budget` characters, past which the oldest are
+        shortened, then only counted. The new items to choose from, or None if nothing changes."""
         n_system = leading_system_count(items)
         head = n_system
         while head < len(items) and items[head].pinned:
@@ -144,7 +162,7 @@ class TokenWindow:
         quotes = [quote(item.seq, turn.codec.text(item)) for item in left_out]  # type: ignore[arg-type]
         rendered = render_summary(
             turn.summary, turn.profile.compaction, left_out_user_messages=quotes,
-            ref_for=lambda seq: turn.refs.make(turn.key, seq),
+            ref_for=lambda seq: turn.refs.make(turn.key, seq), quote_budget=budget,
         )
         assert rendered is not None
         note = turn.codec.system_note(rendered.text).but(ref=next(iter(rendered.refs.values()), None), origin=SUMMARY)

@@ -117,8 +117,11 @@ class ReadBack:
         return f"[{ref}: characters {offset}-{end} of {len(text)}{cut}; {where}]\n{text[offset:end]}"
 
     def _fit(self, text: str, offset: int, end: int, room: int) -> int:
-        """The largest end (a few tries, each scaled by the measured overshoot) within `room` tokens."""
+        """The largest end (a few tries, each scaled by the measured overshoot) within `room` tokens
+        (`offset` itself when there is no room: then nothing is shown)."""
         for _ in range(4):
+            if room <= 0 or end <= offset:
+                return offset
             tokens = self.measure(text[offset:end])
             if tokens <= room:
                 return end
