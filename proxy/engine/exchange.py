@@ -59,6 +59,7 @@ class Exchange:
         self.tools: dict[str, ProxyTool] = {}  # the proxy's own tools offered this turn, by name
         self.internal_tokens = 0  # what the read-back rounds so far add to the prompt
         self._call_started = 0.0
+        self._calls_before = turn.ledger.call_number - 1  # the conversation's upstream calls before this turn
 
     @property
     def ours(self) -> frozenset[str]:
@@ -94,7 +95,7 @@ class Exchange:
             items = await fast.rewrite(self.turn, plan, self.writer.pending, self.pipeline)
         else:
             items = await self.pipeline(self.turn, plan.items(self.dialect.codec, self.writer.pending))
-        await self.turn.store.mark_forwarded(self.turn.key, self.turn.ledger.new_marks)
+        self.writer.forwarded = self.turn.ledger.new_marks  # kept with the turn's end
         self.items = items
         self.writer.report = self.report  # from now on the turn's record is kept with it
         if fast is not None:
@@ -116,7 +117,9 @@ class Exchange:
             raise
         if ledger.exhausted:
             self.report.quota_warning = f"LLM call quota exhausted ({ledger.settings.max_llm_calls} calls)"
-        calls = await self.turn.store.count_llm_call(self.turn.key)
+        # Counted with the turn's end (one write): under the conversation's lock nobody else counts.
+        self.writer.llm_calls += 1
+        calls = self._calls_before + self.writer.llm_calls
         ledger.call_number = calls + 1
         self.report.llm_calls = calls
         self.report.llm_call_limit = ledger.settings.max_llm_calls

@@ -392,9 +392,13 @@ class DiskStore:
 
     def _change_statuses(self, key: ConversationKey, raw: dict[str, Any], changes: dict[int, str]) -> None:
         """Set message statuses and keep the record's live index in step; `raw` is not saved."""
+        records = {seq: self._cache.get(_msg_key(key, seq)) for seq in changes}
+        missing = [seq for seq, record in records.items() if record is None]
+        if missing:  # before anything is changed (the caller's transaction rolls back the rest)
+            raise KeyError(f"{key}: no message {missing[0]}")
         live = dict(raw["live"])
         for seq, status in changes.items():
-            record = self._cache.get(_msg_key(key, seq))
+            record = records[seq]
             record["status"] = status
             self._cache.set(_msg_key(key, seq), record)
             if status == LIVE:
@@ -415,11 +419,15 @@ class DiskStore:
         reply: Sequence[tuple[Message, str]],
         reply_status: str,
         record: Mapping[str, Any] | None,
+        *,
+        llm_calls: int = 0,
+        forwarded: Mapping[int, int] | None = None,
     ) -> int | None:
         if not set(changes.values()) <= STATUSES or (reply and reply_status not in STATUSES):
             raise ValueError("unknown status")
         return await self._write(
-            self._finish_turn, key, dict(changes), list(reply), reply_status, dict(record) if record else None
+            self._finish_turn, key, dict(changes), list(reply), reply_status, dict(record) if record else None,
+            llm_calls, dict(forwarded or {}),
         )
 
     def _finish_turn(
@@ -429,8 +437,13 @@ class DiskStore:
         reply: list[tuple[Message, str]],
         reply_status: str,
         record: dict[str, Any] | None,
+        llm_calls: int = 0,
+        forwarded: dict[int, int] | None = None,
     ) -> int | None:
         def end(raw: dict[str, Any]) -> int | None:  # one load and one save of the record per turn
+            raw["llm_calls"] += llm_calls
+            if forwarded:
+                raw["first_forwarded"].update(forwarded)
             self._change_statuses(key, raw, changes)
             seq = None
             if reply:
@@ -881,7 +894,7 @@ def _count_call(raw: dict[str, Any]) -> int:
 
 def _conversation(key: ConversationKey, raw: dict[str, Any]) -> Conversation:
     return Conversation(
-        key, raw["created_at"], raw["updated_at"], raw["next_seq"], [tuple(x) for x in raw["live"]],
+        key, raw["created_at"], raw["updated_at"], raw["next_seq"], list(map(tuple, raw["live"])),
         raw["llm_calls"], dict(raw["first_forwarded"]), frozenset(raw["rewritten"]),
         raw["boundary"], raw["summary_id"], dict(raw.get("marks") or {}), raw["turns"],
         len(raw.get("inbox_open", ())), frozenset(raw.get("inbox_at", ())),

@@ -236,12 +236,20 @@ return 1
 FINISH_TURN = PRELUDE + """
 -- ARGV[4] = reply status, ARGV[5] = n, the number of reply items, ARGV[6 .. 5+2n] = their (body, hash)
 -- pairs, then the reply's response id ('' = none), then the turn record's JSON ('' = none), then
--- (seq, status) changes. Returns the reply's first seq.
+-- the turn's upstream calls, then f and f (seq, calls) first-forwarded marks, then (seq, status)
+-- changes. Returns the reply's first seq.
 local n = tonumber(ARGV[5])
 local record_at = 7 + 2 * n
-local refused = check_statuses(record_at + 1)
+local calls, f = tonumber(ARGV[record_at + 1]), tonumber(ARGV[record_at + 2])
+local changes_at = record_at + 3 + 2 * f
+local refused = check_statuses(changes_at)
 if refused then return refused end
-set_statuses(record_at + 1)
+if calls > 0 then
+  ensure()
+  redis.call('HINCRBY', meta, 'llm_calls', calls)
+end
+for i = record_at + 3, changes_at - 1, 2 do redis.call('HSET', fwd, ARGV[i], ARGV[i + 1]) end
+set_statuses(changes_at)
 local seq = false
 if n > 0 then seq = append(ARGV[4], 6, record_at - 2) end
 local response_id = ARGV[record_at - 1]
@@ -765,6 +773,9 @@ class RedisStore:
         reply: Sequence[tuple[Message, str]],
         reply_status: str,
         record: Mapping[str, Any] | None,
+        *,
+        llm_calls: int = 0,
+        forwarded: Mapping[int, int] | None = None,
     ) -> int | None:
         if not set(changes.values()) <= STATUSES or (reply and reply_status not in STATUSES):
             raise ValueError("unknown status")
@@ -773,7 +784,11 @@ class RedisStore:
         pairs = [x for seq, st in changes.items() for x in (seq, st)]
         record_json = _dumps(dict(record)) if record is not None else ""
         response_id = str((record or {}).get("response_id") or "")
-        args = self._args(key, reply_status, len(reply), *items, response_id, record_json, *pairs, stamp=stamp)
+        marks = [x for seq, calls in (forwarded or {}).items() for x in (seq, calls)]
+        args = self._args(
+            key, reply_status, len(reply), *items, response_id, record_json, llm_calls, len(marks) // 2, *marks, *pairs,
+            stamp=stamp,
+        )
         with _missing_as_key_error(key):
             seq = await self._finish_turn(keys=self._keys(key), args=args)
         return None if seq is None else int(seq)
