@@ -150,6 +150,7 @@ class Engine:
             self.prefixes.remember(key, raws, hashes, size=request.size)
         model = dialect.model(body)
         profile = request.profile
+        await self.counter.ready(model)  # its tokenizer, on its first use, in a thread
 
         async with self.store.lock(key):
             conversation = await self.store.get(key)

@@ -37,8 +37,8 @@ from ..transcript import Item, unit_start
 from ..upstream import EncodedBody
 from .report import TurnReport
 
-MAX_BYTES = 24 * 2**20  # upstream bodies held, over every conversation
-MAX_CONVERSATIONS = 4096
+MAX_BYTES = 12 * 2**20  # upstream bodies held, over every conversation (and their items: see Memo.size)
+MAX_CONVERSATIONS = 512
 
 # What the pipeline's stages fill in of a turn's report: carried from one turn to the next.
 # (Not what is the turn's own: the cuts it moved, inbox deliveries, the knowledge shown, repairs
