@@ -37,6 +37,7 @@ from ..tokens import TokenCounter
 from ..tools import standing
 from ..tools.readback import READ_TOOL_SPEC
 from ..turns import TurnWriter
+from ..upstream import HttpUpstream
 from ..upstream.router import UpstreamRouter
 from .exchange import Exchange
 from .fastpath import FastPath, FastTurn
@@ -190,25 +191,27 @@ class Engine:
             upstream = self.router.for_model(model)
             if request.anchor_seq is not None:
                 body = dialect.detach_anchor(body)  # the history goes from our store: the upstream needs none
-            fast = None
+            fast = None  # the previous turn's work reused (see fastpath.py): full-history turns only
             if conversation is not None and request.history == "full" and request.anchor_seq is None and request.compaction is None:
-                settings = (reply_reserve, fixed_tokens, proxy_tool_tokens, tuple(standing_tools), request.knowledge_namespace)
-                fast = self.fastpath.turn(key, parsed, FastTurn.settings_of(profile, model, dialect, settings))
+                fixed = (reply_reserve, fixed_tokens, proxy_tool_tokens, tuple(standing_tools), request.knowledge_namespace)
+                fast = self.fastpath.turn(
+                    key, parsed, FastTurn.settings_of(profile, model, dialect, fixed), encode=isinstance(upstream, HttpUpstream)
+                )
             else:
                 self.fastpath.forget(key)
             exchange = Exchange(
                 turn, writer, dialect, body, dialect.streaming(body), self.pipeline, upstream, sink, self.metrics, fast
             )
-            outcome = None
+            ended_well = False
             try:
                 outcome = await exchange.run()
+                ended_well = 200 <= outcome.status < 300 and report.stream_error is None
             finally:
                 await writer.settled()  # the next turn of this conversation must see every write of this one
                 if report.marks:  # a cut moved: the next turns start from it
                     await self.store.set_marks(key, report.marks)
                 if fast is not None:
-                    ok = outcome is not None and 200 <= outcome.status < 300 and report.stream_error is None
-                    fast.done(turn, report, ok and writer.ended == (LIVE, LIVE))
+                    fast.done(turn, report, ended_well and writer.ended == (LIVE, LIVE))
         if request.compaction is None and profile.compaction.background and 200 <= outcome.status < 300:
             self.compaction.schedule(job)  # after the reply: never on the request's critical path
         return outcome

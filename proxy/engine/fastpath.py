@@ -117,9 +117,12 @@ class FastPath:
         self.taken = 0  # turns that took the fast path (for tests and the bench)
         self.declined = 0  # turns that had a memo and still ran the whole pipeline
 
-    def turn(self, key: ConversationKey, parsed: ParsedBody | None, settings: tuple[Any, ...]) -> FastTurn | None:
+    def turn(
+        self, key: ConversationKey, parsed: ParsedBody | None, settings: tuple[Any, ...], encode: bool = True
+    ) -> FastTurn | None:
         """This turn's fast path: one that may reuse the conversation's memo, else one that only
-        makes the next memo; None when this request can't make one (no body entry to extend)."""
+        makes the next memo; None when this request can't make one (no body entry to extend).
+        `encode`: the upstream sends JSON bytes (HTTP), so the body's bytes are reused too."""
         if not self.enabled or parsed is None or parsed.entry is None:
             self.forget(key)
             return None
@@ -128,7 +131,7 @@ class FastPath:
             memo = None
         if memo is not None:
             self._memos.move_to_end(key)
-        return FastTurn(self, key, parsed.entry, settings, memo)
+        return FastTurn(self, key, parsed.entry, settings, memo, encode)
 
     def keep(self, key: ConversationKey, memo: Memo) -> None:
         self.forget(key)
@@ -150,8 +153,11 @@ class FastTurn:
     """One turn's use of the fast path: `rewrite` (the prompt), `upstream_body` (its bytes), then
     `done` once the turn ended well, which keeps what the next turn reuses."""
 
-    def __init__(self, owner: FastPath, key: ConversationKey, entry: BodyEntry, settings: tuple[Any, ...], memo: Memo | None) -> None:
-        self.owner, self.key, self.entry, self.settings, self.memo = owner, key, entry, settings, memo
+    def __init__(
+        self, owner: FastPath, key: ConversationKey, entry: BodyEntry, settings: tuple[Any, ...], memo: Memo | None,
+        encode: bool = True,
+    ) -> None:
+        self.owner, self.key, self.entry, self.settings, self.memo, self.encode = owner, key, entry, settings, memo, encode
         self.taken = False
         self.wire: Wire | None = None
         self._tail: list[Item] = []
@@ -225,6 +231,8 @@ class FastTurn:
     def upstream_body(self, dialect: Dialect, body: dict[str, Any], items: list[Item], tools: Sequence[ToolSpec]) -> dict[str, Any]:
         """The first upstream call's body: the previous one with the new items spliced in, when
         the fast path was taken and the same tools go; else made whole (and split for next time)."""
+        if not self.encode:  # an upstream that reads the dict (litellm) may edit it: nothing of it is kept
+            return dialect.upstream_body(body, items, tools)
         names = tuple(t.name for t in tools)
         previous = self.memo.wire if self.taken and self.memo is not None else None
         if previous is not None and previous.tools == names:
