@@ -38,11 +38,13 @@ from .state import (
     SETTINGS,
     STORE,
     SUMMARIZER,
+    TELEMETRY,
     TRAJECTORIES,
     UPSTREAM,
 )
 from .store import Store, StoreError, open_store
 from .summarizer import Summarizer
+from .telemetry import check_telemetry, open_telemetry
 from .tokens import TokenCounter
 from .trajectory_files import TrajectoryWriter
 from .upstream import HttpUpstream
@@ -108,7 +110,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     )
     # Load the token-count tables now, in a thread: the first request must not stall the loop on it.
     await asyncio.to_thread(app[COUNTER].warm, WARM_MODELS)
-    app[SUMMARIZER] = Summarizer(settings.summarizer, route=router.for_model)
+    telemetry = app[TELEMETRY] = open_telemetry(settings)
+    app[SUMMARIZER] = Summarizer(settings.summarizer, route=router.for_model, telemetry=telemetry)
     trajectories = app[TRAJECTORIES] = TrajectoryWriter(
         settings.storage.trajectory_dir, app[STORE], app[REFS],
         cache_bytes=int(settings.storage.trajectory_cache_mb * 2**20), failures=app[METRICS].trajectory_failures,
@@ -118,7 +121,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     )
     app[ENGINE] = Engine(
         settings, app[STORE], app[PIPELINE], app[COUNTER], app[REFS], app[SUMMARIZER], app[COMPACTION], router,
-        app[PREFIXES], app[METRICS],
+        app[PREFIXES], app[METRICS], telemetry,
     )
     log.info(
         "started",
@@ -126,6 +129,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
             "store": settings.storage.backend,
             "upstream": redacted(settings.upstream.base_url),
             "pipeline": app[PIPELINE].describe(),
+            "traces": telemetry.enabled,
         },
     )
     try:
@@ -135,6 +139,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
             second_look.cancel()
         await app[COMPACTION].close()
         await trajectories.close()  # after compaction (a summary marks its file due), before the store
+        await telemetry.close()  # after the compactions: their spans go too
         await router.close()
         await upstream.close()
         await app[STORE].close()
@@ -173,6 +178,7 @@ async def metrics_handler(request: web.Request) -> web.Response:
 def build_app(settings: Settings) -> web.Application:
     """The proxy's app; raises ConfigError for a setting only start-up can check (user code)."""
     check_compactors(settings)
+    check_telemetry(settings)
     # The request log wraps the error boundary so that it logs the status the client really got;
     # the guard looks at headers only, before the connection's bounds read the body.
     app = web.Application(

@@ -372,6 +372,28 @@ class ModelSettings(Section):
         return self
 
 
+class TelemetrySettings(Section):
+    otlp_endpoint: str | None = Field(
+        None,
+        description="OTLP/HTTP collector for traces: a base URL (http://host:4318, traces go to its /v1/traces) "
+        "or the full traces URL; null = the OTEL_EXPORTER_OTLP_* variables decide (unset: no traces).",
+    )
+    capture_content: bool = Field(
+        False, description="Put message contents on the spans (gen_ai.input/output.messages): they may hold secrets."
+    )
+    service_name: str = Field("context-proxy", min_length=1, description="The spans' service.name, unless OTEL_SERVICE_NAME sets one.")
+    max_attribute_chars: int = Field(
+        32768, ge=256, le=10_000_000, description="Longest span attribute value: captured contents are cut to it."
+    )
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL (OTLP over HTTP)")
+        return value
+
+
 class LoggingSettings(Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
 
@@ -390,6 +412,7 @@ class Settings(BaseSettings):
     conversation: ConversationSettings = ConversationSettings()
     admin: AdminSettings = AdminSettings()
     logging: LoggingSettings = LoggingSettings()
+    telemetry: TelemetrySettings = TelemetrySettings()
     context: ContextSettings = ContextSettings()
     truncation: TruncationSettings = TruncationSettings()
     compaction: CompactionSettings = CompactionSettings()

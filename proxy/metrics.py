@@ -32,12 +32,20 @@ class Metrics:
         )
         self.tokens_sent = Counter("context_proxy_tokens_sent", "Prompt tokens sent upstream (our count)", registry=r)
         self.usage_tokens = Counter(
-            "context_proxy_usage_tokens", "Tokens the upstream reported in usage", ["kind"], registry=r
+            "context_proxy_usage_tokens",
+            "Tokens the upstream reported in usage, by its own names; cache_read_input_tokens and "
+            "cache_creation_input_tokens: the prompt tokens served from / written to its prompt cache, in every format",
+            ["kind"], registry=r,
         )
         self.tokens_saved = Counter(
             "context_proxy_tokens_saved",
             "Prompt tokens the pipeline kept out of the upstream prompt (estimated at 4 characters a token)",
             ["stage"], registry=r,
+        )
+        self.failed_turns = Counter(
+            "context_proxy_failed_turns",
+            "Turns that failed or ended incomplete, by who ended them (upstream, proxy, client) and the HTTP status",
+            ["source", "status"], registry=r,
         )
         self.stream_errors = Counter(
             "context_proxy_stream_errors", "Streamed replies that broke off (upstream error event, cut, limit)", registry=r

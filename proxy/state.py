@@ -14,6 +14,7 @@ from .prefix import PrefixCache
 from .refs import RefSigner
 from .store import Store
 from .summarizer import Summarizer
+from .telemetry import Telemetry
 from .tokens import TokenCounter
 from .trajectory_files import TrajectoryWriter
 from .upstream import HttpUpstream
@@ -33,6 +34,7 @@ ROUTER = web.AppKey("router", UpstreamRouter)
 PREFIXES = web.AppKey("prefixes", PrefixCache)
 ENGINE = web.AppKey("engine", Engine)
 TRAJECTORIES = web.AppKey("trajectories", TrajectoryWriter)
+TELEMETRY = web.AppKey("telemetry", Telemetry)
 
 # Per request: the conversation it was routed to, and what the request log line adds.
 CONVERSATION = web.RequestKey("conversation", ConversationKey)

@@ -17,7 +17,7 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -26,6 +26,7 @@ from typing import Any
 from .config import SummarizerSettings
 from .errors import ProxyError
 from .inflight import InFlight
+from .telemetry import NO_TELEMETRY, Telemetry
 from .upstream import Upstream
 
 log = logging.getLogger("proxy.summarizer")
@@ -67,10 +68,17 @@ class Completion:
 
 
 class Summarizer:
-    def __init__(self, settings: SummarizerSettings, route: Callable[[str], Upstream], inflight: InFlight | None = None) -> None:
+    def __init__(
+        self,
+        settings: SummarizerSettings,
+        route: Callable[[str], Upstream],
+        inflight: InFlight | None = None,
+        telemetry: Telemetry = NO_TELEMETRY,
+    ) -> None:
         self.settings = settings
         self.route = route  # model name -> the upstream that serves it
         self.inflight = inflight or InFlight()  # the agent's requests, which summaries may yield to
+        self.telemetry = telemetry  # each call is a span of its own when traces are on
         self.failures = 0
 
     def model_for(self, request_model: str) -> str:
@@ -102,24 +110,27 @@ class Summarizer:
             limit: max_tokens,
         }
         upstream = self.route(model)
-        try:
-            if self.settings.yield_to_agent:
-                call = self.inflight.background(upstream, lambda: self._call(upstream, body, headers))
-            else:
-                call = self._call(upstream, body, headers)
-            completion = await asyncio.wait_for(call, self.settings.timeout_s)
-            if source is not None and echoes(completion.text, system + "\n" + source):
-                raise SummarizerFailed("the answer echoes the prompt instead of summarizing it")
+        with self.telemetry.summarizer_call(model, system, user) as trace:
+            traced = trace.headers(headers)
+            try:
+                if self.settings.yield_to_agent:
+                    call = self.inflight.background(upstream, lambda: self._call(upstream, body, traced))
+                else:
+                    call = self._call(upstream, body, traced)
+                completion = await asyncio.wait_for(call, self.settings.timeout_s)
+                if source is not None and echoes(completion.text, system + "\n" + source):
+                    raise SummarizerFailed("the answer echoes the prompt instead of summarizing it")
+            except (ProxyError, SummarizerFailed, TimeoutError, ValueError, KeyError, IndexError, TypeError) as exc:
+                self.failures += 1
+                reason = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+                log.warning("summarizer failed: %s", reason, extra={"model": model})
+                if isinstance(exc, PromptTooLong) or (isinstance(exc, ProxyError) and _too_long(exc.code, exc.message)):
+                    raise PromptTooLong(reason) from None
+                raise SummarizerFailed(reason) from None
+            trace.done(completion.text, completion.tokens_in, completion.tokens_out)
             return completion
-        except (ProxyError, SummarizerFailed, TimeoutError, ValueError, KeyError, IndexError, TypeError) as exc:
-            self.failures += 1
-            reason = getattr(exc, "message", None) or str(exc) or type(exc).__name__
-            log.warning("summarizer failed: %s", reason, extra={"model": model})
-            if isinstance(exc, PromptTooLong) or (isinstance(exc, ProxyError) and _too_long(exc.code, exc.message)):
-                raise PromptTooLong(reason) from None
-            raise SummarizerFailed(reason) from None
 
-    async def _call(self, upstream: Upstream, body: dict[str, Any], headers: dict[str, str]) -> Completion:
+    async def _call(self, upstream: Upstream, body: dict[str, Any], headers: Mapping[str, str]) -> Completion:
         reply = await upstream.chat(body, headers)
         try:
             data = await reply.read()

@@ -60,6 +60,7 @@ def dump_to_json(dump: ConversationDump) -> dict[str, Any]:
         "boundary": c.boundary,
         "summary_id": c.summary_id,
         "marks": c.marks,
+        **c.description(),
         "messages": [
             {"seq": m.seq, "status": m.status, "hash": m.hash, "created_at": m.created_at, "message": m.message}
             for m in dump.messages
@@ -106,6 +107,14 @@ def dump_from_json(doc: Any) -> ConversationDump:
             boundary=_int(doc["boundary"]),
             summary_id=_optional_int(doc["summary_id"]),
             marks={_str(name): _int(seq) for name, seq in _object(doc["marks"]).items()},
+            # What describes it to people: absent from the exports of a proxy before these fields.
+            title=_optional_str(doc.get("title")),
+            task=_optional_str(doc.get("task")),
+            model=_optional_str(doc.get("model")),
+            client=_optional_str(doc.get("client")),
+            turns=len(_list(doc["turns"])),
+            failures=_int(doc.get("failures", 0)),
+            last_error=None if doc.get("last_error") is None else _object(doc["last_error"]),
         )
         turns = [_object(t) for t in _list(doc["turns"])]
         responses = {_str(rid): _int(seq) for rid, seq in _object(doc["responses"]).items()}
@@ -129,6 +138,10 @@ def _inbox_message(raw: dict[str, Any]) -> InboxMessage:
 
 def _optional_int(value: Any) -> int | None:
     return None if value is None else _int(value)
+
+
+def _optional_str(value: Any) -> str | None:
+    return None if value is None else _str(value)
 
 
 def _name(value: Any, what: str) -> str:

@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 from openai import AsyncOpenAI, OpenAI
 
-from tests.fake_upstream import FakeUpstream, running_in_thread
+from tests.fake_upstream import FakeUpstream, Reply, running_in_thread
 from tests.harness import (
     LoopThread,
     ProxyProcess,
@@ -29,9 +29,9 @@ from tests.redis_server import RedisServer
 ALICE = "sk-test-alice-0123456789"
 BOB = "sk-test-bob-9876543210"
 
-# A developer's own settings must not leak into the tests.
+# A developer's own settings must not leak into the tests (nor their OpenTelemetry collector).
 for name in list(os.environ):
-    if name.startswith("CONTEXT_PROXY_"):
+    if name.startswith(("CONTEXT_PROXY_", "OTEL_")):
         del os.environ[name]
 
 
@@ -209,3 +209,19 @@ def raw_upstream_of(servers: LoopThread) -> Iterator[Callable[[bytes], str]]:
 
     for server in started:
         servers.run(stop(server))
+
+
+def leave_mid_stream(
+    http: httpx.Client, upstream: FakeUpstream, conversation_id: str, text: str, content: str = "go", lines: int = 1
+) -> tuple[Reply, list[str]]:
+    """A streamed chat turn whose client hangs up after `lines` data lines, while the upstream is
+    held mid-reply (the reply, still held: `release()` it; and the lines the client read)."""
+    reply = Reply.text(text, chunk_size=4, pause_after_chunks=4)
+    upstream.enqueue(reply)
+    headers = {"Authorization": f"Bearer {ALICE}", "X-Conversation-ID": conversation_id}
+    body = {"model": "m", "messages": [{"role": "user", "content": content}], "stream": True}
+    with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
+        data_lines = (line for line in r.iter_lines() if line.startswith("data: "))
+        read = [next(data_lines) for _ in range(lines)]
+        assert reply.reached.wait(10)  # the upstream is held at its pause point right now
+    return reply, read

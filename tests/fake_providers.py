@@ -26,6 +26,8 @@ from typing import Any, Literal
 
 from aiohttp import web
 
+from tests.harness import serve_on_loopback
+
 ANTHROPIC_PARAMS = frozenset(
     {
         "model",
@@ -274,11 +276,7 @@ class FakeProvider:
     async def start(self) -> None:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         self.routes(app)
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
+        self._runner, self.port = await serve_on_loopback(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
 
     async def close(self) -> None:
         if self._runner is not None:

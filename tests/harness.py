@@ -45,6 +45,14 @@ class LoopThread:
         self._thread.join(10)
 
 
+async def serve_on_loopback(app: web.Application, **runner_options: Any) -> tuple[web.AppRunner, int]:
+    """Serve `app` on 127.0.0.1:<a free port>; returns its runner (cleanup() stops it) and the port."""
+    runner = web.AppRunner(app, **runner_options)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, runner.addresses[0][1]
+
+
 class ProxyServer:
     """The proxy app served by aiohttp on 127.0.0.1:<free port>, in the loop thread."""
 

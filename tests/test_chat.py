@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from tests.conftest import ALICE, async_openai_client, live_messages, openai_client, trajectory
+from tests.conftest import ALICE, async_openai_client, leave_mid_stream, live_messages, openai_client, trajectory
 from tests.fake_upstream import Reply
 
 SYSTEM = {"role": "system", "content": "You are a careful agent."}
@@ -110,14 +110,9 @@ def test_stream_reaches_the_client_before_the_upstream_finishes(proxy, upstream,
 
 
 def test_client_leaving_mid_stream_leaves_the_partial_reply_incomplete(proxy, upstream, http):
-    reply = Reply.text("a long answer that the client will never read to the end", chunk_size=4, pause_after_chunks=4)
-    upstream.enqueue(reply)
+    text = "a long answer that the client will never read to the end"
+    reply, first_three = leave_mid_stream(http, upstream, "walked-away", text, lines=3)
     headers = {"Authorization": f"Bearer {ALICE}", "X-Conversation-ID": "walked-away"}
-    body = {"model": "m", "messages": [{"role": "user", "content": "go"}], "stream": True}
-    with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
-        data_lines = (line for line in r.iter_lines() if line.startswith("data: "))
-        first_three = [next(data_lines) for _ in range(3)]
-        assert reply.reached.wait(10)
     assert "".join(json.loads(x[6:])["choices"][0]["delta"].get("content") or "" for x in first_three)
     # The client's connection is closed now. The next turn waits for the first one to end (one
     # turn at a time per conversation), so by then the partial reply is stored.

@@ -58,6 +58,22 @@ def test_metrics_count_what_the_traffic_did(make_proxy, upstream):
     assert value(samples, "context_proxy_upstream_seconds_count") == 3
     assert value(samples, "context_proxy_added_seconds_count") == 3
     assert value(samples, "context_proxy_active_conversations") == 1
+    assert value(samples, "context_proxy_failed_turns_total", source="proxy", status="429") == 1
+
+
+def test_failed_turns_and_cache_reads_are_counted(make_proxy, upstream):
+    proxy = make_proxy()
+    upstream.enqueue(Reply.error(500, {"error": {"message": "upstream broke", "type": "server_error"}}))
+    client = openai_client(proxy, headers={"X-Conversation-ID": "cached"})
+    with pytest.raises(openai.InternalServerError):
+        client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "go"}])
+    first = client.responses.create(model="gpt-4o-mini", input="a task", prompt_cache_key="cached")
+    second = client.responses.create(model="gpt-4o-mini", input="more", previous_response_id=first.id, prompt_cache_key="cached")
+    samples = scrape(proxy)
+    assert value(samples, "context_proxy_failed_turns_total", source="upstream", status="500") == 1
+    cached = first.usage.input_tokens_details.cached_tokens + second.usage.input_tokens_details.cached_tokens
+    assert cached > 0 and value(samples, "context_proxy_usage_tokens_total", kind="cache_read_input_tokens") == cached
+    assert value(samples, "context_proxy_usage_tokens_total", kind="input_tokens") == first.usage.input_tokens + second.usage.input_tokens
 
 
 def test_one_json_log_line_per_request_without_secrets(proxy, upstream, caplog):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 
+import httpx
 import pytest
 
 from tests.agents_sdk import run_tests_agent
@@ -233,3 +234,24 @@ def test_compaction_reads_a_responses_conversation_through_its_codec(make_proxy,
     note = sent[1]["content"][0]["text"]
     assert sent[1]["role"] == "system" and "The agent ran make." in note
     assert "never touch legacy/ please" in note  # the user's own words, carried by the proxy
+
+
+def test_a_tool_loop_counts_about_the_same_tokens_in_either_wire_format(make_proxy, upstream):
+    """The window's limit means the same over Responses as over chat completions: a function call
+    and its output are counted with their call id and framing, as chat's tool_calls are."""
+    proxy = make_proxy(context={"history_token_limit": 1_000_000})
+    calls = [f"call_{i:024d}" for i in range(12)]
+    chat = [{"role": "user", "content": "run the checks"}]
+    items = [{"type": "message", "role": "user", "content": "run the checks"}]
+    for i, call in enumerate(calls):
+        arguments = json.dumps({"cmd": f"check --part {i}"})
+        chat += [{"role": "assistant", "content": None, "tool_calls": [{"id": call, "type": "function", "function": {"name": "sh", "arguments": arguments}}]},
+                 {"role": "tool", "tool_call_id": call, "content": f"part {i}: ok"}]
+        items += [{"type": "function_call", "call_id": call, "name": "sh", "arguments": arguments},
+                  {"type": "function_call_output", "call_id": call, "output": f"part {i}: ok"}]
+    headers = {"Authorization": "Bearer sk-alice"}
+    sent_chat = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "gpt-4o-mini", "messages": chat},
+                           headers={**headers, "X-Conversation-ID": "count-chat"}).headers["X-Context-Tokens-Sent"]
+    sent_responses = httpx.post(f"{proxy.url}/v1/responses", json={"model": "gpt-4o-mini", "input": items, "store": False},
+                                headers={**headers, "X-Conversation-ID": "count-responses"}).headers["X-Context-Tokens-Sent"]
+    assert abs(int(sent_responses) - int(sent_chat)) <= 0.02 * int(sent_chat)

@@ -307,10 +307,12 @@ async def a_conversation_with_everything(store: Store, key: ConversationKey) -> 
     pending = await add(store, key, ["q1"], PENDING)
     reply = {"role": "assistant", "content": "a1", "tool_calls": [], "unknown_field": {"kept": [1, 2.5, None]}}
     reasoning = {"type": "reasoning", "id": "rs_1"}  # a reply of two items, named by a response id
-    record = {"sent_seqs": [1, 2, 3], "llm_calls": 1, "response_id": "resp_1"}
+    record = {"sent_seqs": [1, 2, 3], "llm_calls": 1, "response_id": "resp_1", "model": "m", "client": "curl 8", "task": "task"}
     await store.finish_turn(key, {pending[0]: LIVE}, [(reasoning, "h"), (reply, message_hash(reply))], LIVE, record)
     refused = await add(store, key, ["q2"], PENDING)
-    await store.finish_turn(key, {refused[0]: FAILED}, [], FAILED, {"sent_seqs": [], "status": "failed"})
+    error = {"status": 500, "message": "upstream broke", "source": "upstream"}
+    await store.finish_turn(key, {refused[0]: FAILED}, [], FAILED, {"sent_seqs": [], "status": "failed", "error": error})
+    await store.set_title(key, "everything")
     await add(store, key, ["edited away"])
     await store.set_statuses(key, {7: SUPERSEDED})
     await add(store, key, ["branch", "é ünicode ✓"])
@@ -344,6 +346,8 @@ async def test_import_writes_exactly_what_was_exported_and_the_conversation_goes
     assert (copied.inbox_open, copied.inbox_anchors) == (1, frozenset({2}))  # the waiting one is still due
     everyone, _ = await store.list_conversations(None)
     assert [c.key for c in everyone] == [C, A]  # an import lists as the newest
+    failed, _ = await store.list_conversations(C.tenant, failed=True)
+    assert [c.key for c in failed] == [C] and failed[0].title == "everything" and failed[0].failures == 1
     assert [c.key for c in await store.find("copy")] == [C]
 
     # It continues where it was: seqs, summary ids, turn numbers and the call count go on.
@@ -367,7 +371,7 @@ async def test_import_refuses_a_taken_key_unless_told_to_replace(store):
     assert await read_dump(store, C) == moved(dump, C)
     first = dataclasses.replace(
         dump.conversation, key=C, next_seq=2, live=dump.conversation.live[:1], first_forwarded={},
-        rewritten=frozenset(), boundary=0, summary_id=None, marks={},
+        rewritten=frozenset(), boundary=0, summary_id=None, marks={}, turns=0, failures=0, last_error=None,
     )
     small = ConversationDump(first, dump.messages[:1], {}, [], [])
     await store.import_conversation(small, replace=True)
@@ -376,6 +380,7 @@ async def test_import_refuses_a_taken_key_unless_told_to_replace(store):
     assert await store.response_owner(C.tenant, "resp_1") is None  # what was there is gone, all of it
     page, _ = await store.list_conversations(C.tenant)
     assert [c.key for c in page] == [C]  # listed once
+    assert (await store.list_conversations(C.tenant, failed=True))[0] == []  # its failures went with it
 
 
 @pytest.mark.parametrize(
@@ -559,3 +564,55 @@ async def test_a_working_store_reports_itself_healthy(store):
     await add(store, A, ["a"])
     health = await store.health()
     assert health.ok and health.to_api()["status"] == "ok"
+
+
+# -- what people read in the list: title, task, model, client, turns, failures ---------------------
+
+
+async def finish(store: Store, key: ConversationKey, text: str, record: dict) -> None:
+    """One turn: a pending message, then ended live or failed as the record's status says."""
+    pending = await add(store, key, [text], PENDING)
+    status = record.get("status", LIVE)
+    await store.finish_turn(key, {pending[0]: status}, [], LIVE, {"status": status, "created_at": 1.5, **record})
+
+
+async def test_turn_records_describe_their_conversation(store):
+    await finish(store, A, "q1", {"model": "gpt-4o", "client": "Codex 0.1", "task": "fix the ledger"})
+    await finish(store, A, "q2", {"model": "gpt-4o-mini", "task": "a later task never replaces the first"})
+    conversation = await store.get(A)
+    assert (conversation.model, conversation.client, conversation.task) == ("gpt-4o-mini", "Codex 0.1", "fix the ledger")
+    assert (conversation.turns, conversation.failures, conversation.last_error, conversation.title) == (2, 0, None, None)
+    assert conversation.to_api()["title"] == "fix the ledger"  # no title of its own: the task's words
+    await finish(store, A, "q3", {"title": "Ledger run"})
+    assert (await store.get(A)).to_api()["title"] == "Ledger run"
+
+
+async def test_set_title_names_a_conversation_and_creates_none(store):
+    await finish(store, A, "q", {"task": "the task"})
+    assert (await store.set_title(A, "My run")).title == "My run"
+    assert (await store.get(A)).title == "My run"
+    assert (await store.set_title(A, None)).to_api()["title"] == "the task"
+    assert await store.set_title(B, "nobody") is None
+    assert await store.get(B) is None
+
+
+async def test_failed_turns_are_counted_and_listed_apart(store):
+    keys = [ConversationKey("t", f"c{i}") for i in range(5)]
+    for i, key in enumerate(keys):
+        await finish(store, key, "q", {})
+        if i % 2 == 0:
+            error = {"status": 500, "message": f"upstream broke {i}", "source": "upstream"}
+            await finish(store, key, "q", {"status": FAILED, "error": error})
+    await finish(store, keys[4], "q", {"status": FAILED, "error": {"status": 429, "message": "quota", "source": "proxy"}})
+    page, more = await store.list_conversations("t", failed=True, limit=2)
+    assert [c.key.id for c in page] == ["c4", "c2"] and more
+    page, more = await store.list_conversations("t", failed=True, after="c2", limit=2)
+    assert [c.key.id for c in page] == ["c0"] and not more
+    c4 = await store.get(keys[4])
+    assert c4.failures == 2 and c4.last_error == {"turn": 3, "created_at": 1.5, "status": 429, "message": "quota", "source": "proxy"}
+    assert (await store.get(keys[1])).failures == 0
+    assert [c.key.id for c in (await store.list_conversations(None, failed=True))[0]] == ["c4", "c2", "c0"]
+    assert (await store.list_conversations("other", failed=True))[0] == []  # per tenant
+    await store.delete(keys[2])
+    assert [c.key.id for c in (await store.list_conversations("t", failed=True))[0]] == ["c4", "c0"]
+    assert [c.key.id for c in (await store.list_conversations(None, failed=True))[0]] == ["c4", "c0"]

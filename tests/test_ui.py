@@ -23,9 +23,9 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
-from tests.conftest import BOB, openai_client
+from tests.conftest import BOB, leave_mid_stream, openai_client
 from tests.fake_upstream import Reply, default_responder
-from tests.harness import ROOT
+from tests.harness import ROOT, wait_until
 
 ARTIFACTS = ROOT / "test-artifacts"
 INSTALL_HINT = "chromium and chromedriver are needed for tests/test_ui.py: run scripts/ensure-chromium.sh (as root)"
@@ -145,13 +145,18 @@ def test_list_and_replay_show_calls_summaries_and_expandable_outputs(make_proxy,
 
     open_ui(browser, proxy)
     row = wait(browser).until(EC.visibility_of_element_located((By.CSS_SELECTOR, "tr.conversation[data-id='ui-demo']")))
+    assert text(row.find_element(By.CSS_SELECTOR, "a.title")) == "task: fix the failing build in src/app.py"
+    assert text(row.find_element(By.CSS_SELECTOR, ".conv-id")) == "ui-demo"
+    assert len(text(row.find_element(By.CSS_SELECTOR, ".tenant"))) == 12  # the tenant-hash prefix
     cells = [text(td) for td in row.find_elements(By.TAG_NAME, "td")]
-    assert cells[0] == "ui-demo" and len(cells[1]) == 12  # id, tenant-hash prefix
-    assert "summary #2" in cells[4]  # two compactions so far
+    assert cells[1].startswith("OpenAI Python SDK ") and cells[2] == "gpt-4o-mini"  # client, model
+    assert "#2" in cells[6]  # two compactions so far
+    assert cells[7] == "1 failed"
     assert len(browser.find_elements(By.CSS_SELECTOR, "tr.conversation")) == 2
-    search = browser.find_element(By.ID, "search")  # the client-side filter over the loaded pages
+    search = browser.find_element(By.ID, "search")  # searched by the server
     search.send_keys("demo")
     wait(browser).until(EC.invisibility_of_element_located((By.CSS_SELECTOR, "tr.conversation[data-id='another-agent']")))
+    row = browser.find_element(By.CSS_SELECTOR, "tr.conversation[data-id='ui-demo']")
     assert row.is_displayed()
     screenshot(browser, "ui-list.png")
 
@@ -173,13 +178,27 @@ def test_list_and_replay_show_calls_summaries_and_expandable_outputs(make_proxy,
     assert turns and "tokens sent" in text(turns[-1]) and "LLM calls used" in text(turns[-1])
     # "show window" highlights what the turn sent upstream, as its turn record says.
     [last_turn] = httpx.get(f"{proxy.url}/v1/conversations/ui-demo/turns").json()["data"][-1:]
-    turns[-1].find_element(By.CSS_SELECTOR, "button.window-toggle").click()
-    highlighted = [int(m.get_attribute("data-seq")) for m in timeline.find_elements(By.CSS_SELECTOR, ".message.in-window")]
-    assert highlighted == last_turn["sent_seqs"]
-    turns[-1].find_element(By.CSS_SELECTOR, "button.window-toggle").click()
-    assert not timeline.find_elements(By.CSS_SELECTOR, ".message.in-window")
+    toggle = turns[-1].find_element(By.CSS_SELECTOR, "button.window-toggle")
+
+    def in_window() -> list[int]:
+        return [int(m.get_attribute("data-seq")) for m in timeline.find_elements(By.CSS_SELECTOR, ".message.in-window")]
+
+    # The click's handler runs in the page, not in the click command: wait for what it draws.
+    toggle.click()
+    wait(browser).until(lambda _: toggle.get_attribute("aria-pressed") == "true")
+    assert in_window() == last_turn["sent_seqs"]
+    toggle.click()
+    wait(browser).until(lambda _: toggle.get_attribute("aria-pressed") == "false")
+    assert in_window() == []
     assert browser.find_elements(By.CSS_SELECTOR, "#token-chart svg rect.bar.sent")
     assert browser.find_elements(By.CSS_SELECTOR, "#token-chart svg polyline.line.stored")
+    # The failed turn: marked in the replay and the chart, with the upstream's status and message.
+    [failed] = timeline.find_elements(By.CSS_SELECTOR, "li.turn.failed")
+    assert text(failed.find_element(By.CSS_SELECTOR, ".turn-error")) == "Failed500 from the upstream: upstream broke"
+    [band] = browser.find_elements(By.CSS_SELECTOR, "#token-chart svg rect.failed-band")
+    assert band.get_attribute("data-turn") == failed.get_attribute("data-turn")
+    assert "500 from the upstream: upstream broke" in text(band)
+    assert browser.find_elements(By.CSS_SELECTOR, "#token-chart svg line.tick-reported")  # the upstream's own count
 
     output = timeline.find_element(By.CSS_SELECTOR, ".message.role-tool .tool-output.long")
     box = output.find_element(By.CSS_SELECTOR, ".text")
@@ -194,7 +213,7 @@ def test_list_and_replay_show_calls_summaries_and_expandable_outputs(make_proxy,
     browser.save_screenshot(str(ARTIFACTS / "ui-replay-expanded.png"))
 
 
-def test_the_list_loads_more_with_the_after_cursor_and_filters_what_is_loaded(proxy, browser):
+def test_the_list_loads_more_with_the_after_cursor_and_the_server_searches_what_is_not_loaded(proxy, browser):
     for n in range(51):  # one more than the page's 50 per request
         openai_client(proxy, headers={"X-Conversation-ID": f"agent-{n:03d}"}).chat.completions.create(
             model="gpt-4o-mini", messages=[{"role": "user", "content": f"job {n}"}]
@@ -202,14 +221,109 @@ def test_the_list_loads_more_with_the_after_cursor_and_filters_what_is_loaded(pr
     open_ui(browser, proxy)
     more = wait(browser).until(EC.visibility_of_element_located((By.ID, "load-more")))
     assert len(browser.find_elements(By.CSS_SELECTOR, "tr.conversation")) == 50  # newest first
-    browser.find_element(By.ID, "search").send_keys("agent-000")  # the oldest: not loaded yet
-    empty = wait(browser).until(EC.visibility_of_element_located((By.ID, "list-empty")))
-    assert "load more" in text(empty)
     more.click()
     wait(browser).until(EC.visibility_of_element_located((By.CSS_SELECTOR, "tr.conversation[data-id='agent-000']")))
-    assert not more.is_displayed() and not empty.is_displayed()
-    assert len(browser.find_elements(By.CSS_SELECTOR, "tr.conversation")) == 51
-    assert [r.get_attribute("data-id") for r in browser.find_elements(By.CSS_SELECTOR, "tr.conversation") if r.is_displayed()] == ["agent-000"]
+    assert not more.is_displayed() and len(browser.find_elements(By.CSS_SELECTOR, "tr.conversation")) == 51
+    open_ui(browser, proxy)
+    wait(browser).until(EC.visibility_of_element_located((By.ID, "load-more")))
+    browser.find_element(By.ID, "search").send_keys("agent-000")  # the oldest: not loaded, found by the server
+    wait(browser).until(lambda b: [r.get_attribute("data-id") for r in b.find_elements(By.CSS_SELECTOR, "tr.conversation")] == ["agent-000"])
+    assert not browser.find_element(By.ID, "load-more").is_displayed()
+    assert browser.current_url.endswith("#/?q=agent-000")  # the search is in the URL
+
+
+def say(proxy, task: str, **headers: str) -> None:
+    """A new conversation (a derived id: nothing in it names the task) whose first turn is `task`."""
+    openai_client(proxy, headers=headers or None).chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "system", "content": "You are an agent."}, {"role": "user", "content": task}]
+    )
+
+
+def test_search_finds_a_conversation_by_a_word_of_its_task_and_failures_filter_the_list(proxy, upstream, browser):
+    say(proxy, "reconcile the quarterly ledger in books/2024.csv")
+    say(proxy, "write the release notes for 2.0")
+    say(proxy, "import the nightly batch", **{"X-Conversation-Title": "Nightly import"})
+    upstream.enqueue(Reply.error(429, {"error": {"message": "Rate limit reached for gpt-4o-mini", "type": "rate_limit_error"}}))
+    with pytest.raises(openai.RateLimitError):
+        say(proxy, "summarize the incident report")
+    ids = {c["title"]: c["id"] for c in httpx.get(f"{proxy.url}/v1/conversations").json()["data"]}
+    assert all(cid.startswith("auto-") for cid in ids.values())
+
+    open_ui(browser, proxy)
+    wait(browser).until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "tr.conversation")) == 4)
+    titles = [text(a) for a in browser.find_elements(By.CSS_SELECTOR, "tr.conversation a.title")]
+    assert titles == ["summarize the incident report", "Nightly import", "write the release notes for 2.0",
+                      "reconcile the quarterly ledger in books/2024.csv"]
+    search = browser.find_element(By.ID, "search")
+    search.send_keys("LEDGER")  # a word of its task, any case
+    wait(browser).until(lambda b: [r.get_attribute("data-id") for r in b.find_elements(By.CSS_SELECTOR, "tr.conversation")]
+                        == [ids["reconcile the quarterly ledger in books/2024.csv"]])
+    assert text(browser.find_element(By.ID, "list-count")) == "1 match"
+    search.clear()
+    search.send_keys("nightly batch")  # the task of a conversation with a title of its own
+    wait(browser).until(lambda b: [text(a) for a in b.find_elements(By.CSS_SELECTOR, "tr.conversation a.title")] == ["Nightly import"])
+    search.clear()
+    search.send_keys("no such words")
+    empty = wait(browser).until(EC.visibility_of_element_located((By.ID, "list-empty")))
+    assert text(empty) == "No conversation matches."
+    search.clear()
+    browser.find_element(By.ID, "failed-only").click()
+    wait(browser).until(lambda b: [text(a) for a in b.find_elements(By.CSS_SELECTOR, "tr.conversation a.title")] == ["summarize the incident report"])
+    badge = browser.find_element(By.CSS_SELECTOR, "tr.conversation .badge.status-failed")
+    assert text(badge) == "1 failed" and "429 from the upstream: Rate limit reached for gpt-4o-mini" in badge.get_attribute("title")
+    screenshot(browser, "ui-list-failed.png")
+
+    browser.find_element(By.CSS_SELECTOR, "tr.conversation a.title").click()
+    turn = wait(browser).until(EC.presence_of_element_located((By.CSS_SELECTOR, "li.turn.failed")))
+    assert "429 from the upstream: Rate limit reached for gpt-4o-mini" in text(turn)
+    assert text(browser.find_element(By.CSS_SELECTOR, "h1.conversation-title .title")) == "summarize the incident report"
+
+
+def test_a_turn_the_client_left_is_marked_incomplete_with_why(proxy, upstream, browser):
+    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+        reply, _ = leave_mid_stream(http, upstream, "left", "a long answer the client stops reading", "stream me the ledger")
+        reply.release()  # the proxy sees the client gone at its next write
+        wait_until(lambda: http.get("/v1/conversations/left/turns").json()["data"], what="the turn's record")
+    open_ui(browser, proxy, "#/c/left")
+    turn = wait(browser).until(EC.presence_of_element_located((By.CSS_SELECTOR, "#timeline[data-complete] li.turn")))
+    assert text(turn.find_element(By.CSS_SELECTOR, ".turn-error")) == "IncompleteThe client went away before the reply was complete"
+    assert browser.find_elements(By.CSS_SELECTOR, "#timeline .message.status-incomplete")
+    [band] = browser.find_elements(By.CSS_SELECTOR, "#token-chart svg rect.failed-band")
+    assert "Turn 1 is incomplete" in text(band)
+
+
+LONG = "Migrate every service of the payments platform to the new ledger schema and verify the balances " * 3
+
+
+def test_the_list_holds_every_column_at_1280_px(proxy, upstream, browser):
+    say(proxy, LONG)
+    say(proxy, "a short one", **{"User-Agent": "my-very-own-agent-framework-with-a-long-name/12.34.56789 (linux; x86_64)"})
+    upstream.enqueue(Reply.error(500, {"error": {"message": "upstream broke", "type": "server_error"}}))
+    with pytest.raises(openai.InternalServerError):
+        openai_client(proxy, headers={"X-Conversation-ID": "x" * 128}).chat.completions.create(
+            model="gpt-4o-mini-2024-07-18-with-a-fine-tuned-suffix", messages=[{"role": "user", "content": LONG}]
+        )
+    open_ui(browser, proxy)
+    wait(browser).until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "tr.conversation")) == 3)
+    assert browser.execute_script("return window.innerWidth") <= 1280
+    geometry = browser.execute_script(
+        """const wrap = document.querySelector('.table-wrap').getBoundingClientRect();
+        const cells = [...document.querySelectorAll('#conversations th, #conversations td')].map(c => c.getBoundingClientRect());
+        return {wrap: [wrap.left, wrap.right], page: document.documentElement.clientWidth,
+                scroll: document.querySelector('.table-wrap').scrollWidth - document.querySelector('.table-wrap').clientWidth,
+                cells: cells.map(r => [r.left, r.right, r.width])};"""
+    )
+    left, right = geometry["wrap"]
+    assert right <= geometry["page"] and geometry["scroll"] <= 0  # nothing to scroll to: every column in view
+    assert all(left - 0.5 <= l and r <= right + 0.5 and w > 30 for l, r, w in geometry["cells"])
+    headers = [text(th) for th in browser.find_elements(By.CSS_SELECTOR, "#conversations th")]
+    assert headers == ["Conversation", "Client", "Model", "Turns", "Messages", "LLM calls", "Compaction", "Failures", "Last activity"]
+    cut = browser.execute_script(
+        "return [...document.querySelectorAll('#conversations th, #conversations td.num, #conversations td.time-col')]"
+        ".filter(c => c.scrollWidth > c.clientWidth).map(c => c.textContent)"
+    )
+    assert cut == []  # headings, figures and times whole: only titles, ids, clients and models may end in "…"
+    screenshot(browser, "ui-list-1280.png")
 
 
 def test_with_an_admin_token_the_page_asks_for_one_and_keeps_it_for_the_tab(make_proxy, browser):

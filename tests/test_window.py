@@ -8,7 +8,7 @@ import re
 from types import SimpleNamespace
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from proxy.compaction.render import QUOTES_HEADER
@@ -335,8 +335,18 @@ def history_of(out: list[Item]) -> list[Item]:
     return [i for i in out if i.raw.get("role") not in ("system", "developer") and not i.pinned]
 
 
+UNSETTLED = [  # found by hypothesis: the quotes had not settled by the last pass, which left "aa" out untraced
+    *[{"role": "user", "content": "a"}] * 7,
+    {"role": "assistant", "content": None, "tool_calls": [{"id": "call_0", "type": "function", "function": {"name": "run", "arguments": "{}"}}]},
+    {"role": "tool", "tool_call_id": "call_0", "content": "a"},
+    {"role": "user", "content": "aa"},
+    {"role": "user", "content": "a"},
+]
+
+
 @settings(max_examples=100, deadline=None)
 @given(transcripts(), st.integers(64, 2000))
+@example(UNSETTLED, 64)
 def test_stage_properties_with_real_counts(msgs: list[Msg], limit: int) -> None:
     t = turn(limit=limit)
     out = run(TokenWindow(), t, msgs)

@@ -2,6 +2,11 @@
 
 Who sees what: the admin token (or, with no token set, a loopback client without a Bearer)
 sees every tenant; any other Bearer is a client key and sees only its own tenant's conversations.
+
+The list can be narrowed to conversations with a failed turn (`?failed=true`, from the store's
+own index) and searched (`?q=words`: every word must appear, case-insensitively, in the id,
+title, task, model or client). A search reads at most SEARCH_SCAN conversations per page, newest
+first; its page then says where to go on (`next_after`), so no request reads a whole store.
 """
 
 from __future__ import annotations
@@ -10,16 +15,21 @@ import hmac
 import ipaddress
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from ..errors import InvalidRequest, NotFound, Unauthorized
 from ..identity import ConversationKey, bearer_token, check_conversation_id, request_tenant
 from ..state import REFS, SETTINGS, STORE, TRAJECTORIES
 from ..store import Conversation, StoredMessage
+from ..titles import check_title
 from ..trajectory import build_trajectory, conversation_codec
 from ..transcript import Role
 
 ALL_TENANTS = None
+SEARCH_SCAN = 2000  # conversations one search page reads at most
+SEARCH_BATCH = 200  # ... from the store this many at a time
+MAX_QUERY_CHARS = 200
 
 
 def _is_loopback(remote: str | None) -> bool:
@@ -82,15 +92,76 @@ async def _conversation(request: web.Request) -> Conversation:
     return candidates[0]
 
 
+def _flag(request: web.Request, name: str) -> bool:
+    raw = request.query.get(name, "false").lower()
+    if raw not in ("true", "false", "1", "0"):
+        raise InvalidRequest(f"{name} must be true or false", param=name)
+    return raw in ("true", "1")
+
+
+def _search_words(request: web.Request) -> list[str]:
+    text = request.query.get("q", "").strip()
+    if len(text) > MAX_QUERY_CHARS:
+        raise InvalidRequest(f"q must be at most {MAX_QUERY_CHARS} characters", param="q")
+    return text.lower().split()
+
+
+def _matches(conversation: Conversation, words: list[str]) -> bool:
+    c = conversation
+    searched = " ".join(v for v in (c.key.id, c.title, c.task, c.model, c.client) if v).lower()
+    return all(word in searched for word in words)
+
+
 async def list_conversations(request: web.Request) -> web.Response:
     scope = caller_scope(request)
     after = request.query.get("after")
-    page, has_more = await request.app[STORE].list_conversations(scope, after=after, limit=_limit(request, 20, 100))
-    return web.json_response(_page([c.to_api() for c in page], has_more))
+    limit = _limit(request, 20, 100)
+    failed = _flag(request, "failed")
+    words = _search_words(request)
+    store = request.app[STORE]
+    if not words:
+        page, has_more = await store.list_conversations(scope, after=after, limit=limit, failed=failed)
+        return web.json_response(_page([c.to_api() for c in page], has_more))
+    found: list[Conversation] = []
+    scanned, cursor, more = 0, after, True
+    while more and len(found) <= limit and scanned < SEARCH_SCAN:
+        batch, more = await store.list_conversations(scope, after=cursor, limit=SEARCH_BATCH, failed=failed)
+        for conversation in batch:
+            scanned += 1
+            cursor = conversation.key.id
+            if _matches(conversation, words):
+                found.append(conversation)
+                if len(found) > limit:
+                    break
+        if not batch:
+            break
+    if len(found) > limit:  # the next page starts after this page's last match
+        next_after: str | None = found[limit - 1].key.id
+    else:  # the scan ran out first (the store has more) or reached the end
+        next_after = cursor if more else None
+    page = _page([c.to_api() for c in found[:limit]], next_after is not None)
+    page["next_after"] = next_after
+    return web.json_response(page)
 
 
 async def get_conversation(request: web.Request) -> web.Response:
     return web.json_response((await _conversation(request)).to_api())
+
+
+async def update_conversation(request: web.Request) -> web.Response:
+    """`PATCH {"title": "..."}`: name a conversation (null: no name of its own, its task's words again)."""
+    conversation = await _conversation(request)  # (a body that is not application/json: the guard's 415)
+    try:
+        body = orjson.loads(await request.read())
+    except ValueError:
+        raise InvalidRequest("The body is not valid JSON", code="invalid_json") from None
+    if not isinstance(body, dict) or set(body) != {"title"}:
+        raise InvalidRequest('The body must be {"title": "..."}: only the title can be changed', param="title")
+    title = check_title(body["title"], "title")
+    updated = await request.app[STORE].set_title(conversation.key, title)
+    if updated is None:  # deleted meanwhile
+        raise NotFound(f"No conversation found with id '{conversation.key.id}'")
+    return web.json_response(updated.to_api())
 
 
 def _seq_cursor(request: web.Request) -> tuple[int | None, int]:
@@ -171,6 +242,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get(base, list_conversations)
     app.router.add_get(base + "/{conversation_id}", get_conversation)
     app.router.add_delete(base + "/{conversation_id}", delete_conversation)
+    app.router.add_patch(base + "/{conversation_id}", update_conversation)
     app.router.add_get(base + "/{conversation_id}/messages", list_messages)
     app.router.add_get(base + "/{conversation_id}/trajectory", trajectory)
     app.router.add_get(base + "/{conversation_id}/tool_outputs/{ref}", tool_output)

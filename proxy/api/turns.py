@@ -12,6 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ..clients import client_name
 from ..config import Profile, Settings, is_knowledge_namespace
 from ..dialects.base import Dialect
 from ..dialects.chat import CHAT
@@ -23,6 +24,7 @@ from ..messages import MAX_DEPTH, too_deep
 from ..prefix import ParsedBody
 from ..request_limits import check_message_count, parse_json
 from ..state import CONVERSATION, ENGINE, LOG_FIELDS, METRICS, SETTINGS, TRAJECTORIES
+from ..titles import TITLE_HEADER, check_title
 from ..upstream import forwardable
 
 HISTORY_HEADER = "X-History"
@@ -30,7 +32,7 @@ PROFILE_HEADER = "X-Context-Profile"
 COMPACTION_HEADER = "X-Compaction"
 KNOWLEDGE_HEADER = "X-Knowledge-Namespace"
 # Our own request headers: meant for the proxy, never forwarded upstream.
-OWN_HEADERS = frozenset({"x-history", "x-context-profile", "x-compaction", "x-knowledge-namespace"})
+OWN_HEADERS = frozenset({"x-history", "x-context-profile", "x-compaction", "x-knowledge-namespace", TITLE_HEADER.lower()})
 
 
 async def read_turn_body(request: web.Request, dialect: Dialect, cache_key: Any) -> ParsedBody:
@@ -141,6 +143,7 @@ def managed(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamRes
         body = parsed.body
         # A missing or malformed transcript is a 400 before anything else, too long a one a 413.
         check_message_count(dialect.transcript(body), settings.server.max_messages, dialect.transcript_key)
+        title = check_title(request.headers.get(TITLE_HEADER), TITLE_HEADER)
         profile = request_profile(request, settings, dialect.model(body))
         turn = TurnRequest(
             dialect=dialect,
@@ -158,7 +161,9 @@ def managed(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamRes
         )
         key = await engine.conversation_key(turn)
         request[CONVERSATION] = key
-        report = TurnReport(key, dialect.name, dialect.model(body))
+        report = TurnReport(
+            key, dialect.name, dialect.model(body), client=client_name(request.headers.get("User-Agent")), title=title
+        )
         sink = ResponseSink(request)
         try:
             outcome = await engine.run(turn, key, report, sink)

@@ -14,12 +14,15 @@ from typing import Any
 import orjson
 
 from ..messages import canonical_digest
+from ..tokens import PER_TOOL_CALL
 from ..transcript import Call, Item, Raw, Role
 from .base import ReplyRead
 
 MESSAGE_ROLES = {"system": Role.SYSTEM, "developer": Role.SYSTEM, "user": Role.USER, "assistant": Role.ASSISTANT}
 CALLS = {"function_call": "arguments", "custom_tool_call": "input"}  # type -> where its arguments are
 RESULTS = frozenset({"function_call_output", "custom_tool_call_output"})
+# Who says an item that is no message, as chat completions would frame it (for counting).
+SPOKEN_BY = {**dict.fromkeys(CALLS, "assistant"), **dict.fromkeys(RESULTS, "tool")}
 # Volatile fields that do not change what an item means: a resent item without them is the same item.
 UNHASHED = frozenset({"status", "id"})
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "refusal")
@@ -97,16 +100,21 @@ class ResponsesCodec:
         return item
 
     def counted_parts(self, raw: Raw) -> tuple[tuple[str, ...], int]:
-        """Texts the model reads; reasoning's encrypted_content is estimated (it is the model's
-        own reasoning, sealed: ~6 characters of it a token)."""
+        """Texts the model reads, framed as chat completions frames its messages (a role, a call's
+        id and name, 3 tokens a message and a call), so that the same run counts the same in
+        either format; reasoning's encrypted_content is estimated (it is the model's own
+        reasoning, sealed: ~6 characters of it a token)."""
         kind = item_type(raw)
-        texts: list[str] = [kind, str(raw.get("role") or "")]
+        role = raw.get("role") if kind == "message" else SPOKEN_BY.get(kind, kind)
+        texts: list[str] = [str(role or "")]
         extra = 3
         if kind == "message":
             _add_content(raw.get("content"), texts)
-        elif kind in CALLS:
-            texts += [str(raw.get("name") or ""), _argument_text(raw.get(CALLS[kind]))]
+        elif kind in CALLS:  # the call's id too, as chat's tool_calls are counted: the same run, the same figures
+            texts += [str(raw.get("call_id") or ""), str(raw.get("name") or ""), _argument_text(raw.get(CALLS[kind]))]
+            extra += PER_TOOL_CALL
         elif kind in RESULTS:
+            texts.append(str(raw.get("call_id") or ""))
             _add_content(raw.get("output"), texts)
         elif kind == "reasoning":
             _add_content(raw.get("summary"), texts)

@@ -6,7 +6,8 @@ known good), plan what is new and what goes upstream, and then, under the conver
 (one turn at a time per conversation): write the new items as pending, compact first if asked
 to, run the pipeline, call upstream (answering the proxy's own tool calls in read-back rounds),
 relay the reply, store it and the turn's record. Background compaction is scheduled after the
-reply, off the request's path.
+reply, off the request's path. The whole turn runs under its trace (proxy/telemetry: nothing
+when telemetry is off).
 
 A turn's new items join the live transcript only once the upstream's reply has come back whole
 (or the client walked away from a stream the upstream was answering); a refusal or failure marks
@@ -33,6 +34,8 @@ from ..refs import RefSigner
 from ..request_limits import validated_hashes
 from ..store import LIVE, Conversation, Store
 from ..summarizer import Summarizer
+from ..telemetry import NO_TELEMETRY, Telemetry, TurnTrace
+from ..titles import task_of
 from ..tokens import TokenCounter
 from ..tools import standing
 from ..tools.readback import READ_TOOL_SPEC
@@ -73,11 +76,13 @@ class Engine:
         router: UpstreamRouter,
         prefixes: PrefixCache,
         metrics: Metrics,
+        telemetry: Telemetry = NO_TELEMETRY,
     ) -> None:
         self.settings, self.store, self.pipeline, self.counter, self.refs = settings, store, pipeline, counter, refs
         self.summarizer, self.compaction, self.router, self.prefixes, self.metrics = (
             summarizer, compaction, router, prefixes, metrics,
         )
+        self.telemetry = telemetry
         # Requests that extend the previous one: parsed (bodies) and rewritten (fastpath) only where new.
         self.bodies = BodyCache(enabled=settings.server.fast_path)
         self.fastpath = FastPath(enabled=settings.server.fast_path)
@@ -139,6 +144,12 @@ class Engine:
 
     async def run(self, request: TurnRequest, key: ConversationKey, report: TurnReport, sink: ClientSink) -> Outcome:
         """Run one turn; `report` is filled in as it goes (also when the turn fails)."""
+        with self.telemetry.turn(request.headers, request.dialect, report) as trace:
+            return await self._run(request, key, report, sink, trace)
+
+    async def _run(
+        self, request: TurnRequest, key: ConversationKey, report: TurnReport, sink: ClientSink, trace: TurnTrace
+    ) -> Outcome:
         dialect, codec, body, parsed = request.dialect, request.dialect.codec, request.body, request.parsed
         raws = dialect.transcript(body)
         # Items identical to the last request's need no checking or hashing again (see prefix.py).
@@ -155,6 +166,8 @@ class Engine:
 
         async with self.store.lock(key):
             conversation = await self.store.get(key)
+            if conversation is None or conversation.task is None:  # its first turns: what was it asked?
+                report.task = task_of(codec, raws)
             plan = await self._plan(request, key, raws, hashes, conversation)
             writer = TurnWriter(self.store, key, plan, codec)
             ledger = QuotaLedger(
@@ -200,7 +213,8 @@ class Engine:
             else:
                 self.fastpath.forget(key)
             exchange = Exchange(
-                turn, writer, dialect, body, dialect.streaming(body), self.pipeline, upstream, sink, self.metrics, fast
+                turn, writer, dialect, body, dialect.streaming(body), self.pipeline, upstream, sink, self.metrics, trace,
+                fast,
             )
             ended_well = False
             try:

@@ -25,10 +25,12 @@ from ..tools.readback import split_calls
 from ..transcript import Call, Item
 from ..turns import TurnWriter
 from ..upstream import Upstream, UpstreamReply, forwardable
+from .report import upstream_error_message
 from .request import ClientSink, Outcome
 
 if TYPE_CHECKING:
     from ..metrics import Metrics
+    from ..telemetry import TurnTrace
     from .fastpath import FastTurn
 
 log = logging.getLogger("proxy.exchange")
@@ -49,10 +51,12 @@ class Exchange:
         upstream: Upstream,
         sink: ClientSink,
         metrics: Metrics,
+        trace: TurnTrace,
         fast: FastTurn | None = None,
     ) -> None:
         self.turn, self.writer, self.dialect, self.body, self.fast = turn, writer, dialect, body, fast
         self.streaming, self.pipeline, self.upstream, self.sink, self.metrics = streaming, pipeline, upstream, sink, metrics
+        self.trace = trace  # the turn's trace: told of each upstream call and read-back round
         self.report = turn.report
         self.items: list[Item] = []  # what the pipeline made of the client's transcript
         self.internal: list[Item] = []  # read-back rounds answered so far, sent after `items`
@@ -77,7 +81,8 @@ class Exchange:
         try:
             await self._rewrite()
             reply = await self._call()
-        except BaseException:
+        except BaseException as exc:
+            self.report.failed_by(exc)
             await self.writer.fail()
             raise
         if not 200 <= reply.status < 300:
@@ -89,12 +94,20 @@ class Exchange:
     def _upstream_done(self) -> None:
         self.report.upstream_s += time.perf_counter() - self._call_started
 
+    def _call_read(self, usage: dict | None) -> None:
+        """An upstream call's reply was read: what it reported it spent."""
+        self.report.add_usage(usage)
+        self.trace.upstream_done(usage)
+
     async def _rewrite(self) -> None:
         plan, fast = self.writer.plan, self.fast
         if fast is not None:  # the previous turn's work reused where it can be (see fastpath.py)
             items = await fast.rewrite(self.turn, plan, self.writer.pending, self.pipeline)
+            self.trace.transcript(fast.inputs)
         else:
-            items = await self.pipeline(self.turn, plan.items(self.dialect.codec, self.writer.pending))
+            stored = plan.items(self.dialect.codec, self.writer.pending)
+            self.trace.transcript(stored)
+            items = await self.pipeline(self.turn, stored)
         self.writer.forwarded = self.turn.ledger.new_marks  # kept with the turn's end
         self.items = items
         self.writer.report = self.report  # from now on the turn's record is kept with it
@@ -129,8 +142,13 @@ class Exchange:
             body = self.fast.upstream_body(self.dialect, self.body, self.items, specs)
         else:
             body = self.dialect.upstream_body(self.body, self.items + self.internal, specs)
+        headers = self.trace.upstream_call(
+            self.turn.headers, self.items, self.internal, (self.report.tokens_sent or 0) + self.internal_tokens
+        )
         self._call_started = time.perf_counter()
-        return await self.turn.summarizer.inflight.agent_call(self.upstream, self.dialect.name, body, self.turn.headers)
+        reply = await self.turn.summarizer.inflight.agent_call(self.upstream, self.dialect.name, body, headers)
+        self.trace.upstream_replied(reply.status)
+        return reply
 
     async def _read_round(self, reply: ReplyRead, ours: list[Call]) -> UpstreamReply | None:
         """Answer our calls, keep the round in the trajectory, and ask the upstream again.
@@ -140,22 +158,25 @@ class Exchange:
         a round that does not fit at all is not made (None): the model's reply goes to the
         client without our calls, as past the round limit."""
         codec = self.dialect.codec
-        calls_made = codec.items(reply.items, [None] * len(reply.items), [None] * len(reply.items))
-        used = (self.report.tokens_sent or 0) + self.internal_tokens + sum(await self._count(calls_made))
-        answers = []
-        for call in ours:
-            room = None if self.report.token_budget is None else self.report.token_budget - used - ANSWER_OVERHEAD
-            answer = codec.tool_result(call, await self.tools[call.name].answer(call, room))
-            used += sum(await self._count([answer]))
-            answers.append(answer)
-        if self.report.token_budget is not None and used > self.report.token_budget:
-            log.info("read-back round over the token budget: not made", extra={"conversation": str(self.turn.key)})
-            return None
-        self.internal_tokens = used - (self.report.tokens_sent or 0)
-        round_items = [*calls_made, *answers]
-        await self.writer.internal([item.raw for item in round_items], [codec.hash(item.raw) for item in round_items])
-        self.internal += round_items
-        self.report.read_rounds += 1
+        with self.trace.read_round(len(ours)) as round_trace:
+            calls_made = codec.items(reply.items, [None] * len(reply.items), [None] * len(reply.items))
+            used = (self.report.tokens_sent or 0) + self.internal_tokens + sum(await self._count(calls_made))
+            answers = []
+            for call in ours:
+                room = None if self.report.token_budget is None else self.report.token_budget - used - ANSWER_OVERHEAD
+                answer = codec.tool_result(call, await self.trace.tool(call, self.tools[call.name].answer(call, room)))
+                used += sum(await self._count([answer]))
+                answers.append(answer)
+            if self.report.token_budget is not None and used > self.report.token_budget:
+                log.info("read-back round over the token budget: not made", extra={"conversation": str(self.turn.key)})
+                round_trace.not_made()
+                return None
+            round_trace.added(used - (self.report.tokens_sent or 0) - self.internal_tokens)
+            self.internal_tokens = used - (self.report.tokens_sent or 0)
+            round_items = [*calls_made, *answers]
+            await self.writer.internal([item.raw for item in round_items], [codec.hash(item.raw) for item in round_items])
+            self.internal += round_items
+            self.report.read_rounds += 1
         return await self._call()
 
     async def _count(self, items: list[Item]) -> list[int]:
@@ -170,11 +191,14 @@ class Exchange:
 
     async def _relay_refusal(self, reply: UpstreamReply) -> Outcome:
         """The upstream's own 4xx/5xx goes back as it came; the turn is marked failed."""
+        data = b""
         try:
             data = await reply.read()
         finally:
             reply.close()
             self._upstream_done()
+            self._call_read(None)
+            self.report.failed(upstream_error_message(data), status=reply.status, source="upstream")
             await self.writer.fail()
         return Outcome(reply.status, self._headers(reply), data, self.report)
 
@@ -187,8 +211,7 @@ class Exchange:
                     reply.close()
                     self._upstream_done()
                 read = await off_loop(len(data), self.dialect.read_reply, data)  # a huge reply: in a thread
-                if read is not None and read.usage is not None:
-                    self.report.usage = read.usage
+                self._call_read(read.usage if read is not None else None)
                 ours, theirs = split_calls(read.calls, self.ours) if read is not None else ([], [])
                 if ours and not theirs and self._rounds_left:
                     next_reply = await self._read_round(read, ours)  # type: ignore[arg-type]
@@ -200,11 +223,13 @@ class Exchange:
                 if ours:  # mixed, or past the round limit: the client gets its own calls only
                     data, read = self.dialect.without_calls(data, read, theirs)  # type: ignore[arg-type]
                 break
-        except BaseException:
+        except BaseException as exc:
+            self.report.failed_by(exc)
             await self.writer.fail()
             raise
         self.report.response_id = read.response_id if read is not None else None
         headers = self._headers(reply)
+        self.trace.reply(read.items if read is not None else [])
         try:
             await self.writer.accept(read.items if read is not None else [])
         except ProxyError as exc:
@@ -240,6 +265,8 @@ class Exchange:
         except (ConnectionResetError, asyncio.CancelledError):
             # The client went away (aiohttp cancels the handler when it notices). The upstream did
             # accept the turn, so the request stays; the reply is kept whole if it was, else incomplete.
+            if not relay.finished:
+                self.report.failed("The client went away before the reply was complete", status=None, source="client")
             await self.writer.accept(relay.seen(), LIVE if relay.finished else INCOMPLETE)
             if not relay.finished:
                 log.info("client went away mid-stream", extra={"conversation": str(self.turn.key)})
@@ -253,13 +280,16 @@ class Exchange:
         self.report.response_id = relay.response_id
         if broken is not None:  # one way for every broken stream: logged, counted, kept as incomplete
             self.report.stream_error = broken.message
+            self.report.failed_by(broken)
             self.metrics.stream_errors.inc()
             log.warning("streamed reply broke off: %s", broken.message, extra={"conversation": str(self.turn.key)})
+        seen = relay.seen()
+        self.trace.reply(seen)
         try:
             if broken is not None:
-                await self.writer.keep_partial(relay.seen())
+                await self.writer.keep_partial(seen)
             else:
-                await self.writer.accept(relay.seen())
+                await self.writer.accept(seen)
         except ProxyError as exc:
             # The store failed us (a full disk, Redis down): the client has the text, and an error
             # event instead of the stream's end tells it the reply was not kept.
@@ -284,8 +314,9 @@ class Exchange:
         finally:
             reply.close()
             self._upstream_done()
-            self.report.usage = relay.usage or self.report.usage
-        return relay.end_round()
+        end = relay.end_round()
+        self._call_read(end.reply.usage)  # this round's: a relay may sum its rounds for the client
+        return end
 
     async def _write_quietly(self, data: bytes) -> None:
         if not data:

@@ -211,6 +211,11 @@ class FastTurn:
         self._items = [*memo.items, *new]
         return tail
 
+    @property
+    def inputs(self) -> list[Item]:
+        """The pipeline's input this turn: the conversation's items as stored, before rewriting."""
+        return self._items
+
     def offer_probe(self, items: list[Item]) -> list[Item]:
         """What the proxy's tool offers need to look at (`tools.offered`): on the fast path, the
         new items and one shortened item of the previous prompt, not the whole prompt."""

@@ -1,16 +1,25 @@
 """What one turn did, in one typed record: the stages and the exchange fill it in; the response
-headers, the metrics, the request log line and the stored turn record are all read from it."""
+headers, the metrics, the request log line, the turn's trace span and the stored turn record are
+all read from it."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
+from ..errors import ProxyError
 from ..identity import ConversationKey
 from ..metrics import Metrics
+from ..usage import TokenUsage
 
 CHARS_PER_TOKEN = 4  # for the "tokens saved" estimate only: what a stage left out was never counted
+MAX_ERROR_CHARS = 1000  # of an error message kept with the turn record
+# The usage figures counted by context_proxy_usage_tokens as the upstream named them.
+REPORTED_KINDS = ("prompt_tokens", "completion_tokens", "input_tokens", "output_tokens")
 
 
 @dataclass(slots=True)
@@ -38,14 +47,51 @@ class TurnReport:
     quota_warning: str | None = None
     upstream_s: float = 0.0  # waiting on the upstream, every call together
     usage: dict[str, Any] | None = None  # what the upstream reported for the last call
+    usage_total: TokenUsage = field(default_factory=TokenUsage)  # every call of the turn, in one shape
+    reported: dict[str, int] = field(default_factory=dict)  # REPORTED_KINDS, every call of the turn
     response_id: str | None = None  # the reply's id as the client saw it (Responses)
     marks: dict[str, int] = field(default_factory=dict)  # cuts a stage moved this turn, to keep
     stream_error: str | None = None  # why a streamed reply broke off, if it did
+    # Why the turn failed or ended incomplete: {"status": HTTP status or None, "message",
+    # "source": "upstream" | "proxy" | "client"}; the first cause found wins.
+    error: dict[str, Any] | None = None
+    # What describes the conversation (kept on it by the store, see store.TurnFacts).
+    client: str | None = None  # from the User-Agent
+    title: str | None = None  # X-Conversation-Title
+    task: str | None = None  # the task's first words, set on a conversation's first turns only
     inbox_delivered: list[int] = field(default_factory=list)  # inbox message ids this turn's prompt delivered
     knowledge: dict[str, Any] | None = None  # the knowledge document the prompt carried: namespace, version
 
     def saved(self, stage: str, chars: int) -> None:
         self.chars_saved[stage] = self.chars_saved.get(stage, 0) + chars
+
+    def add_usage(self, usage: dict[str, Any] | None) -> None:
+        """What the upstream reported for one call of the turn (None: it reported nothing)."""
+        if usage is None:
+            return
+        self.usage = usage
+        figures = TokenUsage.reported(usage)
+        if figures is not None:
+            self.usage_total.add(figures)
+        for kind in REPORTED_KINDS:
+            value = usage.get(kind)
+            if isinstance(value, int) and not isinstance(value, bool):
+                self.reported[kind] = self.reported.get(kind, 0) + value
+
+    def failed(self, message: str, *, status: int | None, source: str) -> None:
+        """Say why the turn failed (or ended incomplete); the first cause found is kept."""
+        if self.error is None:
+            self.error = {"status": status, "message": message[:MAX_ERROR_CHARS], "source": source}
+
+    def failed_by(self, exc: BaseException) -> None:
+        """The turn ended with `exc`: our own error, the upstream's as we saw it, or the client gone."""
+        if isinstance(exc, ProxyError):
+            source = "upstream" if exc.type == "upstream_error" else "proxy"
+            self.failed(exc.message, status=exc.status, source=source)
+        elif isinstance(exc, (asyncio.CancelledError, ConnectionResetError)):
+            self.failed("The client went away before the reply was complete", status=None, source="client")
+        elif isinstance(exc, Exception):
+            self.failed(f"Internal proxy error ({type(exc).__name__})", status=500, source="proxy")
 
     @property
     def added_s(self) -> float:
@@ -84,6 +130,11 @@ class TurnReport:
             "knowledge": self.knowledge,
             "status": status,
             "new_seqs": new_seqs,
+            "client": self.client,
+            "usage": self.usage_total.to_record() if self.usage is not None else None,
+            "error": self.error,
+            **({"title": self.title} if self.title else {}),
+            **({"task": self.task} if self.task else {}),
         }
 
     def log_fields(self) -> dict[str, Any]:
@@ -109,7 +160,28 @@ class TurnReport:
                 metrics.tokens_saved.labels(stage).inc(chars / CHARS_PER_TOKEN)
         metrics.read_rounds.inc(self.read_rounds)
         metrics.repairs.inc(self.repairs)
-        for kind in ("prompt_tokens", "completion_tokens", "input_tokens", "output_tokens"):
-            value = (self.usage or {}).get(kind)
-            if isinstance(value, int) and not isinstance(value, bool):
-                metrics.usage_tokens.labels(kind).inc(value)
+        for kind, value in self.reported.items():
+            metrics.usage_tokens.labels(kind).inc(value)
+        if self.usage_total.cache_read:
+            metrics.usage_tokens.labels("cache_read_input_tokens").inc(self.usage_total.cache_read)
+        if self.usage_total.cache_creation:
+            metrics.usage_tokens.labels("cache_creation_input_tokens").inc(self.usage_total.cache_creation)
+        if self.error is not None:
+            status = self.error["status"]
+            metrics.failed_turns.labels(self.error["source"], str(status) if status is not None else "none").inc()
+
+
+def upstream_error_message(body: bytes) -> str:
+    """The message of an upstream's error body: `error.message` (OpenAI's shape and Anthropic's),
+    else the text it sent, cut short."""
+    try:
+        parsed = orjson.loads(body)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):
+        error = parsed.get("error")
+        for candidate in (error.get("message") if isinstance(error, dict) else error, parsed.get("message"), parsed.get("detail")):
+            if isinstance(candidate, str) and candidate.strip():
+                return candidate.strip()[:MAX_ERROR_CHARS]
+    text = body[:MAX_ERROR_CHARS].decode("utf-8", "replace").strip()
+    return text or "(no error message)"

@@ -61,23 +61,27 @@ class TokenWindow:
     async def __call__(self, turn: Turn, items: list[Item]) -> list[Item]:
         # The window, then what it left out brought back (the task pinned, the user's messages
         # quoted in the note), then the window again with the quotes counted against the limit:
-        # the quotes are bounded, so this settles in a pass or two.
+        # the quotes are bounded, so this settles in a pass or two. Should it not have settled
+        # by the last pass, what that pass left out is quoted all the same (the prompt may then
+        # pass the limit by the difference): a user message never goes without a trace.
         n_system = leading_system_count(items)
         summary = next((item for item in items[:n_system] if item.origin == SUMMARY), None)
         summary_tokens = sum(await self._count(turn, [summary])) if summary is not None else 0
         quoted_tokens = 0  # what the window's quotes add to the summary's note
         quote_budget: int | None = None
-        for attempt in range(MAX_PASSES):
+        for _ in range(MAX_PASSES):
             kept, tokens, budget, limit = await self._choose(turn, items, quoted_tokens)
             if quote_budget is None:
                 quote_budget = min(turn.profile.compaction.user_messages_chars, int(limit * QUOTE_SHARE * CHARS_PER_TOKEN))
-            redone = None if attempt == MAX_PASSES - 1 else self._keep_what_it_leaves_out(turn, items, kept, quote_budget)
+            redone = self._keep_what_it_leaves_out(turn, items, kept, quote_budget)
             if redone is None:
                 break
-            items = redone
-            note = next((item for item in items[:n_system + 1] if item.origin == SUMMARY), None)
+            note = next((item for item in redone[: n_system + 1] if item.origin == SUMMARY), None)
             note_tokens = sum(await self._count(turn, [note])) if note is not None else 0
-            quoted_tokens = max(note_tokens - summary_tokens, 0)
+            quoted_tokens = max(note_tokens - summary_tokens, quoted_tokens)  # never less: it settles
+            items, kept, tokens = redone, *await self._carried_over(turn, items, kept, tokens, redone)
+        else:
+            turn.notes.pop(self.name, None)  # not settled: the next turn's window is the whole pipeline's
         turn.report.tokens_sent = tokens
         turn.report.token_budget = budget  # the most the prompt may hold, read-back rounds included
         turn.report.messages_left_out += len(items) - len(kept)  # added to: compaction may have left some out
@@ -98,6 +102,20 @@ class TokenWindow:
         turn.report.tokens_sent += sum(counts)
         turn.notes[self.name] = replace(stepped, history_tokens=history)
         return new
+
+    async def _carried_over(
+        self, turn: Turn, items: list[Item], kept: list[int], tokens: int, redone: list[Item]
+    ) -> tuple[list[int], int]:
+        """`kept` (indices into `items`) as indices into `redone`, with the items that are new in
+        it (the note, the task pinned): the window as it stands if no later pass chooses again,
+        and the tokens it makes."""
+        position = {id(item): i for i, item in enumerate(redone)}
+        old = {id(item) for item in items}
+        moved = sorted({position[id(items[i])] for i in kept if id(items[i]) in position}
+                       | {i for i, item in enumerate(redone) if id(item) not in old})
+        before = sum(await self._count(turn, [items[i] for i in kept]))
+        after = sum(await self._count(turn, [redone[i] for i in moved]))
+        return moved, tokens - before + after
 
     async def _choose(self, turn: Turn, items: list[Item], quoted_tokens: int) -> tuple[list[int], int, int, int]:
         """(the indices of the items to send, the tokens they make, the budget of the prompt, the

@@ -31,13 +31,14 @@ from .base import (
     StoreReadOnly,
     StoreUnavailable,
     Summary,
+    TurnFacts,
 )
 
 __all__ = [
     "APPEND", "BEFORE", "FAILED", "INBOX_DELIVERED", "INBOX_DELIVERING", "INBOX_PENDING", "INCOMPLETE", "INTERNAL",
     "LIVE", "PENDING", "SUPERSEDED", "Conversation", "ConversationDump", "ConversationExists", "InboxFull",
     "InboxMessage", "KeyFact", "KnowledgeVersion", "QuotedMessage", "Store", "StoreError", "StoreFull", "StoreHealth",
-    "StoreReadOnly", "StoreUnavailable", "StoredMessage", "Summary", "open_store",
+    "StoreReadOnly", "StoreUnavailable", "StoredMessage", "Summary", "TurnFacts", "open_store",
 ]
 
 

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from ..errors import ProxyError
 from ..identity import ConversationKey
 from ..messages import Message
+from ..titles import title_from_task
 
 # Written before forwarding; becomes live when the upstream accepts the request, failed otherwise.
 PENDING = "pending"
@@ -216,6 +217,14 @@ class Conversation:
     # Where the pipeline's cuts stand between turns (the window's start, mask's boundary), so each
     # prompt extends the previous one until the next cut: name -> seq.
     marks: dict[str, int] = field(default_factory=dict)
+    # What a person reads in the list, kept by finish_turn from the turn records (see TurnFacts)
+    # and by set_title.
+    title: str | None = None  # set by the client (X-Conversation-Title) or a person (PATCH)
+    task: str | None = None  # the first words of the task, from the first turn that had one
+    model: str | None = None  # the newest turn's
+    client: str | None = None  # the newest turn's (from its User-Agent)
+    failures: int = 0  # turns that failed (their record's status is failed)
+    last_error: dict[str, Any] | None = None  # the newest failed turn's error, with its `turn`
     # Derived from what the store holds besides (the turn records, the inbox), for a turn to read
     # without another look-up; not part of a conversation's identity (nor of its export).
     turns: int = field(default=0, compare=False)  # turn records kept so far (the next turn is turns + 1)
@@ -228,6 +237,13 @@ class Conversation:
     def live_hashes(self) -> list[str]:
         return [h for _, h in self.live]
 
+    def description(self) -> dict[str, Any]:
+        """The fields that describe it to people (not `turns`: a store counts its turn records)."""
+        return {
+            "title": self.title, "task": self.task, "model": self.model, "client": self.client,
+            "failures": self.failures, "last_error": self.last_error,
+        }
+
     def to_api(self) -> dict[str, Any]:
         return {
             "id": self.key.id,
@@ -239,6 +255,13 @@ class Conversation:
             "llm_calls": self.llm_calls,
             "boundary": self.boundary,
             "summary_id": self.summary_id,
+            "title": self.title or title_from_task(self.task),  # its own, else the task's first words
+            "task": self.task,
+            "model": self.model,
+            "client": self.client,
+            "turns": self.turns,
+            "failures": self.failures,
+            "last_error": self.last_error,
         }
 
 
@@ -353,6 +376,8 @@ class ConversationDump:
             problems.append("response ids must name stored messages")
         if not all(0 <= seq <= n for seq in c.marks.values()):
             problems.append("marks must be seqs of the conversation")
+        if not 0 <= c.failures <= len(self.turns) or (c.failures > 0) != (c.last_error is not None):
+            problems.append("failures must count failed turns, with the last one's error")
         if [m.id for m in self.inbox] != list(range(1, len(self.inbox) + 1)):
             problems.append("inbox message ids must run 1, 2, ...")
         if any((m.seq is None) != (m.placement is None) or (m.seq is not None and not 1 <= m.seq <= n)
@@ -360,6 +385,30 @@ class ConversationDump:
             problems.append("an inbox message must be delivered with a stored message, appended or before it")
         if problems:
             raise ValueError(f"conversation {c.key}: " + "; ".join(problems))
+
+
+@dataclass(frozen=True, slots=True)
+class TurnFacts:
+    """What a finished turn's record tells about its conversation: finish_turn keeps it there."""
+
+    latest: dict[str, str]  # model, client, title: the newest turn's replace the conversation's
+    task: str | None  # kept only while the conversation has none
+    error: dict[str, Any] | None  # the turn failed: counted, and kept as the last error
+
+    @classmethod
+    def of(cls, record: Mapping[str, Any]) -> TurnFacts:
+        latest = {name: value for name in ("model", "client", "title") if isinstance(value := record.get(name), str) and value}
+        task = record.get("task") if isinstance(record.get("task"), str) and record.get("task") else None
+        error = None
+        if record.get("status") == FAILED:
+            given = record.get("error")
+            error = dict(given) if isinstance(given, Mapping) and given else {"message": "failed"}
+        return cls(latest, task, error)
+
+    def last_error(self, turn: int, created_at: Any) -> dict[str, Any] | None:
+        return None if self.error is None else {"turn": turn, "created_at": created_at, **self.error}
+
+
 class Store(Protocol):
     """What the proxy needs from storage. Backends must pass tests/test_store_contract.py."""
 
@@ -387,10 +436,13 @@ class Store(Protocol):
     ) -> int | None:
         """End a turn in one atomic step: status changes, then the reply's items (message, hash)
         appended with `reply_status`, then the turn's record (what was sent upstream) kept; a
-        record's `response_id` names the reply from then on (`response_owner`). The turn's
-        `llm_calls` are counted (as `count_llm_call` would, one by one) and its `forwarded` marks
-        recorded (as `mark_forwarded` would): so a turn writes twice, its new items before it
-        forwards them and this. Returns the seq of the reply's first item (None without a reply)."""
+        record's `response_id` names the reply from then on (`response_owner`), and what it tells
+        of the conversation (TurnFacts: model, client, title, task, a failure) is kept on the
+        conversation, a failed one also listing it among the failed (`list_conversations(failed=True)`).
+        The turn's `llm_calls` are counted (as `count_llm_call` would, one by one) and its
+        `forwarded` marks recorded (as `mark_forwarded` would): so a turn writes twice, its new
+        items before it forwards them and this. Returns the seq of the reply's first item (None
+        without a reply)."""
 
     async def response_owner(self, tenant: str, response_id: str) -> tuple[str, int] | None:
         """The conversation id and the seq of the last item of the reply a turn record named by
@@ -405,14 +457,19 @@ class Store(Protocol):
         """Messages in sequence order, optionally only those after seq `after`, at most `limit`."""
 
     async def list_conversations(
-        self, tenant: str | None, *, after: str | None = None, limit: int = 20
+        self, tenant: str | None, *, after: str | None = None, limit: int = 20, failed: bool = False
     ) -> tuple[list[Conversation], bool]:
-        """Newest first; `tenant=None` lists every tenant (admin). Returns (page, has_more)."""
+        """Newest first; `tenant=None` lists every tenant (admin); `failed` only those with a failed
+        turn. Returns (page, has_more)."""
 
     async def find(self, conversation_id: str) -> list[Conversation]:
         """Every tenant's conversation with this id (admin look-ups)."""
 
     async def delete(self, key: ConversationKey) -> bool: ...
+
+    async def set_title(self, key: ConversationKey, title: str | None) -> Conversation | None:
+        """Give the conversation a title of its own (None: none, the task's words again); returns
+        it, or None (and creates nothing) if there is no such conversation."""
 
     async def message(self, key: ConversationKey, seq: int) -> StoredMessage | None: ...
 

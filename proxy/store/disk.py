@@ -59,6 +59,7 @@ from .base import (
     StoreReadOnly,
     StoreUnavailable,
     Summary,
+    TurnFacts,
     WriteHealth,
     failed_health,
     now,
@@ -74,6 +75,7 @@ CREATED = "created-counter"
 ALL_TENANTS = "\x01all"  # the index of every conversation (tenant names are hex: never this)
 PENDING_SET = "pending"  # the conversations with pending messages: what a crash may have left
 PROBE = "health-probe"  # written by health() to see whether a failed store writes again
+FAILED_SCOPE = "\x02failed:"  # + a scope: the index of that scope's conversations with a failed turn
 INDEX_PAGE = 1000  # conversations per index page: registering one rewrites one page, not an index
 MAX_SNAPSHOTS = 1024  # conversation records kept in memory (the active ones)
 RESERVE_FILE = "reserve"
@@ -253,13 +255,14 @@ class DiskStore:
         return conversation
 
     async def list_conversations(
-        self, tenant: str | None, *, after: str | None = None, limit: int = 20
+        self, tenant: str | None, *, after: str | None = None, limit: int = 20, failed: bool = False
     ) -> tuple[list[Conversation], bool]:
-        return await self._run(self._list, tenant, after, limit)
+        return await self._run(self._list, tenant, after, limit, failed)
 
-    def _list(self, tenant: str | None, after: str | None, limit: int) -> tuple[list[Conversation], bool]:
+    def _list(self, tenant: str | None, after: str | None, limit: int, failed: bool) -> tuple[list[Conversation], bool]:
         """Newest first, from the creation-order index pages, starting below the `after` conversation."""
         scope = tenant if tenant is not None else ALL_TENANTS
+        index = FAILED_SCOPE + scope if failed else scope
         start = self._cache.get(CREATED, 0) + 1
         if after is not None:
             candidates = [ConversationKey(tenant, after)] if tenant is not None else [c.key for c in self._find(after)]
@@ -269,7 +272,7 @@ class DiskStore:
             start = max(orders)
         keys: list[ConversationKey] = []
         for page_no in range((start - 1) // INDEX_PAGE, -1, -1):
-            page = self._cache.get(_index_page(scope, page_no))
+            page = self._cache.get(_index_page(index, page_no))
             for order in sorted((o for o in page or () if o < start), reverse=True):
                 keys.append(_index_entry(scope, page[order]))
             if len(keys) > limit:
@@ -318,12 +321,27 @@ class DiskStore:
             self._snapshots.pop(key, None)
             if raw.get("pending"):
                 self._track_pending(key, False)
-            for scope in (key.tenant, ALL_TENANTS):
+            scopes = (key.tenant, ALL_TENANTS)
+            if raw.get("failures"):
+                scopes += (FAILED_SCOPE + key.tenant, FAILED_SCOPE + ALL_TENANTS)
+            for scope in scopes:
                 page_key = _index_page(scope, raw["order"] // INDEX_PAGE)
                 page = self._cache.get(page_key, {})
                 page.pop(raw["order"], None)
                 self._cache.set(page_key, page)
             return True
+
+    async def set_title(self, key: ConversationKey, title: str | None) -> Conversation | None:
+        return await self._write(self._set_title, key, title)
+
+    def _set_title(self, key: ConversationKey, title: str | None) -> Conversation | None:
+        with self._cache.transact():
+            raw = self._load(key)
+            if raw is None:
+                return None
+            raw["title"] = title
+            self._save(key, raw)
+            return _conversation(key, raw)
 
     # -- messages ------------------------------------------------------------------------------
 
@@ -365,16 +383,20 @@ class DiskStore:
     def _register(self, key: ConversationKey, raw: dict[str, Any]) -> dict[str, Any]:
         """Index a new conversation: by a counter, not a timestamp, so that two made in the same
         microsecond still list in order; one index page per 1,000 conversations is rewritten."""
-        raw["order"] = order = self._cache.incr(CREATED, default=0)
-        for scope, entry in ((key.tenant, key.id), (ALL_TENANTS, (key.tenant, key.id))):
-            page_key = _index_page(scope, order // INDEX_PAGE)
-            page = self._cache.get(page_key, {})
-            page[order] = entry
-            self._cache.set(page_key, page)
+        raw["order"] = self._cache.incr(CREATED, default=0)
+        self._index(key, raw["order"], key.tenant, ALL_TENANTS)
         tenants = self._cache.get(TENANTS, set())
         if key.tenant not in tenants:
             self._cache.set(TENANTS, tenants | {key.tenant})
         return raw
+
+    def _index(self, key: ConversationKey, order: int, tenant_scope: str, all_scope: str) -> None:
+        """List the conversation, at its creation order, in a tenant's index and the all-tenants one."""
+        for scope, entry in ((tenant_scope, key.id), (all_scope, (key.tenant, key.id))):
+            page_key = _index_page(scope, order // INDEX_PAGE)
+            page = self._cache.get(page_key, {})
+            page[order] = entry
+            self._cache.set(page_key, page)
 
     async def set_statuses(self, key: ConversationKey, changes: Mapping[int, str]) -> None:
         if not set(changes.values()) <= STATUSES:
@@ -453,9 +475,20 @@ class DiskStore:
                 self._cache.set(_turn_key(key, raw["turns"]), {**record, "turn": raw["turns"], "reply_seq": seq})
                 if seq is not None and record.get("response_id"):
                     self._cache.set(_response_key(key.tenant, record["response_id"]), (key.id, seq + len(reply) - 1))
+                self._keep_facts(key, raw, TurnFacts.of(record), record.get("created_at"))
             return seq
 
         return self._update_record(key, end)
+
+    def _keep_facts(self, key: ConversationKey, raw: dict[str, Any], facts: TurnFacts, created_at: Any) -> None:
+        raw.update(facts.latest)
+        if facts.task and not raw.get("task"):
+            raw["task"] = facts.task
+        if facts.error is not None:
+            if not raw.get("failures"):  # its first failure: listed among the failed from now on
+                self._index(key, raw["order"], FAILED_SCOPE + key.tenant, FAILED_SCOPE + ALL_TENANTS)
+            raw["failures"] = raw.get("failures", 0) + 1
+            raw["last_error"] = facts.last_error(raw["turns"], created_at)
 
     async def response_owner(self, tenant: str, response_id: str) -> tuple[str, int] | None:
         found = await self._run(self._cache.get, _response_key(tenant, response_id))
@@ -581,7 +614,10 @@ class DiskStore:
                 updated_at=c.updated_at, next_seq=c.next_seq, live=list(c.live), llm_calls=c.llm_calls,
                 first_forwarded=dict(c.first_forwarded), rewritten=set(dump.rewrites), summaries=len(dump.summaries),
                 boundary=c.boundary, summary_id=c.summary_id, turns=len(dump.turns), marks=dict(c.marks),
+                **c.description(),
             )
+            if c.failures:
+                self._index(key, raw["order"], FAILED_SCOPE + key.tenant, FAILED_SCOPE + ALL_TENANTS)
             for m in dump.messages:
                 record = {"message": m.message, "hash": m.hash, "status": m.status, "created_at": m.created_at}
                 self._cache.set(_msg_key(key, m.seq), record)
@@ -893,11 +929,14 @@ def _count_call(raw: dict[str, Any]) -> int:
 
 
 def _conversation(key: ConversationKey, raw: dict[str, Any]) -> Conversation:
+    # .get: records written before these fields existed have none of them
     return Conversation(
         key, raw["created_at"], raw["updated_at"], raw["next_seq"], list(map(tuple, raw["live"])),
         raw["llm_calls"], dict(raw["first_forwarded"]), frozenset(raw["rewritten"]),
-        raw["boundary"], raw["summary_id"], dict(raw.get("marks") or {}), raw["turns"],
-        len(raw.get("inbox_open", ())), frozenset(raw.get("inbox_at", ())),
+        raw["boundary"], raw["summary_id"], dict(raw.get("marks") or {}),
+        title=raw.get("title"), task=raw.get("task"), model=raw.get("model"), client=raw.get("client"),
+        failures=raw.get("failures", 0), last_error=raw.get("last_error"), turns=raw["turns"],
+        inbox_open=len(raw.get("inbox_open", ())), inbox_anchors=frozenset(raw.get("inbox_at", ())),
     )
 
 

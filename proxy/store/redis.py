@@ -3,7 +3,8 @@
 Layout (every key starts with `prefix`, "cp:" by default):
 
     {prefix}{<tenant>/<id>}:meta     hash: created_at, updated_at, next_seq, llm_calls, summaries,
-                                     turns, boundary, summary_id (absent = None), order
+                                     turns, boundary, summary_id (absent = None), order; and, absent
+                                     until known: title, task, model, client, failures, last_error (JSON)
     {prefix}{<tenant>/<id>}:body     hash seq -> JSON {"t": created_at, "m": message}   (never changes)
     {prefix}{<tenant>/<id>}:hash     hash seq -> message hash                           (never changes)
     {prefix}{<tenant>/<id>}:status   hash seq -> status
@@ -20,6 +21,7 @@ Layout (every key starts with `prefix`, "cp:" by default):
     {prefix}{<tenant>/<id>}:iat      hash seq -> "id,id,...": the inbox messages delivered with it
     {prefix}convs:<tenant>           sorted set of conversation ids scored by creation order
     {prefix}all                      sorted set of "<tenant>/<id>" scored by creation order (admin)
+    {prefix}failed:<tenant>, {prefix}failed-all   the same two, of conversations with a failed turn
     {prefix}tenants                  set of tenants
     {prefix}responses:<tenant>       hash response id -> "<id>\0<seq of the reply's last item>"
     {prefix}pending                  set of "<tenant>/<id>" with pending messages
@@ -83,6 +85,7 @@ from .base import (
     StoreReadOnly,
     StoreUnavailable,
     Summary,
+    TurnFacts,
     WriteHealth,
     failed_health,
     now,
@@ -150,7 +153,7 @@ def _guarded(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
 # (Not delete: it works on a full store by design, so its success says nothing of writes.)
 WRITES = frozenset(
     {"append", "set_statuses", "finish_turn", "count_llm_call", "mark_forwarded", "set_rewrites", "add_summary",
-     "fail_pending", "secret", "_take_lock", "set_marks", "post_inbox", "deliver_inbox", "put_knowledge"}
+     "fail_pending", "secret", "_take_lock", "set_marks", "set_title", "post_inbox", "deliver_inbox", "put_knowledge"}
 )
 
 
@@ -160,7 +163,7 @@ WRITES = frozenset(
 
 PRELUDE = """
 local meta, body, hashes, statuses, live, fwd, rw, sums, turns, resp, pend, inbox, idel, iopen, iat,
-      index, tenants, created, all, responses, pending = unpack(KEYS)
+      index, tenants, created, all, responses, pending, failed_index, failed_all = unpack(KEYS)
 local tenant, id, stamp = ARGV[1], ARGV[2], ARGV[3]
 
 -- Create the conversation record if new, and list it (creation order from a counter, not a clock).
@@ -236,19 +239,23 @@ return 1
 FINISH_TURN = PRELUDE + """
 -- ARGV[4] = reply status, ARGV[5] = n, the number of reply items, ARGV[6 .. 5+2n] = their (body, hash)
 -- pairs, then the reply's response id ('' = none), then the turn record's JSON ('' = none), then
--- the turn's upstream calls, then f and f (seq, calls) first-forwarded marks, then (seq, status)
--- changes. Returns the reply's first seq.
+-- what the record tells of the conversation (TurnFacts): m, m (field, value) pairs for the meta
+-- hash, the task ('' = none), the failure's JSON ('' = the turn did not fail); then the turn's
+-- upstream calls, f, f (seq, calls) first-forwarded marks; then (seq, status) changes. Returns the
+-- reply's first seq.
 local n = tonumber(ARGV[5])
 local record_at = 7 + 2 * n
-local calls, f = tonumber(ARGV[record_at + 1]), tonumber(ARGV[record_at + 2])
-local changes_at = record_at + 3 + 2 * f
+local task_at = record_at + 2 + 2 * tonumber(ARGV[record_at + 1])
+local calls_at = task_at + 2
+local calls, f = tonumber(ARGV[calls_at]), tonumber(ARGV[calls_at + 1])
+local changes_at = calls_at + 2 + 2 * f
 local refused = check_statuses(changes_at)
 if refused then return refused end
 if calls > 0 then
   ensure()
   redis.call('HINCRBY', meta, 'llm_calls', calls)
 end
-for i = record_at + 3, changes_at - 1, 2 do redis.call('HSET', fwd, ARGV[i], ARGV[i + 1]) end
+for i = calls_at + 2, changes_at - 1, 2 do redis.call('HSET', fwd, ARGV[i], ARGV[i + 1]) end
 set_statuses(changes_at)
 local seq = false
 if n > 0 then seq = append(ARGV[4], 6, record_at - 2) end
@@ -264,8 +271,26 @@ if record ~= '' then
   local reply_seq = seq and tostring(seq) or 'null'
   -- Spliced, not re-encoded: cjson would turn the record's empty lists into objects.
   redis.call('HSET', turns, turn, '{"turn":' .. turn .. ',"reply_seq":' .. reply_seq .. ',"record":' .. record .. '}')
+  for i = record_at + 2, task_at - 1, 2 do redis.call('HSET', meta, ARGV[i], ARGV[i + 1]) end
+  if ARGV[task_at] ~= '' then redis.call('HSETNX', meta, 'task', ARGV[task_at]) end
+  local failure = ARGV[task_at + 1]
+  if failure ~= '' then
+    if redis.call('HINCRBY', meta, 'failures', 1) == 1 then  -- its first: listed among the failed
+      local order = redis.call('HGET', meta, 'order')
+      redis.call('ZADD', failed_index, order, id)
+      redis.call('ZADD', failed_all, order, tenant .. '/' .. id)
+    end
+    redis.call('HSET', meta, 'last_error', '{"turn":' .. turn .. ',' .. string.sub(failure, 2))
+  end
 end
 return seq
+"""
+
+# ARGV[4] = the title ('' = none of its own). Returns 0 if there is no such conversation.
+SET_TITLE = PRELUDE + """
+if redis.call('EXISTS', meta) == 0 then return 0 end
+if ARGV[4] == '' then redis.call('HDEL', meta, 'title') else redis.call('HSET', meta, 'title', ARGV[4]) end
+return 1
 """
 
 COUNT_CALL = PRELUDE + """
@@ -327,10 +352,11 @@ end
 IMPORT = PRELUDE + INBOX_ANCHORS + """
 -- ARGV[3] (the stamp) = created_at; ARGV[4] = replace (1/0); ARGV[5..11] = updated_at, next_seq,
 -- llm_calls, boundary, summary_id ('' = none), summaries, turns; ARGV[12..17] = how many messages,
--- first-forwarded marks, rewrites, response ids, marks and inbox messages follow. Then (seq, body,
--- hash, status) per message, (seq, calls) per first-forwarded mark, (seq, content) per rewrite,
--- (id, JSON) per summary, (turn, JSON) per turn record, (meta field, seq) per mark, (response id,
--- seq) per response id, (id, JSON, delivery or '', open 1/0) per inbox message.
+-- first-forwarded marks, rewrites, response ids, meta fields and inbox messages follow. Then (seq,
+-- body, hash, status) per message, (seq, calls) per first-forwarded mark, (seq, content) per
+-- rewrite, (id, JSON) per summary, (turn, JSON) per turn record, (meta field, value) per mark and
+-- per field that describes the conversation (title, task, model, client, failures, last_error),
+-- (response id, seq) per response id, (id, JSON, delivery or '', open 1/0) per inbox message.
 if redis.call('EXISTS', meta) == 1 then
   if ARGV[4] ~= '1' then return redis.error_reply('""" + CONVERSATION_EXISTS + """') end
   local known = redis.call('SMEMBERS', resp)
@@ -338,6 +364,8 @@ if redis.call('EXISTS', meta) == 1 then
   redis.call('UNLINK', meta, body, hashes, statuses, live, fwd, rw, sums, turns, resp, inbox, idel, iopen, iat)
   redis.call('ZREM', index, id)
   redis.call('ZREM', all, tenant .. '/' .. id)
+  redis.call('ZREM', failed_index, id)
+  redis.call('ZREM', failed_all, tenant .. '/' .. id)
 end
 ensure()
 redis.call('HSET', meta, 'updated_at', ARGV[5], 'next_seq', ARGV[6], 'llm_calls', ARGV[7], 'boundary', ARGV[8],
@@ -362,6 +390,11 @@ for _ = 1, tonumber(ARGV[15]) do
   redis.call('HSET', responses, ARGV[i], id .. '\0' .. ARGV[i + 1])
   redis.call('SADD', resp, ARGV[i])
   i = i + 2
+end
+if tonumber(redis.call('HGET', meta, 'failures') or '0') > 0 then
+  local order = redis.call('HGET', meta, 'order')
+  redis.call('ZADD', failed_index, order, id)
+  redis.call('ZADD', failed_all, order, tenant .. '/' .. id)
 end
 for _ = 1, tonumber(ARGV[17]) do
   local mid, delivery = ARGV[i], ARGV[i + 2]
@@ -555,6 +588,7 @@ class RedisStore:
         self._fail_pending = register(FAIL_PENDING)
         self._messages_read_only = register("#!lua flags=no-writes\n" + MESSAGES)
         self._health = WriteHealth()
+        self._set_title = register(SET_TITLE)
         self._post_inbox, self._deliver_inbox = register(POST_INBOX), register(DELIVER_INBOX)
         self._inbox, self._put_knowledge = register(INBOX), register(PUT_KNOWLEDGE)
 
@@ -573,8 +607,11 @@ class RedisStore:
         """The KEYS of every conversation script, in PRELUDE's order."""
         return [self._conv(key, part) for part in CONVERSATION_PARTS] + [
             self._index(key.tenant), self._global("tenants"), self._global("created"), self._global("all"),
-            self._responses(key.tenant), self._global("pending"),
+            self._responses(key.tenant), self._global("pending"), self._failed_index(key.tenant), self._global("failed-all"),
         ]
+
+    def _failed_index(self, tenant: str) -> str:
+        return f"{self._prefix}failed:{tenant}"
 
     def _responses(self, tenant: str) -> str:
         return f"{self._prefix}responses:{tenant}"
@@ -685,9 +722,12 @@ class RedisStore:
 
     @_guarded
     async def list_conversations(
-        self, tenant: str | None, *, after: str | None = None, limit: int = 20
+        self, tenant: str | None, *, after: str | None = None, limit: int = 20, failed: bool = False
     ) -> tuple[list[Conversation], bool]:
-        index = self._index(tenant) if tenant is not None else self._global("all")
+        if failed:
+            index = self._failed_index(tenant) if tenant is not None else self._global("failed-all")
+        else:
+            index = self._index(tenant) if tenant is not None else self._global("all")
         top = "+inf"
         if after is not None:
             order = await self._order_of(after, tenant)
@@ -737,12 +777,20 @@ class RedisStore:
             pipe.exists(self._conv(key, "meta"))
             pipe.zrem(self._index(key.tenant), key.id)  # out of the lists first: never listed, half gone
             pipe.zrem(self._global("all"), member)
+            pipe.zrem(self._failed_index(key.tenant), key.id)
+            pipe.zrem(self._global("failed-all"), member)
             pipe.srem(self._global("pending"), member)
             if response_ids:
                 pipe.hdel(self._responses(key.tenant), *response_ids)
             pipe.unlink(*(self._conv(key, part) for part in CONVERSATION_PARTS))
             existed, *_ = await pipe.execute()
         return bool(existed)
+
+    @_guarded
+    async def set_title(self, key: ConversationKey, title: str | None) -> Conversation | None:
+        if not await self._set_title(keys=self._keys(key), args=self._args(key, title or "")):
+            return None
+        return await self.get(key)
 
     # -- messages ------------------------------------------------------------------------------
 
@@ -784,9 +832,13 @@ class RedisStore:
         pairs = [x for seq, st in changes.items() for x in (seq, st)]
         record_json = _dumps(dict(record)) if record is not None else ""
         response_id = str((record or {}).get("response_id") or "")
+        facts = TurnFacts.of(record or {})
+        fields = [x for name, value in facts.latest.items() for x in (name, value)]
+        failure = _dumps({"created_at": (record or {}).get("created_at"), **facts.error}) if facts.error else ""
         marks = [x for seq, calls in (forwarded or {}).items() for x in (seq, calls)]
         args = self._args(
-            key, reply_status, len(reply), *items, response_id, record_json, llm_calls, len(marks) // 2, *marks, *pairs,
+            key, reply_status, len(reply), *items, response_id, record_json,
+            len(facts.latest), *fields, facts.task or "", failure, llm_calls, len(marks) // 2, *marks, *pairs,
             stamp=stamp,
         )
         with _missing_as_key_error(key):
@@ -884,10 +936,14 @@ class RedisStore:
     async def import_conversation(self, dump: ConversationDump, *, replace: bool = False) -> None:
         dump.check()
         c = dump.conversation
+        meta = {MARK + name: seq for name, seq in c.marks.items()}
+        for name, value in c.description().items():  # absent = unknown, as _conversation reads them
+            if value is not None and value != 0:
+                meta[name] = _dumps(value) if name == "last_error" else value
         args = self._args(
             c.key, int(replace), repr(c.updated_at), c.next_seq, c.llm_calls, c.boundary,
             "" if c.summary_id is None else c.summary_id, len(dump.summaries), len(dump.turns),
-            len(dump.messages), len(c.first_forwarded), len(dump.rewrites), len(dump.responses), len(c.marks),
+            len(dump.messages), len(c.first_forwarded), len(dump.rewrites), len(dump.responses), len(meta),
             len(dump.inbox), stamp=c.created_at,
         )
         for m in dump.messages:
@@ -903,8 +959,8 @@ class RedisStore:
             rest = {k: v for k, v in record.items() if k not in ("turn", "reply_seq")}
             stored = {"turn": record["turn"], "reply_seq": record.get("reply_seq"), "record": rest}
             args += [record["turn"], _dumps(stored)]
-        for name, seq in c.marks.items():
-            args += [MARK + name, seq]
+        for name, value in meta.items():
+            args += [name, value]
         for response_id, seq in dump.responses.items():
             args += [response_id, seq]
         for m in dump.inbox:
@@ -1090,7 +1146,11 @@ def _conversation(
         {int(seq): int(calls) for seq, calls in fwd.items()}, frozenset(int(seq) for seq in rewritten),
         int(meta["boundary"]), int(meta["summary_id"]) if "summary_id" in meta else None,
         {name[len(MARK) :]: int(value) for name, value in meta.items() if name.startswith(MARK)},
-        int(meta.get("turns", 0)), int(meta.get("inbox_open", 0)), frozenset(int(seq) for seq in anchors),
+        title=meta.get("title"), task=meta.get("task"), model=meta.get("model"), client=meta.get("client"),
+        failures=int(meta.get("failures", 0)),
+        last_error=json.loads(meta["last_error"]) if "last_error" in meta else None,
+        turns=int(meta.get("turns", 0)), inbox_open=int(meta.get("inbox_open", 0)),
+        inbox_anchors=frozenset(int(seq) for seq in anchors),
     )
 
 

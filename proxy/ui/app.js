@@ -222,7 +222,7 @@
     } else if (parts[0] === "knowledge") {
       view = showKnowledge(parts[1] ? decodeURIComponent(parts[1]) : null, new URLSearchParams(query).get("tenant") || "", signal);
     } else {
-      view = showList(signal);
+      view = showList(signal, new URLSearchParams(query));
     }
     view.catch((err) => showFailure(err, signal));
   }
@@ -289,39 +289,64 @@
   }
 
   // -- the conversations list ---------------------------------------------------------------------
+  // Searched and filtered by the server (`q`, `failed`: see proxy/api/admin.py), page by page with
+  // the `after` cursor; the search and the filter live in the URL (#/?q=...&failed=1).
 
-  async function showList(signal) {
+  const SEARCH_DELAY_MS = 250; // after the last keystroke, before asking the server
+  const MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+
+  /** "Dec 1 13:45": short enough for a column; the exact time is in the title. */
+  function shortWhen(ts) {
+    if (!ts) return "—";
+    const d = new Date(ts * 1000);
+    return `${MONTHS[d.getMonth()]} ${d.getDate()} ${pad(d.getHours())}:${pad(d.getMinutes())}`;
+  }
+
+  function listHash(q, failed) {
+    const params = new URLSearchParams();
+    if (q) params.set("q", q);
+    if (failed) params.set("failed", "1");
+    const query = params.toString();
+    return "#/" + (query ? "?" + query : "");
+  }
+
+  async function showList(signal, params) {
     document.title = "Conversations · context-proxy";
-    const rows = []; // {tr, key}
+    let rows = 0;
     let after = null;
     let hasMore = false;
+    let load = null; // the AbortController of the page being fetched
+    let timer = null;
 
     const search = h("input", {
       id: "search",
       type: "search",
-      placeholder: "Filter the loaded conversations by id or tenant…",
+      placeholder: "Search titles, tasks, models, clients, ids…",
       autocomplete: "off",
-      "aria-label": "Filter conversations",
+      "aria-label": "Search conversations",
+      value: params.get("q") || "",
     });
+    const failedOnly = h("input", { id: "failed-only", type: "checkbox", checked: params.get("failed") === "1" });
     const count = h("span", { id: "list-count", class: "muted" });
     const more = h("button", { id: "load-more", type: "button", hidden: true }, "Load more");
     const problem = h("p", { class: "error", role: "alert", hidden: true });
     const empty = h("p", { id: "list-empty", class: "muted", hidden: true });
     const tbody = h("tbody");
     const headings = [
-      ["Conversation", ""],
-      ["Tenant", "The first characters of the hash of the API key"],
-      ["Messages", "Live messages (the transcript as it stands)"],
-      ["LLM calls", "Upstream calls made for it: what the quota counts"],
-      ["Compaction", "Where the compaction boundary is, and the summary in use"],
-      ["Tokens sent / stored", "", "tokens-col"],
-      ["Created", ""],
-      ["Last activity", ""],
+      ["Conversation", "Its title (X-Conversation-Title, or set in the API), else its task's first words; its id and tenant", "title-col"],
+      ["Client", "From the User-Agent of its newest turn", "client-col"],
+      ["Model", "Of its newest turn", "model-col"],
+      ["Turns", "Turns the proxy recorded", "num-col"],
+      ["Messages", "Live messages (the transcript as it stands)", "num-col"],
+      ["LLM calls", "Upstream calls made for it: what the quota counts", "num-col"],
+      ["Compaction", "The summary in use and where its boundary is", "compaction-col"],
+      ["Failures", "Turns that failed, with the newest error", "num-col"],
+      ["Last activity", "", "time-col"],
     ];
     const table = h(
       "table",
-      { id: "conversations", class: "grid" },
-      h("thead", null, h("tr", null, headings.map(([text, title, cls]) => h("th", { scope: "col", title: title || null, class: cls }, text)))),
+      { id: "conversations", class: "grid conversations" },
+      h("thead", null, h("tr", null, headings.map(([label, title, cls]) => h("th", { scope: "col", title: title || null, class: cls }, label)))),
       tbody
     );
     const note = auth.get()
@@ -340,7 +365,9 @@
           { class: "toolbar" },
           h("h1", null, "Conversations"),
           search,
+          h("label", { class: "check", for: "failed-only" }, failedOnly, "Only with failures"),
           count,
+          h("span", { class: "spacer" }),
           h("button", { type: "button", onclick: () => route() }, "Refresh")
         ),
         note,
@@ -351,80 +378,109 @@
       )
     );
 
-    function applyFilter() {
-      const q = search.value.trim().toLowerCase();
-      let shown = 0;
-      for (const row of rows) {
-        row.tr.hidden = Boolean(q) && !row.key.includes(q);
-        if (!row.tr.hidden) shown += 1;
-      }
-      count.textContent = q
-        ? `${num(shown)} of ${num(rows.length)} loaded match${hasMore ? " (more on the server)" : ""}`
-        : `${num(rows.length)} loaded${hasMore ? ", more on the server" : ""}`;
-      empty.hidden = shown > 0;
-      if (!rows.length) empty.textContent = "No conversations yet: they appear here after their first request.";
-      else if (!shown) empty.textContent = hasMore ? "No loaded conversation matches: load more to search further." : "No conversation matches.";
+    function describe() {
+      const q = search.value.trim();
+      const what = q || failedOnly.checked ? (rows === 1 ? "match" : "matches") : "loaded";
+      count.textContent = `${num(rows)} ${what}${hasMore ? ", more on the server" : ""}`;
+      empty.hidden = rows > 0;
+      if (!q && !failedOnly.checked) empty.textContent = "No conversations yet: they appear here after their first request.";
+      else empty.textContent = hasMore ? "None found so far: load more to search further back." : "No conversation matches.";
     }
 
-    async function loadPage() {
-      const page = await api("", { limit: LIST_PAGE, after }, signal);
-      for (const c of page.data) {
-        const tr = conversationRow(c);
-        // Tokens sent vs. stored per conversation: shown only if the list API gives them (it may
-        // not); the replay always shows them per turn.
-        if (c.tokens_sent !== undefined || c.tokens_stored !== undefined) table.classList.add("has-tokens");
-        rows.push({ tr, key: `${c.id} ${c.tenant || ""}`.toLowerCase() });
-        tbody.append(tr);
+    /** One page from the server, after the cursor (`fresh`: the first page of a new search). */
+    async function loadPage(fresh) {
+      if (load) load.abort();
+      const controller = (load = new AbortController());
+      signal.addEventListener("abort", () => controller.abort(), { once: true });
+      const q = search.value.trim();
+      const query = { limit: LIST_PAGE, after: fresh ? null : after, q, failed: failedOnly.checked ? "true" : null };
+      const page = await api("", query, controller.signal);
+      if (controller.signal.aborted) return;
+      if (fresh) {
+        tbody.replaceChildren();
+        rows = 0;
       }
+      for (const c of page.data) tbody.append(conversationRow(c));
+      rows += page.data.length;
       hasMore = Boolean(page.has_more);
-      after = page.last_id || after;
+      after = page.next_after || page.last_id || after; // a search says where its scan stopped
       more.hidden = !hasMore;
-      table.dataset.loaded = String(rows.length);
-      applyFilter();
+      table.dataset.loaded = String(rows);
+      table.dataset.query = q;
+      describe();
     }
 
-    search.addEventListener("input", applyFilter);
-    more.addEventListener("click", async () => {
-      more.disabled = true;
+    async function guarded(fresh) {
       problem.hidden = true;
       try {
-        await loadPage();
+        await loadPage(fresh);
       } catch (err) {
+        if (err.name === "AbortError" || signal.aborted) return;
         if (err instanceof ApiError && err.status === 401) return showTokenPrompt(err);
-        if (!signal.aborted) {
-          problem.textContent = `Could not load more: ${err.message}`;
-          problem.hidden = false;
-        }
+        problem.textContent = `Could not load: ${err.message}`;
+        problem.hidden = false;
+      }
+    }
+
+    function changed() {
+      history.replaceState(null, "", listHash(search.value.trim(), failedOnly.checked));
+      clearTimeout(timer);
+      timer = setTimeout(() => guarded(true), SEARCH_DELAY_MS);
+    }
+
+    search.addEventListener("input", changed);
+    failedOnly.addEventListener("change", changed);
+    signal.addEventListener("abort", () => clearTimeout(timer), { once: true });
+    more.addEventListener("click", async () => {
+      more.disabled = true;
+      try {
+        await guarded(false);
       } finally {
         more.disabled = false;
       }
     });
-    await loadPage();
+    await loadPage(true);
     search.focus();
   }
 
   function conversationRow(c) {
-    const compaction = c.summary_id
-      ? `summary #${c.summary_id}, boundary at seq ${c.boundary}`
-      : c.boundary
-        ? `boundary at seq ${c.boundary}`
-        : "none";
-    const hasTokens = c.tokens_sent !== undefined || c.tokens_stored !== undefined;
-    const messages = num(c.message_count) + (c.turns !== undefined ? ` · ${num(c.turns)} turns` : "");
+    const compaction = c.summary_id ? `#${c.summary_id} · seq ${num(c.boundary)}` : c.boundary ? `seq ${num(c.boundary)}` : "none";
     let calls = num(c.llm_calls);
     if (c.quota && c.quota.limit) calls += ` of ${num(c.quota.limit)}`;
+    const title = c.title || c.id;
+    const error = c.last_error;
+    const failures = c.failures
+      ? h(
+          "span",
+          { class: "badge status-failed", title: error ? `Turn ${error.turn}: ${failureText(error)}` : null },
+          `${num(c.failures)} failed`
+        )
+      : "—";
     return h(
       "tr",
-      { class: "conversation", "data-id": c.id, "data-tenant": c.tenant || "" },
-      h("td", { class: "id" }, h("a", { href: conversationHref(c.id, c.tenant) }, c.id)),
-      h("td", null, h("code", { class: "tenant" }, c.tenant || "—")),
-      h("td", { class: "num" }, messages),
+      { class: `conversation${c.failures ? " has-failures" : ""}`, "data-id": c.id, "data-tenant": c.tenant || "" },
+      h(
+        "td",
+        { class: "title-col" },
+        h("a", { class: "title", href: conversationHref(c.id, c.tenant), title }, title),
+        h("div", { class: "sub" }, h("code", { class: "conv-id", title: c.id }, c.id), c.tenant ? h("code", { class: "tenant", title: "tenant" }, c.tenant) : null)
+      ),
+      h("td", { class: "client-col", title: c.client || null }, h("span", { class: "clamp" }, c.client || "—")),
+      h("td", { class: "model-col", title: c.model || null }, c.model ? h("code", { class: "clamp" }, c.model) : "—"),
+      h("td", { class: "num" }, num(c.turns)),
+      h("td", { class: "num" }, num(c.message_count)),
       h("td", { class: "num" }, calls),
-      h("td", null, compaction),
-      h("td", { class: "num tokens-col" }, hasTokens ? `${num(c.tokens_sent)} / ${num(c.tokens_stored)}` : "—"),
-      h("td", null, timeNode(c.created_at)),
-      h("td", null, timeNode(c.updated_at))
+      h("td", { class: "compaction-col", title: c.summary_id ? `summary #${c.summary_id}, boundary at seq ${c.boundary}` : null }, compaction),
+      h("td", { class: "num" }, failures),
+      h("td", { class: "time-col" }, h("time", { title: `${when(c.updated_at)} (${ago(c.updated_at)}); created ${when(c.created_at)}` }, shortWhen(c.updated_at)))
     );
+  }
+
+  /** A failed turn's error, for people: "500 from the upstream: upstream broke". */
+  function failureText(error) {
+    if (error.source === "client") return error.message || "the client went away"; // its message says who
+    const by = { upstream: "the upstream", proxy: "the proxy" }[error.source] || error.source || "?";
+    return `${error.status ? `${error.status} from ` : ""}${by}: ${error.message || "no message"}`;
   }
 
   // -- one conversation, replayed -----------------------------------------------------------------
@@ -479,8 +535,8 @@
         limit += AUTO_LOAD;
       }
     }
-    view.finish();
     markInboxDeliveries(view, await inboxLoad);
+    view.finish(); // last: #timeline[data-complete] says the replay is drawn, inbox deliveries too
   }
 
   class Replay {
@@ -525,7 +581,7 @@
         "section",
         { class: "conversation-view", "data-id": c.id },
         h("p", { class: "crumbs" }, h("a", { href: "#/" }, "← Conversations")),
-        h("h1", null, h("span", { class: "conv-id" }, c.id)),
+        conversationHeading(c),
         h(
           "dl",
           { class: "meta" },
@@ -536,6 +592,7 @@
             ["Live messages", num(c.message_count)],
             ["LLM calls", num(c.llm_calls)],
             ["Compaction", compaction],
+            ...conversationFacts(c),
           ].map(([term, value]) => h("div", null, h("dt", null, term), h("dd", null, value)))
         ),
         this.cards,
@@ -551,8 +608,15 @@
               "li",
               null,
               h("span", { class: "swatch sent" }),
-              "Tokens sent upstream: the turn's window after truncation, compaction and trimming (the proxy's turn records)."
+              "Tokens sent upstream, our count: the turn's window after truncation, compaction and trimming, every call of the turn (read-back rounds too)."
             ),
+            h(
+              "li",
+              null,
+              h("span", { class: "swatch reported" }),
+              "Input tokens the upstream reported (its usage, every call of the turn): its own tokenizer's count, cache reads included."
+            ),
+            h("li", null, h("span", { class: "swatch failed" }), "A failed or incomplete turn: its error is in the bar's tooltip and in the replay."),
             h(
               "li",
               null,
@@ -778,7 +842,7 @@
       const button = h("button", { type: "button", class: "link-button window-toggle", "aria-pressed": "false" }, "show window");
       const li = h(
         "li",
-        { class: "turn", "data-turn": turn.turn },
+        { class: `turn${turn.error ? " failed" : ""}`, "data-turn": turn.turn },
         h("span", { class: "turn-label" }, `Turn ${turn.turn}`),
         h("span", null, "→ ", h("code", null, turn.model || "?")),
         h("strong", { class: "tokens-sent" }, `${num(turn.tokens_sent)} tokens sent`),
@@ -789,7 +853,8 @@
         turn.read_rounds ? h("span", null, `${num(turn.read_rounds)} read-back round${turn.read_rounds === 1 ? "" : "s"}`) : null,
         turn.repairs ? h("span", null, `${num(turn.repairs)} pairing repair${turn.repairs === 1 ? "" : "s"}`) : null,
         turn.llm_calls !== undefined && turn.llm_calls !== null ? h("span", { class: "quota" }, `quota: ${num(turn.llm_calls)} LLM calls used`) : null,
-        button
+        button,
+        turnFailure(turn)
       );
       button.addEventListener("click", () => this.toggleWindow(turn, li, button));
       return li;
@@ -829,7 +894,7 @@
         while (j < this.counted.length && this.counted[j][0] <= anchors[i]) chars += this.counted[j++][1];
         if (anchors[i] <= this.lastSeq || this.complete) stored[i] = Math.round(chars / 4);
       }
-      return this.turns.map((t, i) => ({ turn: t.turn, sent: t.tokens_sent, stored: stored[i], calls: t.llm_calls }));
+      return this.turns.map((t, i) => ({ turn: t.turn, stored: stored[i], calls: t.llm_calls, ...turnFigures(t) }));
     }
 
     updateStats() {
@@ -852,6 +917,103 @@
       this.tokenChart.replaceChildren(tokenChart(points));
       this.quotaChart.replaceChildren(quotaChart(points));
     }
+  }
+
+  // -- failures, titles and the upstream's own count (issue 17) ------------------------------------
+
+  /** The conversation's title (its own, or its task's first words) with its id beneath. */
+  function conversationHeading(c) {
+    const title = c.title || c.id;
+    return h(
+      "h1",
+      { class: "conversation-title" },
+      h("span", { class: "title" }, title),
+      title !== c.id ? h("span", { class: "conv-id small" }, c.id) : null
+    );
+  }
+
+  /** Client, model and failures, for the conversation's facts. */
+  function conversationFacts(c) {
+    const facts = [
+      ["Client", c.client || "—"],
+      ["Model", c.model ? h("code", null, c.model) : "—"],
+      ["Turns", num(c.turns)],
+    ];
+    if (c.failures) {
+      const error = c.last_error;
+      facts.push([
+        "Failures",
+        h("span", { class: "badge status-failed", title: error ? failureText(error) : null }, `${num(c.failures)} failed`),
+      ]);
+    }
+    if (c.task && c.task !== c.title) facts.push(["Task", h("span", { class: "task" }, c.task)]);
+    return facts;
+  }
+
+  /** A failed or incomplete turn's error under its marker in the replay; null for a turn that went well. */
+  function turnFailure(turn) {
+    const error = turn.error;
+    if (!error) return null;
+    const label = turn.status === "failed" ? "Failed" : "Incomplete";
+    return h(
+      "div",
+      { class: "turn-error", role: "note" },
+      h("span", { class: `badge status-${turn.status === "failed" ? "failed" : "incomplete"}` }, label),
+      h("span", { class: "error-text" }, failureText(error))
+    );
+  }
+
+  /** A turn record's figures for the chart: tokens sent by our count (every call of the turn), the
+   * upstream's own count when it reported usage, and the turn's error. */
+  function turnFigures(t) {
+    const usage = t.usage || null;
+    return {
+      sent: t.tokens_sent_total ?? t.tokens_sent,
+      reported: usage ? usage.input_tokens : null,
+      cached: usage ? usage.cache_read_input_tokens : null,
+      error: t.error || null,
+      status: t.status,
+    };
+  }
+
+  function reportedNote(p) {
+    let note = "";
+    if (p.reported !== null && p.reported !== undefined) {
+      note += `; the upstream counted ${num(p.reported)} input tokens`;
+      if (p.cached) note += ` (${num(p.cached)} from its cache)`;
+    }
+    if (p.error) note += `\n${p.status === "failed" ? "Failed" : "Incomplete"}: ${failureText(p.error)}`;
+    return note;
+  }
+
+  /** A red band behind each failed or incomplete turn, its error as the tooltip. */
+  function failureBands(svg, points, { slot, margin, plotH }) {
+    points.forEach((p, i) => {
+      if (!p.error) return;
+      svg.append(
+        s(
+          "rect",
+          { x: margin.left + slot * i, y: margin.top, width: slot, height: plotH, class: "failed-band", "data-turn": p.turn },
+          s("title", null, `Turn ${p.turn} ${p.status === "failed" ? "failed" : "is incomplete"}: ${failureText(p.error)}`)
+        )
+      );
+    });
+  }
+
+  /** A tick at the input tokens the upstream reported for each turn. */
+  function reportedTicks(svg, points, { slot, y, left }) {
+    points.forEach((p, i) => {
+      if (p.reported === null || p.reported === undefined) return;
+      const half = Math.min(Math.max(slot * 0.45, 2), 30);
+      const x = left + slot * (i + 0.5);
+      svg.append(
+        s(
+          "line",
+          { x1: x - half, x2: x + half, y1: y(p.reported), y2: y(p.reported), class: "tick-reported" },
+          s("title", null, `Turn ${p.turn}: the upstream counted ${num(p.reported)} input tokens${p.cached ? `, ${num(p.cached)} from its cache` : ""}`)
+        )
+      );
+    });
   }
 
   // -- Responses API items (a conversation in the format of /v1/responses) -------------------------
@@ -1095,11 +1257,12 @@
     const width = 900;
     const height = 220;
     const margin = { top: 10, right: 12, bottom: 30, left: 52 };
-    const scale = axis(Math.max(1, ...points.map((p) => Math.max(p.sent || 0, p.stored || 0))));
+    const scale = axis(Math.max(1, ...points.map((p) => Math.max(p.sent || 0, p.stored || 0, p.reported || 0))));
     const yMax = scale.max;
     const { svg, plotH, plotW } = frame(width, height, margin, scale, points.length, "Tokens sent vs. transcript stored per turn");
     const slot = plotW / points.length;
     const y = (v) => margin.top + plotH - (plotH * v) / yMax;
+    failureBands(svg, points, { slot, margin, plotH });
     points.forEach((p, i) => {
       if (p.sent === null || p.sent === undefined) return;
       const barWidth = Math.min(Math.max(slot * 0.7, 0.5), 48);
@@ -1107,11 +1270,12 @@
       svg.append(
         s(
           "rect",
-          { x, y: y(p.sent), width: barWidth, height: Math.max(plotH - (y(p.sent) - margin.top), 0), class: "bar sent" },
-          s("title", null, `Turn ${p.turn}: ${num(p.sent)} tokens sent${p.stored !== null ? `, ~${num(p.stored)} stored (est.)` : ""}`)
+          { x, y: y(p.sent), width: barWidth, height: Math.max(plotH - (y(p.sent) - margin.top), 0), class: p.error ? "bar sent failed" : "bar sent" },
+          s("title", null, `Turn ${p.turn}: ${num(p.sent)} tokens sent${p.stored !== null ? `, ~${num(p.stored)} stored (est.)` : ""}${reportedNote(p)}`)
         )
       );
     });
+    reportedTicks(svg, points, { slot, y, left: margin.left });
     const line = points
       .map((p, i) => (p.stored === null ? null : `${(margin.left + slot * (i + 0.5)).toFixed(1)},${y(p.stored).toFixed(1)}`))
       .filter(Boolean);

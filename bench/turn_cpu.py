@@ -1,0 +1,123 @@
+"""One turn's CPU in the proxy process, A/B between source trees, and with traces on.
+
+    python -m bench.turn_cpu --proxy-src /path/to/before --proxy-src . [--traces] [--rounds 5]
+
+Each tree runs as `python -m proxy serve` with its own shipped config.yaml on the target core;
+one load generator (bench/loadgen.py) sends full-history later turns of the bench's 200-message
+agent transcript, one at a time (the seq phase of bench/run.py). The trees take turns, round by
+round, so drift on a busy machine hits them alike. The figure is the proxy process's CPU
+(utime+stime, every thread) per request: the median over rounds, and each round's ratio to the
+first tree. `--traces` adds the last tree again with telemetry on, exporting to an OTLP/HTTP sink
+run here (it accepts and drops the spans), so the cost of tracing on shows beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from aiohttp import web
+
+from .procs import Proc, cores, cpu_seconds, free_port, pin_self
+from .run import PROXY_ENV, REPO, LoadGen
+
+
+class OtlpSink:
+    """An OTLP/HTTP endpoint that takes every export and keeps only the byte count."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.received = 0
+        self._loop = asyncio.new_event_loop()
+        threading.Thread(target=self._loop.run_forever, daemon=True).start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+
+    async def _start(self) -> None:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/traces", self._traces)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", self.port).start()
+
+    async def _traces(self, request: web.Request) -> web.Response:
+        self.received += len(await request.read())
+        return web.Response(body=b"", content_type="application/x-protobuf")  # an empty ExportTraceServiceResponse
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--proxy-src", action="append", required=True, help="a source tree (repeat: the first is the baseline)")
+    p.add_argument("--traces", action="store_true", help="also run the last tree with traces on")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--requests", type=int, default=200, help="measured requests per tree and round")
+    p.add_argument("--conversations", type=int, default=20)
+    args = p.parse_args(argv)
+
+    client_cpus, target_cpus = cores()
+    pin_self(client_cpus)
+    tmp = Path(tempfile.mkdtemp(prefix="context-proxy-turn-cpu-"))
+    mock_port = free_port()
+    procs: list[Proc] = []
+    mock = Proc("mock", [sys.executable, "-m", "bench.mock_upstream", "--port", str(mock_port)], mock_port, "/healthz",
+                tmp / "mock.log", cwd=str(REPO), cpus=client_cpus).start()
+    procs.append(mock)
+    sink = OtlpSink() if args.traces else None
+    targets: list[tuple[str, Proc]] = []
+    runs = [(src, False) for src in args.proxy_src] + ([(args.proxy_src[-1], True)] if args.traces else [])
+    for n, (src, traced) in enumerate(runs):
+        port = free_port()
+        env = {
+            "CONTEXT_PROXY_UPSTREAM__BASE_URL": f"http://127.0.0.1:{mock_port}/v1",
+            "CONTEXT_PROXY_STORAGE__PATH": str(tmp / f"store-{n}"),
+            **PROXY_ENV,
+        }
+        if traced and sink is not None:
+            env["CONTEXT_PROXY_TELEMETRY__OTLP_ENDPOINT"] = f"http://127.0.0.1:{sink.port}"
+        root = Path(src).resolve()
+        name = f"{root.name or root}{' +traces' if traced else ''}"
+        proc = Proc(name, [sys.executable, "-m", "proxy", "serve", "--config", str(root / "config.yaml"), "--port", str(port)],
+                    port, "/healthz", tmp / f"proxy-{n}.log", env=env, cwd=str(root), cpus=target_cpus).start()
+        procs.append(proc)
+        targets.append((name, proc))
+    lg = LoadGen(client_cpus, tmp / "loadgen.log")
+    per_request: dict[str, list[float]] = {name: [] for name, _ in targets}
+    try:
+        mock.wait_ready(30)
+        for _, proc in targets:
+            proc.wait_ready(60)
+        for r in range(args.rounds):
+            for name, proc in targets:
+                pool = f"r{r}-{proc.port}"
+                ids = [f"{pool}-{i}" for i in range(args.conversations)]
+                lg(op="open", pool=pool, kind="agent200", ids=ids, url=f"http://127.0.0.1:{proc.port}/v1")
+                lg(op="run", pool=pool, requests=args.conversations)  # first turns: the stored prefix exists
+                before = cpu_seconds(proc.pid)
+                result = lg(op="run", pool=pool, requests=args.requests)
+                per_request[name].append((cpu_seconds(proc.pid) - before) / result["sent"] * 1000)
+                lg(op="close", pool=pool)
+                if result["errors"]:
+                    raise RuntimeError(f"{name}: {result['errors']} errors, e.g. {result['error_samples'][:1]}")
+            print(f"round {r + 1}: " + ", ".join(f"{n} {v[-1]:.3f} ms" for n, v in per_request.items()), file=sys.stderr)
+    finally:
+        lg.close()
+        for proc in reversed(procs):
+            proc.stop()
+    base = args.proxy_src and per_request[targets[0][0]]
+    print("| tree | CPU ms/turn (median) | per round | ratio to the first, per round |")
+    print("|------|----------------------|-----------|-------------------------------|")
+    for name, values in per_request.items():
+        ratios = [v / b for v, b in zip(values, base, strict=True)]
+        print(f"| {name} | {statistics.median(values):.3f} | {' '.join(f'{v:.3f}' for v in values)} | "
+              f"{' '.join(f'{x:.3f}' for x in ratios)} (median {statistics.median(ratios):.3f}) |")
+    if sink is not None:
+        print(f"\nspans received by the OTLP sink: {sink.received} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
