@@ -194,9 +194,16 @@ def _extend(previous: BodyEntry, raw: bytes, transcript_key: str, key: Any) -> P
 
 def _entry(raw: bytes, body: Any, transcript_key: str) -> BodyEntry | None:
     """Where `raw`'s transcript array closes, proven: None when it can't be found or isn't a
-    non-empty array of the body."""
+    non-empty array of the body (or is nested too deeply to compare: validation refuses it)."""
     if not isinstance(body, dict) or not isinstance(raws := body.get(transcript_key), list) or not raws:
         return None
+    try:
+        return _closed_at(raw, body, transcript_key, raws)
+    except RecursionError:
+        return None
+
+
+def _closed_at(raw: bytes, body: dict[str, Any], transcript_key: str, raws: list[Any]) -> BodyEntry | None:
     keys = list(body)
     after = {k: body[k] for k in keys[keys.index(transcript_key) + 1 :]}
     end = len(raw)
