@@ -14,6 +14,7 @@ conversation goes first).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,9 +71,11 @@ class PrefixCache:
 
 JSON_SPACE = b" \t\r\n"  # JSON's whitespace (bytes.strip()'s default strips \x0b and \x0c too)
 MAX_CANDIDATES = 64  # closing brackets tried, from the end, to find where the transcript ends
-# Request bodies held, one per recent conversation: the bench's 20 agents of 220 KB fit many times
-# over; parsed, a body takes about twice its bytes again (measured: see the README).
-BODY_BYTES = 12 * 2**20
+# Memory for request bodies, one per recent conversation: its bytes and its parsed objects, which
+# take about twice its bytes again (measured with tracemalloc): ~10 MB of bodies, the bench's 36
+# agents of 220 KB and more.
+BODY_BYTES = 32 * 2**20
+PARSED = 2  # bytes of parsed objects per byte of JSON
 MAX_BODIES = 512
 
 
@@ -106,7 +109,8 @@ class BodyEntry:
 
     @property
     def size(self) -> int:
-        return len(self.head) + len(self.tail)
+        """Its memory: the bytes kept and the parsed objects."""
+        return (len(self.head) + len(self.tail)) * (1 + PARSED)
 
 
 class BodyCache:
@@ -125,8 +129,10 @@ class BodyCache:
     the conversation id it names); bounded by the bytes held, least recently used out first.
     """
 
-    def __init__(self, max_bytes: int = BODY_BYTES, enabled: bool = True) -> None:
-        self.max_bytes, self.enabled = max_bytes, enabled
+    def __init__(
+        self, max_bytes: int = BODY_BYTES, enabled: bool = True, on_evict: Callable[[BodyEntry], None] | None = None
+    ) -> None:
+        self.max_bytes, self.enabled, self.on_evict = max_bytes, enabled, on_evict  # on_evict: what else lets go
         self._entries: OrderedDict[Any, BodyEntry] = OrderedDict()
         self._held = 0
 
@@ -134,7 +140,7 @@ class BodyCache:
         """`raw` read as the previous request under `key` plus new transcript items (parsed here,
         on the loop: at most OFFLOAD_BYTES of them), or None: it must be parsed whole."""
         previous = self._entries.get(key) if self.enabled else None
-        if previous is None or len(raw) - previous.size > OFFLOAD_BYTES:
+        if previous is None or len(raw) - len(previous.head) - len(previous.tail) > OFFLOAD_BYTES:
             return None
         extended = _extend(previous, raw, transcript_key, key)
         if extended is not None:
@@ -143,7 +149,7 @@ class BodyCache:
 
     async def full(self, key: Any, raw: bytes, body: dict[str, Any], transcript_key: str) -> ParsedBody:
         """`body`, parsed whole from `raw`, with what the next request under `key` is compared with."""
-        if not self.enabled or len(raw) > self.max_bytes // 2:
+        if not self.enabled or len(raw) * (1 + PARSED) > self.max_bytes // 4:
             return ParsedBody(body)
         return ParsedBody(body, entry=await off_loop(len(raw), _entry, raw, body, transcript_key), key=key)
 
@@ -161,6 +167,13 @@ class BodyCache:
         while self._held > self.max_bytes or len(self._entries) > MAX_BODIES:
             _, evicted = self._entries.popitem(last=False)
             self._held -= evicted.size
+            if self.on_evict is not None:
+                self.on_evict(evicted)
+
+    @property
+    def held(self) -> int:
+        """The memory its entries take (`BodyEntry.size`), at most `max_bytes`."""
+        return self._held
 
     def forget(self, key: Any) -> None:
         old = self._entries.pop(key, None)

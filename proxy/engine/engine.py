@@ -84,8 +84,8 @@ class Engine:
         )
         self.telemetry = telemetry
         # Requests that extend the previous one: parsed (bodies) and rewritten (fastpath) only where new.
-        self.bodies = BodyCache(enabled=settings.server.fast_path)
         self.fastpath = FastPath(enabled=settings.server.fast_path)
+        self.bodies = BodyCache(enabled=settings.server.fast_path, on_evict=self.fastpath.let_go)
 
     async def conversation_key(self, request: TurnRequest) -> ConversationKey:
         """The conversation a request belongs to, in this order: the one it names; the one that

@@ -37,8 +37,11 @@ from ..transcript import Item, unit_start
 from ..upstream import EncodedBody
 from .report import TurnReport
 
-MAX_BYTES = 12 * 2**20  # upstream bodies held, over every conversation (and their items: see Memo.size)
+# Memory for memos: their upstream bodies and items (the transcript they hold is the BodyCache's:
+# a memo goes when its body does, see FastPath.let_go).
+MAX_BYTES = 8 * 2**20
 MAX_CONVERSATIONS = 512
+ITEM_BYTES = 300  # an Item, and its place in each stage's lists
 
 # What the pipeline's stages fill in of a turn's report: carried from one turn to the next.
 # (Not what is the turn's own: the cuts it moved, inbox deliveries, the knowledge shown, repairs
@@ -104,7 +107,7 @@ class Memo:
 
     @property
     def size(self) -> int:
-        return (self.wire.size if self.wire is not None else 0) + 64 * len(self.items)
+        return (self.wire.size if self.wire is not None else 0) + ITEM_BYTES * len(self.items)
 
 
 class FastPath:
@@ -113,6 +116,7 @@ class FastPath:
     def __init__(self, enabled: bool = True, max_bytes: int = MAX_BYTES) -> None:
         self.enabled, self.max_bytes = enabled, max_bytes
         self._memos: OrderedDict[ConversationKey, Memo] = OrderedDict()
+        self._keys: dict[int, ConversationKey] = {}  # id of a memo's body entry -> its conversation
         self._held = 0
         self.taken = 0  # turns that took the fast path (for tests and the bench)
         self.declined = 0  # turns that had a memo and still ran the whole pipeline
@@ -138,15 +142,24 @@ class FastPath:
         if memo.size > self.max_bytes // 4:
             return
         self._memos[key] = memo
+        self._keys[id(memo.origin)] = key
         self._held += memo.size
         while self._held > self.max_bytes or len(self._memos) > MAX_CONVERSATIONS:
-            _, evicted = self._memos.popitem(last=False)
-            self._held -= evicted.size
+            evicted_key = next(iter(self._memos))
+            self.forget(evicted_key)
 
     def forget(self, key: ConversationKey) -> None:
         old = self._memos.pop(key, None)
         if old is not None:
             self._held -= old.size
+            self._keys.pop(id(old.origin), None)
+
+    def let_go(self, entry: BodyEntry) -> None:
+        """The BodyCache let go of `entry`: a memo made from it can never be used again (and must
+        not keep its transcript alive)."""
+        key = self._keys.get(id(entry))
+        if key is not None and (memo := self._memos.get(key)) is not None and memo.origin is entry:
+            self.forget(key)
 
 
 class FastTurn:
