@@ -27,6 +27,7 @@ import secrets
 import sqlite3
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -78,6 +79,7 @@ PROBE = "health-probe"  # written by health() to see whether a failed store writ
 FAILED_SCOPE = "\x02failed:"  # + a scope: the index of that scope's conversations with a failed turn
 INDEX_PAGE = 1000  # conversations per index page: registering one rewrites one page, not an index
 MAX_SNAPSHOTS = 1024  # conversation records kept in memory (the active ones)
+MAX_RECORDS = 256  # of those, the stored form kept for the next write
 RESERVE_FILE = "reserve"
 LOW_SPACE = 1024 * 1024  # less free than this (beside the reserve) is a full store for health()
 PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
@@ -189,6 +191,10 @@ class DiskStore:
         self._reserve.make()
         self._health = WriteHealth()
         self._snapshots: dict[ConversationKey, Conversation] = {}  # written by the store thread only
+        # The latest saved record of recent conversations, as saved (store thread only): a turn's
+        # write updates it instead of reading and unpickling it again (its live index grows with
+        # the conversation). Safe because this process is the store's only writer.
+        self._records: OrderedDict[ConversationKey, dict[str, Any]] = OrderedDict()
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diskstore")
         self._locks: weakref.WeakValueDictionary[ConversationKey, asyncio.Lock] = weakref.WeakValueDictionary()
         self._leases: dict[str, tuple[str, float]] = {}  # name -> (token, monotonic expiry)
@@ -218,6 +224,7 @@ class DiskStore:
         except BaseException:
             # The transaction was rolled back, but a record snapshot may have been taken inside it.
             self._snapshots.clear()
+            self._records.clear()
             raise
         if not self._reserve.held:  # let go of for a delete: made again once there is room
             self._reserve.make()
@@ -247,6 +254,10 @@ class DiskStore:
     def _save(self, key: ConversationKey, raw: dict[str, Any]) -> None:
         self._cache.set(_conv_key(key), raw)
         self._snapshot(key, raw)
+        self._records[key] = raw
+        self._records.move_to_end(key)
+        if len(self._records) > MAX_RECORDS:
+            self._records.popitem(last=False)
 
     def _snapshot(self, key: ConversationKey, raw: dict[str, Any]) -> Conversation:
         conversation = self._snapshots[key] = _conversation(key, raw)
@@ -319,6 +330,7 @@ class DiskStore:
                 self._cache.delete(_turn_key(key, turn))
             self._cache.delete(_conv_key(key))
             self._snapshots.pop(key, None)
+            self._records.pop(key, None)
             if raw.get("pending"):
                 self._track_pending(key, False)
             scopes = (key.tenant, ALL_TENANTS)
@@ -561,7 +573,7 @@ class DiskStore:
     def _update_record(self, key: ConversationKey, change: Callable[[dict[str, Any]], Any]) -> Any:
         """Apply `change` to the conversation record (creating it if new); returns what `change` returns."""
         with self._cache.transact():
-            raw = self._load(key)
+            raw = self._records.get(key) or self._load(key)
             if raw is None:
                 raw = self._register(key, _new_record(now()))
             result = change(raw)
