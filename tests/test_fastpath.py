@@ -32,7 +32,7 @@ REF = re.compile(r"out_\d+_[0-9a-f]{24}")
 POSTED_AT = re.compile(rb"written at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC")
 SETTINGS: dict[str, dict[str, Any]] = {
     "context": {"history_token_limit": 4000, "window_refill": 0.5},
-    "compaction": {"strategy": "turns", "every_n_user_messages": 6, "background": False},
+    "compaction": {"strategy": "turns", "every_n_user_messages": 10, "background": False},
     "quota": {"max_llm_calls": 100_000},
     "profiles": {"tight": {"context": {"history_token_limit": 2500}}},
 }
@@ -169,6 +169,6 @@ def test_the_fast_path_sends_what_the_whole_pipeline_sends_byte_for_byte(make_pr
     for i, (a, b) in enumerate(zip(sent_fast, sent_full, strict=True)):
         at = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
         assert a == b, f"upstream request {i} differs at {at}: {a[max(at - 300, 0):at + 100]!r} / {b[max(at - 300, 0):at + 100]!r}"
-    # The run took the fast path on most turns, and the whole one wherever it had to.
-    print("fast path taken", taken)
-    assert 30 <= taken < 90
+    # The run took the fast path on many turns (while no summary is in force: then the whole
+    # pipeline runs every turn), and the whole one wherever it had to.
+    assert 15 <= taken < 90, taken
