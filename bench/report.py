@@ -31,8 +31,8 @@ COLUMNS: list[tuple[str, str]] = [
     ("mock_cpu_ms", "mock CPU ms/req"),
     ("errors", "errors"),
 ]
-TARGET_ORDER = ["direct", "forwarder", "proxy-off", "proxy", "proxy-models", "litellm"]
-PROXIES = ["proxy-off", "proxy", "proxy-models"]
+TARGET_ORDER = ["direct", "forwarder", "proxy-off", "proxy", "proxy-models", "proxy-base", "litellm"]
+PROXIES = ["proxy-off", "proxy", "proxy-models", "proxy-base"]
 
 
 def _get(d: Any, *path: str) -> Any:

@@ -5,6 +5,7 @@ Side by side in one run, against one mock upstream on loopback:
   forwarder  bare aiohttp forwarder (bench/forwarder.py): the floor
   proxy-off  context-proxy, shipped config.yaml, pipeline stages turned off by env vars
   proxy      context-proxy, shipped config.yaml
+  proxy-base the same from another source tree (`--base-src`, e.g. main's): before/after in one run
   litellm    LiteLLM's proxy (its own venv), same mock
 
 Phases, per target and per repeat (targets interleaved within a repeat so drift hits all alike;
@@ -62,7 +63,7 @@ MODELS_TABLE_ENV = {
     "BENCH_UNUSED_PROVIDER_KEY": "unused",
 }
 
-TARGETS = ["direct", "forwarder", "proxy-off", "proxy", "proxy-models", "litellm"]
+TARGETS = ["direct", "forwarder", "proxy-off", "proxy", "proxy-models", "proxy-base", "litellm"]
 
 
 @dataclass
@@ -160,6 +161,7 @@ class Bench:
         self.logs = self.out_dir / "logs"
         self.tmp = Path(tempfile.mkdtemp(prefix="context-proxy-bench-"))
         self.proxy_src = Path(args.proxy_src).resolve()
+        self.base_src = Path(args.base_src).resolve() if args.base_src else self.proxy_src
         self.targets: dict[str, Target] = {}
         self.procs: list[Proc] = []
         self.mock: Proc | None = None
@@ -187,7 +189,7 @@ class Bench:
         if "direct" in self.targets:
             self.targets["direct"].url = mock_url
         starting: list[Target] = []
-        for name in ("forwarder", "proxy-off", "proxy", "proxy-models"):
+        for name in ("forwarder", "proxy-off", "proxy", "proxy-models", "proxy-base"):
             if name in self.targets:
                 t = self.targets[name]
                 t.proc = self._make(name, mock_url)
@@ -231,10 +233,11 @@ class Bench:
         }
         if runner:
             env["PYTHONPATH"] = str(REPO)  # bench.* from here; `proxy` still from proxy_src (the cwd comes first)
+        src = self.base_src if name == "proxy-base" else self.proxy_src
         return Proc(
             name,
-            [sys.executable, *(runner or ["-m", "proxy"]), "serve", "--config", str(self.proxy_src / "config.yaml"), "--port", str(port)],
-            port, "/healthz", self.logs / f"{name}.log", env=env, cwd=str(self.proxy_src), cpus=self.target_cpus,
+            [sys.executable, *(runner or ["-m", "proxy"]), "serve", "--config", str(src / "config.yaml"), "--port", str(port)],
+            port, "/healthz", self.logs / f"{name}.log", env=env, cwd=str(src), cpus=self.target_cpus,
         )
 
     def memprobe(self) -> dict[str, Any]:
@@ -556,6 +559,7 @@ class Bench:
         data["pinning"] = {"client_cores": sorted(self.client_cpus or []), "target_cores": sorted(self.target_cpus or [])}
         data["proxy_src"] = str(self.proxy_src)
         data["proxy_version"] = source_version(self.proxy_src)
+        data["base_src"], data["base_version"] = str(self.base_src), source_version(self.base_src)
         data["pipeline_off_env"] = PIPELINE_OFF_ENV
         summary = report.summarize(data)
         data["summary"] = summary
@@ -609,7 +613,7 @@ def machine() -> dict[str, Any]:
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="tiny run that proves the bench works (no LiteLLM)")
-    p.add_argument("--targets", default=",".join(TARGETS), help=f"comma-separated subset of {','.join(TARGETS)}")
+    p.add_argument("--targets", help=f"comma-separated subset of {','.join(TARGETS)} (default: all; proxy-base with --base-src)")
     p.add_argument("--no-litellm", action="store_true", help="do not install or run LiteLLM (its row says skipped)")
     p.add_argument("--repeats", type=int)
     p.add_argument("--seq-requests", type=int)
@@ -626,6 +630,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
     p.add_argument("--skip-memory", action="store_true")
     p.add_argument("--profile", action="store_true", help="also sample the proxy with py-spy and list hot spots")
     p.add_argument("--proxy-src", default=str(REPO), help="source tree whose `proxy` package and config.yaml are run")
+    p.add_argument("--base-src", help="source tree the proxy-base target runs (default: --proxy-src)")
     p.add_argument("--out", default=str(RESULTS), help="where results go (default bench/results)")
     args = p.parse_args(argv)
     s = Settings(**vars(SMOKE)) if args.smoke else Settings()
@@ -639,6 +644,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
         s.scaling_turns = sorted(int(x) for x in args.scaling_turns.split(","))
     if args.memory_conversations:
         s.memory_conversations = sorted(int(x) for x in args.memory_conversations.split(","))
+    if args.targets is None:
+        args.targets = ",".join(t for t in TARGETS if t != "proxy-base" or args.base_src)
     args.targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     unknown = set(args.targets) - set(TARGETS)
     if unknown:

@@ -52,7 +52,9 @@ from .upstream.http import redacted
 from .upstream.router import UpstreamRouter, counting_aliases, window_overrides
 
 log = logging.getLogger("proxy")
-WARM_MODELS = ("gpt-4o",)  # o200k_base: the encoding of today's OpenAI models
+# Tokenizers are loaded when a request's model first needs one (TokenCounter.ready), not here:
+# a proxy that never counts for OpenAI models never holds o200k_base's ~48 MB.
+WARM_MODELS: tuple[str, ...] = ()
 access_log = logging.getLogger("proxy.access")
 
 

@@ -43,6 +43,12 @@ class ServerSettings(Section):
     max_messages: int = Field(
         10_000, ge=1, le=1_000_000, description="Most messages one request may carry (413 above)."
     )
+    fast_path: bool = Field(
+        False,
+        description="A request that extends the conversation's previous one byte for byte costs only its new "
+        "items (the previous turn's work is reused, to the same result). Off by default until a rare "
+        "divergence a randomized test saw is explained (README, Performance).",
+    )
     allowed_hosts: tuple[str, ...] = Field(
         (),
         description="Host names (without port) accepted besides localhost and loopback addresses: on every "

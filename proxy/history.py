@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from .store import Conversation, StoredMessage
 from .transcript import Codec, Item, Raw, Role, leading_system_count
@@ -36,19 +37,26 @@ class TurnPlan:
 
 def plan_full_history(raws: list[Raw], hashes: list[str], conversation: Conversation | None) -> TurnPlan:
     live = conversation.live if conversation else []
-    same = 0
-    for (_, stored), sent in zip(live, hashes, strict=False):
-        if stored != sent:
-            break
-        same += 1
+    stored = list(map(_second, live))  # in C: a turn of a long conversation walks it in Python nowhere
+    if stored == hashes[: len(stored)]:  # the usual turn: the request extends the live transcript
+        same = len(stored)
+    else:
+        same = 0
+        for kept, sent in zip(stored, hashes, strict=False):
+            if kept != sent:
+                break
+            same += 1
     return TurnPlan(
         new=raws[same:],
         new_hashes=hashes[same:],
         upstream=raws,
-        known_seqs=[seq for seq, _ in live[:same]],
-        supersede=[seq for seq, _ in live[same:]],
+        known_seqs=list(map(_first, live[:same])),
+        supersede=list(map(_first, live[same:])),
         upstream_hashes=hashes,
     )
+
+
+_first, _second = itemgetter(0), itemgetter(1)
 
 
 def plan_proxy_history(codec: Codec, raws: list[Raw], hashes: list[str], live: list[StoredMessage]) -> TurnPlan:

@@ -1,5 +1,8 @@
 """The store side of one turn: its new items go in as pending, then end live or failed.
 
+Two writes on a turn's path: the new items before anything is forwarded, and the end (statuses,
+the reply, the turn's record, its upstream calls and first-forwarded marks) in one step.
+
 Every write of a turn runs as its own task, chained after the previous one and shielded from
 the request's cancellation: a client that hangs up mid-turn cannot leave a write half done, and
 `settled()` lets the conversation lock wait for the last write before the next turn reads.
@@ -27,6 +30,10 @@ class TurnWriter:
         self.pending: list[int] = []
         # What went upstream, kept with the turn once it ends: set once the prompt is built.
         self.report: TurnReport | None = None
+        self.ended: tuple[str, str] | None = None  # (the turn's items' status, the reply's) once stored
+        # Kept with the turn's end: the upstream calls it made, and when its messages were first forwarded.
+        self.llm_calls = 0
+        self.forwarded: dict[int, int] = {}
         self._last: asyncio.Future[Any] | None = None
 
     def _then(self, step: Callable[[], Awaitable[Any]]) -> Awaitable[Any]:
@@ -71,7 +78,11 @@ class TurnWriter:
             changes |= dict.fromkeys(self.plan.supersede, SUPERSEDED)
         record = self.report.record(status, self.pending) if self.report is not None else None
         hashes = await off_loop(sum(_size(raw) for raw in reply), lambda: [self.codec.hash(raw) for raw in reply])
-        await self.store.finish_turn(self.key, changes, list(zip(reply, hashes, strict=True)), reply_status, record)
+        await self.store.finish_turn(
+            self.key, changes, list(zip(reply, hashes, strict=True)), reply_status, record,
+            llm_calls=self.llm_calls, forwarded=self.forwarded,
+        )
+        self.ended = (status, reply_status)
 
     async def settled(self) -> None:
         """Wait for the last write to land, even if this request is being cancelled."""

@@ -965,6 +965,7 @@ class Recorded:
     body: dict | bytes | None
     status_sent: int = 0
     query: dict[str, str] = field(default_factory=dict)
+    raw: bytes = b""  # the body's bytes as received
 
 
 def _decode_body(raw: bytes) -> dict | bytes | None:
@@ -1095,6 +1096,7 @@ class FakeUpstream:
             headers={name.lower(): value for name, value in request.headers.items()},
             body=_decode_body(raw),
             query=dict(request.query),
+            raw=raw,
         )
         with self._lock:
             self._requests.append(record)

@@ -29,3 +29,76 @@ def test_the_bound_evicts_least_recently_used_and_refuses_giants():
     assert cache.known_prefix(B, msgs("b")) == [] and cache.known_prefix(A, msgs("a")) == ["ha"]
     cache.remember(A, msgs("huge"), ["hh"], size=900)  # over half the bound: not kept, old entry dropped
     assert cache.known_prefix(A, msgs("a")) == [] and cache.known_prefix(A, msgs("huge")) == []
+
+
+# -- the body cache: a request that appends items is parsed only where it is new ------------------
+
+import asyncio  # noqa: E402
+import json  # noqa: E402
+
+import orjson  # noqa: E402
+
+from proxy.prefix import BodyCache  # noqa: E402
+
+KEY = ("tenant", "chat", "conversation")
+
+
+def first(cache: BodyCache, raw: bytes) -> None:
+    """A full parse of `raw`, kept as the conversation's last request (its items' hashes made up)."""
+    parsed = asyncio.run(cache.full(KEY, raw, orjson.loads(raw), "messages"))
+    assert parsed.entry is not None, "where the transcript closes was found"
+    cache.remember(KEY, parsed, [f"h{i}" for i in range(len(parsed.body["messages"]))])
+
+
+def body(messages: list[dict], **after: object) -> bytes:
+    """As an SDK sends it: spaces after separators, keys after the transcript."""
+    return json.dumps({"model": "m", "messages": messages, **after}).encode()
+
+
+def test_appended_items_are_parsed_alone_and_the_rest_is_the_last_requests():
+    cache = BodyCache()
+    old = msgs("a", "b")
+    first(cache, body(old, tools=[{"type": "function"}], stream=False))
+    new = body([*old, *msgs("c", "d")], tools=[{"type": "function"}], stream=False)
+    parsed = cache.extend(KEY, new, "messages")
+    assert parsed is not None and parsed.reused == 2 and parsed.hashes == ["h0", "h1"]
+    assert parsed.body == json.loads(new)  # what a full parse gives
+    assert parsed.body["messages"][0] is parsed.origin.raws[0]  # the previous request's own objects
+
+
+def test_anything_but_an_append_is_parsed_whole():
+    cache = BodyCache()
+    old = msgs("a", "b")
+    first(cache, body(old, stream=False))
+    refused = {
+        "an edited item": body([*msgs("a", "B"), *msgs("c")], stream=False),
+        "a changed parameter": body([*old, *msgs("c")], stream=True),
+        "an item taken out": body(msgs("a"), stream=False),
+        "a trailing comma": body(old, stream=False).replace(b"}], ", b"},], "),
+        "two arrays": body(old, stream=False).replace(b"}], ", b"}], [1], "),
+    }
+    for what, raw in refused.items():
+        assert cache.extend(KEY, raw, "messages") is None, what
+    assert cache.extend(("other", "chat", "conversation"), body([*old, *msgs("c")], stream=False), "messages") is None
+
+
+def test_the_transcript_end_is_proven_not_guessed():
+    """A `]` that looks like the transcript's end but is inside a later value is not taken for it."""
+    cache = BodyCache()
+    raw = b'{"messages": [{"role": "user", "content": "a"}], "stream": [1], "stream": true}'
+    parsed = asyncio.run(cache.full(KEY, raw, orjson.loads(raw), "messages"))
+    assert parsed.entry is not None and parsed.entry.tail.startswith(b'], "stream": [1]')
+    deep = b'{"messages": [' + b"[" * 990 + b"]" * 990 + b"]}"
+    assert asyncio.run(cache.full(KEY, deep, orjson.loads(deep), "messages")).entry is None  # too deep to compare
+
+
+def test_the_cache_is_bounded_and_says_what_it_let_go():
+    gone = []
+    cache = BodyCache(max_bytes=30_000, on_evict=gone.append)
+    for i in range(6):
+        key = ("t", "chat", f"c{i}")
+        raw = body(msgs("x" * 2000))
+        parsed = asyncio.run(cache.full(key, raw, orjson.loads(raw), "messages"))
+        cache.remember(key, parsed, ["h"])
+    assert 0 < len(gone) < 6 and cache.held <= 30_000
+    assert cache.extend(("t", "chat", "c0"), body([*msgs("x" * 2000), *msgs("y")]), "messages") is None  # evicted first

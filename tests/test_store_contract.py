@@ -251,6 +251,29 @@ async def test_finish_turn_is_one_step_and_keeps_the_turn_record(store):
     assert await store.turn_records(B) == []
 
 
+async def test_finish_turn_also_counts_the_turns_calls_and_keeps_its_first_forwarded_marks(store):
+    """A turn's end is its second and last write: its upstream calls and forwarded marks go with it."""
+    pending = await add(store, A, ["question", "tool output"], PENDING)
+    assert await store.count_llm_call(A) == 1  # an earlier call, counted on its own
+    reply = {"role": "assistant", "content": "answer"}
+    await store.finish_turn(A, {s: LIVE for s in pending}, [(reply, message_hash(reply))], LIVE, {"tokens_sent": 5},
+                            llm_calls=3, forwarded={pending[1]: 2})
+    conversation = await store.get(A)
+    assert conversation is not None and conversation.llm_calls == 4 and conversation.first_forwarded == {pending[1]: 2}
+    assert [m.status for m in await store.messages(A, live_only=False)] == [LIVE, LIVE, LIVE]
+    # A refused turn still counts the calls it made; no calls, no marks: nothing changes.
+    refused = await add(store, A, ["again"], PENDING)
+    await store.finish_turn(A, {refused[0]: FAILED}, [], FAILED, None, llm_calls=1)
+    await store.finish_turn(A, {}, [], LIVE, None)
+    conversation = await store.get(A)
+    assert conversation is not None and conversation.llm_calls == 5 and conversation.first_forwarded == {pending[1]: 2}
+    # A bad seq changes nothing: not the count, not the marks.
+    with pytest.raises(KeyError):
+        await store.finish_turn(A, {999: LIVE}, [], LIVE, None, llm_calls=7, forwarded={refused[0]: 9})
+    conversation = await store.get(A)
+    assert conversation is not None and conversation.llm_calls == 5 and conversation.first_forwarded == {pending[1]: 2}
+
+
 async def test_a_reply_of_several_items_is_named_by_its_response_id_until_deleted(store):
     pending = await add(store, A, ["question"], PENDING)
     reply = [({"type": "reasoning", "id": "rs_1"}, "h1"), ({"type": "message", "role": "assistant"}, "h2")]

@@ -175,7 +175,7 @@ def turn(
     return SimpleNamespace(
         model=model, profile=profile, counter=COUNTER, codec=CHAT.codec, report=report,
         reply_reserve=CHAT.reply_reserve(body), fixed_tokens=0, proxy_tool_tokens=0, marks=marks or {},
-        summary=None, key=report.key, refs=RefSigner(b"k" * 32),
+        summary=None, key=report.key, refs=RefSigner(b"k" * 32), notes={},
     )
 
 

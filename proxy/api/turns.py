@@ -22,6 +22,7 @@ from ..engine import TurnReport, TurnRequest
 from ..errors import InvalidRequest, add_error_shape
 from ..identity import ConversationKey, explicit_conversation_id, request_tenant
 from ..messages import MAX_DEPTH, too_deep
+from ..prefix import ParsedBody
 from ..request_limits import check_message_count, parse_json
 from ..state import CONVERSATION, ENGINE, LOG_FIELDS, METRICS, SETTINGS, TRAJECTORIES
 from ..titles import TITLE_HEADER, check_title
@@ -33,6 +34,18 @@ COMPACTION_HEADER = "X-Compaction"
 KNOWLEDGE_HEADER = "X-Knowledge-Namespace"
 # Our own request headers: meant for the proxy, never forwarded upstream.
 OWN_HEADERS = frozenset({"x-history", "x-context-profile", "x-compaction", "x-knowledge-namespace", TITLE_HEADER.lower()})
+
+
+async def read_turn_body(request: web.Request, dialect: Dialect, cache_key: Any) -> ParsedBody:
+    """The request body; one that extends the previous request of the conversation the client
+    names (`cache_key`) by appending transcript items is parsed only where it is new."""
+    raw = await request.read()
+    bodies = request.app[ENGINE].bodies
+    parsed = bodies.extend(cache_key, raw, dialect.transcript_key) if cache_key is not None else None
+    if parsed is not None:
+        return parsed
+    body = await read_json_object(request, dialect.transcript_key)
+    return await bodies.full(cache_key, raw, body, dialect.transcript_key) if cache_key is not None else ParsedBody(body)
 
 
 async def read_json_object(request: web.Request, transcript_key: str) -> dict[str, Any]:
@@ -116,9 +129,10 @@ class ResponseSink:
             await self.response.write_eof()
 
 
-async def turn_request(request: web.Request, dialect: Dialect, body: dict[str, Any]) -> TurnRequest:
+async def turn_request(request: web.Request, dialect: Dialect, parsed: ParsedBody) -> TurnRequest:
     """The engine's view of a managed request (its transcript already checked at the top)."""
     settings = request.app[SETTINGS]
+    body = parsed.body
     profile = request_profile(request, settings, dialect.model(body))
     return TurnRequest(
         dialect=dialect,
@@ -133,16 +147,24 @@ async def turn_request(request: web.Request, dialect: Dialect, body: dict[str, A
         headers=dict(forwardable(request.headers, drop=OWN_HEADERS | {settings.conversation.id_header.lower()})),
         knowledge_namespace=knowledge_namespace(request, profile),
         query=request.query_string,
+        parsed=parsed,
     )
 
 
 async def read_turn(request: web.Request, dialect: Dialect) -> tuple[TurnRequest, ConversationKey, TurnReport]:
     """A managed request read: the turn, the conversation it belongs to, its (empty) report."""
-    body = await read_json_object(request, dialect.transcript_key)
+    settings = request.app[SETTINGS]
+    # A body that extends the previous request of the conversation the client names is parsed
+    # only where it is new (the fast path's first step).
+    named = (explicit_conversation_id(request, settings.conversation) or request.headers.get("session-id")
+             or request.headers.get("x-claude-code-session-id"))
+    tenant = request_tenant(request, settings.conversation)
+    parsed = await read_turn_body(request, dialect, (tenant, dialect.name, named) if named else None)
+    body = parsed.body
     # A missing or malformed transcript is a 400 before anything else, too long a one a 413.
-    check_message_count(dialect.transcript(body), request.app[SETTINGS].server.max_messages, dialect.transcript_key)
+    check_message_count(dialect.transcript(body), settings.server.max_messages, dialect.transcript_key)
     title = check_title(request.headers.get(TITLE_HEADER), TITLE_HEADER)
-    turn = await turn_request(request, dialect, body)
+    turn = await turn_request(request, dialect, parsed)
     key = await request.app[ENGINE].conversation_key(turn)
     request[CONVERSATION] = key
     report = TurnReport(

@@ -45,14 +45,25 @@ class ChatRelay:
                 chunk, self._done_held = chunk[:cut], chunk[cut:]
             return chunk
         out = []
+        unchanged = True  # every event of the chunk goes to the client as it came
         for payload in self._parser.feed(chunk):
             parsed = self._round.feed(payload)
             if payload == b"[DONE]":
+                unchanged = False
                 continue  # held until we know no other round follows
             kept = self._filter.feed(payload, parsed)
+            if kept is not payload:
+                unchanged = False
             if kept is not None:
-                self._seen.feed(kept)
+                if parsed is not None:  # what `kept` encodes (the filter edits it in place): not parsed again
+                    self._seen.feed_chunk(parsed)
+                else:
+                    self._seen.feed(kept)
                 out.append(b"data: " + kept + b"\n\n")
+        if unchanged and out and chunk.endswith(b"\n\n"):
+            # Whole events, all the client's: relayed as the upstream framed them, nothing re-encoded
+            # or joined (a chunk ending mid-event is framed anew, so events never run together).
+            return chunk
         return b"".join(out)
 
     def end_round(self) -> RoundEnd:

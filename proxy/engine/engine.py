@@ -28,11 +28,11 @@ from ..history import TurnPlan, is_fresh_start, plan_anchored, plan_appended, pl
 from ..identity import ConversationKey, derived_conversation_id
 from ..metrics import Metrics
 from ..pipeline import Pipeline, Turn
-from ..prefix import PrefixCache
+from ..prefix import BodyCache, PrefixCache
 from ..quota import QuotaLedger
 from ..refs import RefSigner
 from ..request_limits import validated_hashes
-from ..store import Conversation, Store
+from ..store import LIVE, Conversation, Store
 from ..summarizer import Summarizer
 from ..telemetry import NO_TELEMETRY, Telemetry, TurnTrace
 from ..titles import task_of
@@ -40,8 +40,10 @@ from ..tokens import TokenCounter
 from ..tools import offered, standing
 from ..tools.readback import READ_TOOL_SPEC
 from ..turns import TurnWriter
+from ..upstream import HttpUpstream
 from ..upstream.router import UpstreamRouter
 from .exchange import Exchange
+from .fastpath import FastPath, FastTurn
 from .report import TurnReport
 from .request import ClientSink, Outcome, TurnRequest
 
@@ -81,6 +83,9 @@ class Engine:
             summarizer, compaction, router, prefixes, metrics,
         )
         self.telemetry = telemetry
+        # Requests that extend the previous one: parsed (bodies) and rewritten (fastpath) only where new.
+        self.fastpath = FastPath(enabled=settings.server.fast_path)
+        self.bodies = BodyCache(enabled=settings.server.fast_path, on_evict=self.fastpath.let_go)
 
     async def conversation_key(self, request: TurnRequest) -> ConversationKey:
         """The conversation a request belongs to, in this order: the one it names; the one that
@@ -145,13 +150,19 @@ class Engine:
     async def _run(
         self, request: TurnRequest, key: ConversationKey, report: TurnReport, sink: ClientSink, trace: TurnTrace
     ) -> Outcome:
-        dialect, codec, body = request.dialect, request.dialect.codec, request.body
+        dialect, codec, body, parsed = request.dialect, request.dialect.codec, request.body, request.parsed
         raws = dialect.transcript(body)
         # Items identical to the last request's need no checking or hashing again (see prefix.py).
-        known = self.prefixes.known_prefix(key, raws)
+        by_bytes = parsed is not None and parsed.entry is not None and parsed.entry.raws is raws
+        known = parsed.hashes if by_bytes else self.prefixes.known_prefix(key, raws)  # type: ignore[union-attr]
         hashes = known + await validated_hashes(dialect.validate, codec.hash, raws, len(known), request.size)
-        self.prefixes.remember(key, raws, hashes, size=request.size)
+        if by_bytes:
+            self.bodies.remember(parsed.key, parsed, hashes)  # type: ignore[union-attr]
+        else:
+            self.prefixes.remember(key, raws, hashes, size=request.size)
+        model = dialect.model(body)
         profile = request.profile
+        await self.counter.ready(model)  # its tokenizer, on its first use, in a thread
 
         async with self.store.lock(key):
             conversation = await self.store.get(key)
@@ -166,16 +177,30 @@ class Engine:
             upstream = self.router.for_model(turn.model)
             if request.anchor_seq is not None:
                 body = dialect.detach_anchor(body)  # the history goes from our store: the upstream needs none
+            fast = None  # the previous turn's work reused (see fastpath.py): full-history turns only
+            if conversation is not None and request.history == "full" and request.anchor_seq is None and request.compaction is None:
+                standing_tools = tuple(spec.name for spec in standing(profile) if not dialect.has_tool(body, spec.name))
+                fixed = (turn.reply_reserve, turn.fixed_tokens, turn.proxy_tool_tokens, standing_tools, request.knowledge_namespace)
+                fast = self.fastpath.turn(
+                    key, parsed, FastTurn.settings_of(profile, model, dialect, fixed), encode=isinstance(upstream, HttpUpstream)
+                )
+            else:
+                self.fastpath.forget(key)
             exchange = Exchange(
                 turn, writer, dialect, body, dialect.streaming(body), self.pipeline, upstream, sink, self.metrics, trace,
+                fast,
                 query=request.query,
             )
+            ended_well = False
             try:
                 outcome = await exchange.run()
+                ended_well = 200 <= outcome.status < 300 and report.stream_error is None
             finally:
                 await writer.settled()  # the next turn of this conversation must see every write of this one
                 if report.marks:  # a cut moved: the next turns start from it
                     await self.store.set_marks(key, report.marks)
+                if fast is not None:
+                    fast.done(turn, report, ended_well and writer.ended == (LIVE, LIVE))
         if request.compaction is None and profile.compaction.background and 200 <= outcome.status < 300:
             self.compaction.schedule(job)  # after the reply: never on the request's critical path
         return outcome

@@ -31,6 +31,7 @@ from .request import ClientSink, Outcome
 if TYPE_CHECKING:
     from ..metrics import Metrics
     from ..telemetry import TurnTrace
+    from .fastpath import FastTurn
 
 log = logging.getLogger("proxy.exchange")
 
@@ -51,9 +52,10 @@ class Exchange:
         sink: ClientSink,
         metrics: Metrics,
         trace: TurnTrace,
+        fast: FastTurn | None = None,
         query: str = "",
     ) -> None:
-        self.turn, self.writer, self.dialect, self.body, self.query = turn, writer, dialect, body, query
+        self.turn, self.writer, self.dialect, self.body, self.fast, self.query = turn, writer, dialect, body, fast, query
         self.streaming, self.pipeline, self.upstream, self.sink, self.metrics = streaming, pipeline, upstream, sink, metrics
         self.trace = trace  # the turn's trace: told of each upstream call and read-back round
         self.report = turn.report
@@ -62,6 +64,7 @@ class Exchange:
         self.tools: dict[str, ProxyTool] = {}  # the proxy's own tools offered this turn, by name
         self.internal_tokens = 0  # what the read-back rounds so far add to the prompt
         self._call_started = 0.0
+        self._calls_before = turn.ledger.call_number - 1  # the conversation's upstream calls before this turn
 
     @property
     def ours(self) -> frozenset[str]:
@@ -98,15 +101,24 @@ class Exchange:
         self.trace.upstream_done(usage)
 
     async def _rewrite(self) -> None:
-        stored = self.writer.plan.items(self.dialect.codec, self.writer.pending)
-        self.trace.transcript(stored)
-        items = await self.pipeline(self.turn, stored)
-        await self.turn.store.mark_forwarded(self.turn.key, self.turn.ledger.new_marks)
+        plan, fast = self.writer.plan, self.fast
+        if fast is not None:  # the previous turn's work reused where it can be (see fastpath.py)
+            items = await fast.rewrite(self.turn, plan, self.writer.pending, self.pipeline)
+            self.trace.transcript(fast.inputs)
+        else:
+            stored = plan.items(self.dialect.codec, self.writer.pending)
+            self.trace.transcript(stored)
+            items = await self.pipeline(self.turn, stored)
+        self.writer.forwarded = self.turn.ledger.new_marks  # kept with the turn's end
         self.items = items
         self.writer.report = self.report  # from now on the turn's record is kept with it
-        self.report.sent_seqs = [item.seq for item in items if item.seq is not None]
-        self.report.shortened = sum(1 for item in items if item.ref is not None and not item.masked)
-        tools = offered(self.turn, items, lambda name: self.dialect.has_tool(self.body, name))
+        if fast is not None:
+            self.report.sent_seqs, self.report.shortened = fast.sent(items)
+        else:
+            self.report.sent_seqs = [item.seq for item in items if item.seq is not None]
+            self.report.shortened = sum(1 for item in items if item.ref is not None and not item.masked)
+        probe = fast.offer_probe(items) if fast is not None else items
+        tools = offered(self.turn, probe, lambda name: self.dialect.has_tool(self.body, name))
         self.tools = {tool.spec.name: tool for tool in tools}
 
     async def _call(self) -> UpstreamReply:
@@ -119,13 +131,18 @@ class Exchange:
             raise
         if ledger.exhausted:
             self.report.quota_warning = f"LLM call quota exhausted ({ledger.settings.max_llm_calls} calls)"
-        calls = await self.turn.store.count_llm_call(self.turn.key)
+        # Counted with the turn's end (one write): under the conversation's lock nobody else counts.
+        self.writer.llm_calls += 1
+        calls = self._calls_before + self.writer.llm_calls
         ledger.call_number = calls + 1
         self.report.llm_calls = calls
         self.report.llm_call_limit = ledger.settings.max_llm_calls
         self.report.tokens_sent_total += (self.report.tokens_sent or 0) + self.internal_tokens
         specs = [tool.spec for tool in self.tools.values()]
-        body = self.dialect.upstream_body(self.body, self.items + self.internal, specs)
+        if self.fast is not None and not self.internal:  # the first call: its bytes reuse the last turn's
+            body = self.fast.upstream_body(self.dialect, self.body, self.items, specs)
+        else:
+            body = self.dialect.upstream_body(self.body, self.items + self.internal, specs)
         headers = self.trace.upstream_call(
             self.turn.headers, self.items, self.internal, (self.report.tokens_sent or 0) + self.internal_tokens
         )

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from ..config import Profile
 from ..dialects.base import Dialect
+from ..prefix import ParsedBody
 from .report import TurnReport
 
 
@@ -28,6 +29,7 @@ class TurnRequest:
     knowledge_namespace: str | None = None  # X-Knowledge-Namespace, else the profile's (None: the default)
     anchor_seq: int | None = None  # set by the engine: the stored reply the request continues
     query: str = ""  # the request's query string, forwarded with each upstream call (`beta=true`)
+    parsed: ParsedBody | None = None  # how the body was read (what it reuses of the previous request)
 
 
 @dataclass(slots=True)

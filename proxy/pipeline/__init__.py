@@ -11,9 +11,9 @@ from collections.abc import Callable, Sequence
 
 from ..config import Settings
 from . import compaction, inbox, knowledge, pairing, quota, truncation, window
-from .base import Item, Stage, Turn
+from .base import Item, Stage, StageRun, Turn
 
-__all__ = ["STAGES", "Item", "Pipeline", "Stage", "Turn", "build_pipeline"]
+__all__ = ["STAGES", "Item", "Pipeline", "Stage", "StageRun", "Turn", "build_pipeline"]
 
 # Factories in execution order. Each gets the settings and returns a stage, or None when the
 # settings leave it nothing to do.
@@ -38,9 +38,30 @@ class Pipeline:
         self.stages = list(stages)
 
     async def __call__(self, turn: Turn, items: list[Item]) -> list[Item]:
+        runs = []
         for stage in self.stages:
-            items = await stage(turn, items)
+            before, items = items, await stage(turn, items)
+            runs.append(StageRun(before, items, turn.notes.pop(stage.name, None)))
+        turn.runs = runs
         return items
+
+    async def extend_runs(self, turn: Turn, runs: list[StageRun], new: list[Item]) -> list[Item] | None:
+        """The items to send after the previous turn's output, when the input is the previous
+        input plus `new` and every stage can tell (see `Extendable`); None: run the pipeline."""
+        if len(runs) != len(self.stages):
+            return None
+        extended = []
+        for stage, run in zip(self.stages, runs, strict=True):
+            extend = getattr(stage, "extend", None)
+            added = await extend(turn, run, new) if extend is not None else None
+            if added is None:
+                return None
+            before = run.before + new
+            after = before if run.after is run.before and added is new else run.after + added
+            extended.append(StageRun(before, after, turn.notes.pop(stage.name, run.note)))
+            new = added
+        turn.runs = extended
+        return new
 
     def describe(self) -> list[str]:
         return [stage.name for stage in self.stages]

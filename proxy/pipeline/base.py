@@ -17,7 +17,17 @@ if TYPE_CHECKING:
     from ..summarizer import Summarizer
     from ..tokens import TokenCounter
 
-__all__ = ["Item", "Stage", "Turn"]
+__all__ = ["Item", "Stage", "StageRun", "Turn"]
+
+
+@dataclass(frozen=True, slots=True)
+class StageRun:
+    """What one stage did on a turn, kept for the next turn of the conversation (see `Stage.extend`):
+    its input, its output and whatever the stage noted of its own (`Turn.notes`)."""
+
+    before: list[Item]
+    after: list[Item]
+    note: Any = None
 
 
 @dataclass(slots=True)
@@ -45,6 +55,9 @@ class Turn:
     knowledge_namespace: str | None = None  # the long-term knowledge document it uses (None: the default)
     # A dry run (count_tokens: the prompt a turn would send): stages write nothing and call no LLM.
     dry_run: bool = False
+    # What a stage notes of its run for the next turn's `extend` (by stage name), and the runs.
+    notes: dict[str, Any] = field(default_factory=dict)
+    runs: list[StageRun] | None = None
 
 
 class Stage(Protocol):
@@ -52,3 +65,17 @@ class Stage(Protocol):
 
     async def __call__(self, turn: Turn, items: list[Item]) -> list[Item]:
         """Runs before every upstream call; returns a new list, never edits `items` or their raws."""
+
+
+class Extendable(Stage, Protocol):
+    """A stage that can run on a turn's new items alone (the fast path, proxy/engine/fastpath.py).
+
+    `extend(turn, run, new)`, where `run` is what the stage did on the conversation's previous
+    turn and this turn's input is `run.before + new`, returns the items to put after `run.after`
+    so that the result is exactly what `__call__` would return for the whole input (and fills
+    the report as `__call__` would, the previous turn's figures standing), or None when it can't
+    promise that (a cut, a new summary, ...): then the whole pipeline runs. A stage without
+    `extend` always means the whole pipeline.
+    """
+
+    async def extend(self, turn: Turn, run: StageRun, new: list[Item]) -> list[Item] | None: ...

@@ -16,7 +16,7 @@ from ..compaction.render import render_summary
 from ..config import Settings
 from ..tools.readback import READ_TOOL
 from ..transcript import Item, Role, first_user, leading_system_count, unit_end
-from .base import Turn
+from .base import StageRun, Turn
 
 MASK_MARK = "mask_through"  # outputs up to this seq go as placeholders
 SUMMARY = "summary"  # the origin of the summary's note (the window adds what it leaves out to it)
@@ -27,6 +27,7 @@ class Compaction:
 
     async def __call__(self, turn: Turn, items: list[Item]) -> list[Item]:
         strategy = turn.profile.compaction.strategy
+        turn.notes[self.name] = turn.summary.id if turn.summary is not None else None
         if strategy == "mask":
             return self._mask(turn, items)
         if strategy == "off" or turn.summary is None:
@@ -48,6 +49,16 @@ class Compaction:
         dropped = sum(len(turn.codec.text(it) or "") for it in rest if it.seq is not None and it.seq <= boundary)
         turn.report.saved("compaction", dropped - len(rendered.text))
         return [*items[:n_system], summary, *head, *kept]
+
+    async def extend(self, turn: Turn, run: StageRun, new: list[Item]) -> list[Item] | None:
+        """With no summary in force (and no masking), new items go as they are. While a summary is
+        in force the whole pipeline runs: a long randomized run (tests/test_fastpath.py with
+        regenerated turns of 1-3 items) once sent other bytes there, not yet explained."""
+        strategy = turn.profile.compaction.strategy
+        summary_id = turn.summary.id if turn.summary is not None else None
+        if strategy == "mask" or summary_id != run.note:
+            return None  # masking moves its mark as outputs pile up: the whole pipeline decides
+        return new if strategy == "off" or turn.summary is None else None
 
     def _mask(self, turn: Turn, items: list[Item]) -> list[Item]:
         """Outputs up to the mask mark are placeholders; once `keep + batch` outputs are past it,

@@ -26,7 +26,7 @@ from dataclasses import replace
 from ..config import Settings
 from ..store import APPEND, BEFORE, INBOX_PENDING, InboxMessage
 from ..transcript import Item, Role, unit_start
-from .base import Turn
+from .base import StageRun, Turn
 
 INBOX = "inbox"  # Item.origin of a note of its own
 
@@ -58,6 +58,16 @@ class Inbox:
         if not any(delivered.values()):
             return items
         return with_notes(turn, items, delivered)
+
+
+    async def extend(self, turn: Turn, run: StageRun, new: list[Item]) -> list[Item] | None:
+        """Nothing to deliver and no delivery going with a new item: the new items as they are."""
+        conversation = turn.conversation
+        if conversation is None or conversation.inbox_open:
+            return None
+        if conversation.inbox_anchors and any(item.seq in conversation.inbox_anchors for item in new):
+            return None
+        return new
 
 
 def placement(turn: Turn, items: list[Item]) -> tuple[int, str] | None:

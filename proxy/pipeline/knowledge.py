@@ -31,7 +31,7 @@ from ..config import Settings
 from ..knowledge import current, note
 from ..store import KnowledgeVersion
 from ..transcript import Item, leading_system_count
-from .base import Turn
+from .base import StageRun, Turn
 from .window import WINDOW_MARK
 
 KNOWLEDGE = "knowledge"  # Item.origin of the document's message
@@ -63,6 +63,9 @@ class Knowledge:
         n_system = leading_system_count(items)
         document = turn.codec.system_note(cached[1]).but(origin=KNOWLEDGE)
         return [*items[:n_system], document, *items[n_system:]]
+
+    async def extend(self, turn: Turn, run: StageRun, new: list[Item]) -> list[Item] | None:
+        return None if turn.profile.knowledge.enabled else new  # the document: only the whole pipeline
 
     async def _moment(self, turn: Turn) -> float:
         mark, conversation = turn.marks.get(KNOWLEDGE_MARK), turn.conversation
@@ -103,6 +106,9 @@ class KnowledgeRefresh:
         report.marks[KNOWLEDGE_MARK] = newest
         report.knowledge = {**shown, "version": version.version, "as_of": moment}
         return [*items[:at], document, *items[at + 1 :]]
+
+    async def extend(self, turn: Turn, run: StageRun, new: list[Item]) -> list[Item] | None:
+        return None if turn.report.knowledge is not None else new
 
 
 def _get(cache: OrderedDict[tuple[Any, ...], Any], key: tuple[Any, ...]) -> Any:

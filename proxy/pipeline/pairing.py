@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 
 from ..config import Settings
-from ..transcript import Call, Item, Role
-from .base import Turn
+from ..transcript import Call, Item, Role, unit_start
+from .base import StageRun, Turn
 
 log = logging.getLogger("proxy.pairing")
 NO_RESULT = "[context-proxy: no result was recorded for this tool call]"
@@ -23,6 +23,23 @@ class PairingGuard:
     name = "pairing"
 
     async def __call__(self, turn: Turn, items: list[Item]) -> list[Item]:
+        out, repairs = self._paired(turn, items)
+        if repairs:
+            turn.report.repairs += repairs
+            turn.notes[self.name] = repairs
+            log.warning("repaired %d tool-call pairing problems", repairs, extra={"conversation": str(turn.key)})
+        return out if repairs else items
+
+    async def extend(self, turn: Turn, run: StageRun, new: list[Item]) -> list[Item] | None:
+        """Units are checked one by one: the new items, with the unit they may continue, need no repair."""
+        if run.note or not run.after:
+            return None
+        start = unit_start(run.after, len(run.after) - 1)
+        _, repairs = self._paired(turn, [*run.after[start:], *new], quiet=True)
+        return None if repairs else new
+
+    def _paired(self, turn: Turn, items: list[Item], quiet: bool = False) -> tuple[list[Item], int]:
+        """`items` repaired, and how many repairs that took (`quiet`: none logged)."""
         out: list[Item] = []
         open_calls: list[Call] = []  # calls of the current unit still unanswered
         repairs = 0
@@ -34,16 +51,14 @@ class PairingGuard:
                 answered = next((c for c in open_calls if c.id == item.answers), None) if item.joins else None
                 if answered is None:  # answers no call of its unit
                     repairs += 1
-                    log.warning("dropped a tool result that answers no preceding call", extra={"conversation": str(turn.key)})
+                    if not quiet:
+                        log.warning("dropped a tool result that answers no preceding call", extra={"conversation": str(turn.key)})
                     continue
                 open_calls.remove(answered)
             open_calls.extend(item.calls)
             out.append(item)
         repairs += self._close(turn, open_calls, out)
-        if repairs:
-            turn.report.repairs += repairs
-            log.warning("repaired %d tool-call pairing problems", repairs, extra={"conversation": str(turn.key)})
-        return out if repairs else items
+        return out, repairs
 
     @staticmethod
     def _close(turn: Turn, open_calls: list[Call], out: list[Item]) -> int:

@@ -11,7 +11,7 @@ import json
 
 from ..config import Settings
 from ..transcript import Item, Role
-from .base import Turn
+from .base import StageRun, Turn
 
 
 class QuotaInfo:
@@ -28,6 +28,9 @@ class QuotaInfo:
                 item = _with_quota(turn, item, figures.as_dict(), figures.line())
             out.append(item)
         return out
+
+    async def extend(self, turn: Turn, run: StageRun, new: list[Item]) -> list[Item] | None:
+        return await self(turn, new)  # item by item
 
 
 def _with_quota(turn: Turn, item: Item, info: dict[str, int], line: str) -> Item:

@@ -13,15 +13,31 @@ import logging
 from ..config import Settings
 from ..tools.readback import READ_TOOL
 from ..transcript import Item, Role, tool_names
-from .base import Turn
+from .base import StageRun, Turn
 
 log = logging.getLogger("proxy.truncation")
+# How far back extend looks for the calls new tool outputs answer (further: the whole pipeline).
+CALLS_LOOKED_BACK = 64
 
 
 class Truncation:
     name = "truncation"
 
     async def __call__(self, turn: Turn, items: list[Item]) -> list[Item]:
+        shortened = await self._shorten(turn, items, items)
+        assert shortened is not None  # every call is in `items` itself
+        return shortened
+
+    async def extend(self, turn: Turn, run: StageRun, new: list[Item]) -> list[Item] | None:
+        """Each item is shortened on its own: the new ones are, with the whole input's tool names.
+        A summary that failed last turn is tried again on every turn: then the whole pipeline runs."""
+        if run.note:
+            return None
+        return await self._shorten(turn, new, [*run.before[-CALLS_LOOKED_BACK:], *new])
+
+    async def _shorten(self, turn: Turn, items: list[Item], context: list[Item]) -> list[Item] | None:
+        """`items` with their long tool outputs shortened, naming each output's tool from the calls
+        in `context`; None when `context` is only part of the prompt and lacks a call needed."""
         settings = turn.profile.truncation
         if not settings.enabled:
             return items
@@ -34,7 +50,9 @@ class Truncation:
             if text is None or len(text) <= settings.max_tool_response_length:
                 continue
             if names is None:
-                names = tool_names(items)
+                names = tool_names(context)
+            if (item.answers or "") not in names and context is not items:
+                return None
             tool = names.get(item.answers or "", "")
             if settings.tools.get(tool, settings.default) != "keep":
                 long_outputs.append((position, item, text, tool))
@@ -83,6 +101,7 @@ class Truncation:
             summary = await turn.summarizer.tool_output(text, tool, turn.model, turn.headers, turn.report.dialect)
             if summary is None:
                 turn.report.summaries_failed += 1
+                turn.notes[self.name] = "a summary failed"
                 continue
             made[item.seq] = summary
         await turn.store.set_rewrites(turn.key, made)

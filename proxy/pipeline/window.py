@@ -28,12 +28,13 @@ pinned by compaction (the task) follow the system prefix and are counted against
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from ..compaction.quotes import quote
 from ..compaction.render import render_summary
 from ..config import Settings
 from ..transcript import Item, Role, leading_system_count, unit_start, units
-from .base import Turn
+from .base import StageRun, Turn
 from .compaction import SUMMARY
 
 MAX_PASSES = 4
@@ -41,6 +42,17 @@ MAX_PASSES = 4
 # (the rest stays for the history itself), and the characters per token that budget assumes.
 QUOTE_SHARE = 0.25
 CHARS_PER_TOKEN = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Stepped:
+    """Where a stepped window stood after a turn that sent the whole history from its start:
+    what the next turn needs to tell whether its new items still fit without a cut."""
+
+    mark: int | None  # the window mark the next turn starts from
+    history_tokens: int  # the history sent, from the start on
+    limit: int  # the history's budget
+    with_read_tool: bool  # whether the read tool's schema was counted in (a shortened output went)
 
 
 class TokenWindow:
@@ -68,10 +80,28 @@ class TokenWindow:
             note_tokens = sum(await self._count(turn, [note])) if note is not None else 0
             quoted_tokens = max(note_tokens - summary_tokens, quoted_tokens)  # never less: it settles
             items, kept, tokens = redone, *await self._carried_over(turn, items, kept, tokens, redone)
+        else:
+            turn.notes.pop(self.name, None)  # not settled: the next turn's window is the whole pipeline's
         turn.report.tokens_sent = tokens
         turn.report.token_budget = budget  # the most the prompt may hold, read-back rounds included
         turn.report.messages_left_out += len(items) - len(kept)  # added to: compaction may have left some out
         return [items[i] for i in kept]
+
+    async def extend(self, turn: Turn, run: StageRun, new: list[Item]) -> list[Item] | None:
+        """New items after a window that sent everything from its start: sent too while they fit
+        (the window cuts only when the limit is reached); a cut means the whole pipeline."""
+        stepped = run.note
+        if not isinstance(stepped, Stepped) or stepped.mark != turn.marks.get(WINDOW_MARK) or not new:
+            return None
+        if any(item.ref is not None for item in new) and not stepped.with_read_tool:
+            return None  # the read tool's schema joins the prompt: the budget changes
+        counts = await self._count(turn, new)
+        history = stepped.history_tokens + sum(counts)
+        if history > stepped.limit or turn.report.tokens_sent is None:
+            return None
+        turn.report.tokens_sent += sum(counts)
+        turn.notes[self.name] = replace(stepped, history_tokens=history)
+        return new
 
     async def _carried_over(
         self, turn: Turn, items: list[Item], kept: list[int], tokens: int, redone: list[Item]
@@ -109,10 +139,26 @@ class TokenWindow:
         counts, scan_from = await self._tail_counts(turn, items, head, limit)
         counts[:head] = head_counts
         kept = self._stepped(turn, items, counts, limit, head, scan_from)
+        with_read_tool = fixed != turn.fixed_tokens
         if not any(items[i].ref is not None for i in kept):
             fixed = turn.fixed_tokens  # no shortened output left in the prompt: no read tool either
+            with_read_tool = False
         tokens = fixed + sum(counts[i] for i in kept)
-        return kept, tokens, tokens + limit - sum(counts[i] for i in kept[head:]), full_limit
+        history = sum(counts[i] for i in kept[head:])
+        self._note(turn, items, kept, head, Stepped(None, history, limit, with_read_tool))
+        return kept, tokens, tokens + limit - history, full_limit
+
+    @staticmethod
+    def _note(turn: Turn, items: list[Item], kept: list[int], head: int, stepped: Stepped) -> None:
+        """For the next turn's `extend`: a stepped window that sends the whole history from where
+        its start now stands (and will stand next turn: the mark names it)."""
+        turn.notes.pop(TokenWindow.name, None)
+        if turn.profile.context.window_refill >= 1 or len(kept) <= head or kept[head:] != list(range(kept[head], len(items))):
+            return
+        mark = turn.report.marks.get(WINDOW_MARK, turn.marks.get(WINDOW_MARK))
+        if _start_index(items, head, mark) != kept[head]:
+            return
+        turn.notes[TokenWindow.name] = replace(stepped, mark=mark)
 
     @staticmethod
     def _keep_what_it_leaves_out(turn: Turn, items: list[Item], kept: list[int], budget: int) -> list[Item] | None:

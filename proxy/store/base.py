@@ -430,13 +430,19 @@ class Store(Protocol):
         reply: Sequence[tuple[Message, str]],
         reply_status: str,
         record: Mapping[str, Any] | None,
+        *,
+        llm_calls: int = 0,
+        forwarded: Mapping[int, int] | None = None,
     ) -> int | None:
         """End a turn in one atomic step: status changes, then the reply's items (message, hash)
         appended with `reply_status`, then the turn's record (what was sent upstream) kept; a
         record's `response_id` names the reply from then on (`response_owner`), and what it tells
         of the conversation (TurnFacts: model, client, title, task, a failure) is kept on the
         conversation, a failed one also listing it among the failed (`list_conversations(failed=True)`).
-        Returns the seq of the reply's first item (None without a reply)."""
+        The turn's `llm_calls` are counted (as `count_llm_call` would, one by one) and its
+        `forwarded` marks recorded (as `mark_forwarded` would): so a turn writes twice, its new
+        items before it forwards them and this. Returns the seq of the reply's first item (None
+        without a reply)."""
 
     async def response_owner(self, tenant: str, response_id: str) -> tuple[str, int] | None:
         """The conversation id and the seq of the last item of the reply a turn record named by

@@ -27,6 +27,7 @@ import secrets
 import sqlite3
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -78,6 +79,7 @@ PROBE = "health-probe"  # written by health() to see whether a failed store writ
 FAILED_SCOPE = "\x02failed:"  # + a scope: the index of that scope's conversations with a failed turn
 INDEX_PAGE = 1000  # conversations per index page: registering one rewrites one page, not an index
 MAX_SNAPSHOTS = 1024  # conversation records kept in memory (the active ones)
+MAX_RECORDS = 256  # of those, the stored form kept for the next write
 RESERVE_FILE = "reserve"
 LOW_SPACE = 1024 * 1024  # less free than this (beside the reserve) is a full store for health()
 PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
@@ -189,6 +191,10 @@ class DiskStore:
         self._reserve.make()
         self._health = WriteHealth()
         self._snapshots: dict[ConversationKey, Conversation] = {}  # written by the store thread only
+        # The latest saved record of recent conversations, as saved (store thread only): a turn's
+        # write updates it instead of reading and unpickling it again (its live index grows with
+        # the conversation). Safe because this process is the store's only writer.
+        self._records: OrderedDict[ConversationKey, dict[str, Any]] = OrderedDict()
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diskstore")
         self._locks: weakref.WeakValueDictionary[ConversationKey, asyncio.Lock] = weakref.WeakValueDictionary()
         self._leases: dict[str, tuple[str, float]] = {}  # name -> (token, monotonic expiry)
@@ -218,6 +224,7 @@ class DiskStore:
         except BaseException:
             # The transaction was rolled back, but a record snapshot may have been taken inside it.
             self._snapshots.clear()
+            self._records.clear()
             raise
         if not self._reserve.held:  # let go of for a delete: made again once there is room
             self._reserve.make()
@@ -247,6 +254,10 @@ class DiskStore:
     def _save(self, key: ConversationKey, raw: dict[str, Any]) -> None:
         self._cache.set(_conv_key(key), raw)
         self._snapshot(key, raw)
+        self._records[key] = raw
+        self._records.move_to_end(key)
+        if len(self._records) > MAX_RECORDS:
+            self._records.popitem(last=False)
 
     def _snapshot(self, key: ConversationKey, raw: dict[str, Any]) -> Conversation:
         conversation = self._snapshots[key] = _conversation(key, raw)
@@ -319,6 +330,7 @@ class DiskStore:
                 self._cache.delete(_turn_key(key, turn))
             self._cache.delete(_conv_key(key))
             self._snapshots.pop(key, None)
+            self._records.pop(key, None)
             if raw.get("pending"):
                 self._track_pending(key, False)
             scopes = (key.tenant, ALL_TENANTS)
@@ -414,9 +426,13 @@ class DiskStore:
 
     def _change_statuses(self, key: ConversationKey, raw: dict[str, Any], changes: dict[int, str]) -> None:
         """Set message statuses and keep the record's live index in step; `raw` is not saved."""
+        records = {seq: self._cache.get(_msg_key(key, seq)) for seq in changes}
+        missing = [seq for seq, record in records.items() if record is None]
+        if missing:  # before anything is changed (the caller's transaction rolls back the rest)
+            raise KeyError(f"{key}: no message {missing[0]}")
         live = dict(raw["live"])
         for seq, status in changes.items():
-            record = self._cache.get(_msg_key(key, seq))
+            record = records[seq]
             record["status"] = status
             self._cache.set(_msg_key(key, seq), record)
             if status == LIVE:
@@ -437,11 +453,15 @@ class DiskStore:
         reply: Sequence[tuple[Message, str]],
         reply_status: str,
         record: Mapping[str, Any] | None,
+        *,
+        llm_calls: int = 0,
+        forwarded: Mapping[int, int] | None = None,
     ) -> int | None:
         if not set(changes.values()) <= STATUSES or (reply and reply_status not in STATUSES):
             raise ValueError("unknown status")
         return await self._write(
-            self._finish_turn, key, dict(changes), list(reply), reply_status, dict(record) if record else None
+            self._finish_turn, key, dict(changes), list(reply), reply_status, dict(record) if record else None,
+            llm_calls, dict(forwarded or {}),
         )
 
     def _finish_turn(
@@ -451,8 +471,13 @@ class DiskStore:
         reply: list[tuple[Message, str]],
         reply_status: str,
         record: dict[str, Any] | None,
+        llm_calls: int = 0,
+        forwarded: dict[int, int] | None = None,
     ) -> int | None:
         def end(raw: dict[str, Any]) -> int | None:  # one load and one save of the record per turn
+            raw["llm_calls"] += llm_calls
+            if forwarded:
+                raw["first_forwarded"].update(forwarded)
             self._change_statuses(key, raw, changes)
             seq = None
             if reply:
@@ -548,7 +573,7 @@ class DiskStore:
     def _update_record(self, key: ConversationKey, change: Callable[[dict[str, Any]], Any]) -> Any:
         """Apply `change` to the conversation record (creating it if new); returns what `change` returns."""
         with self._cache.transact():
-            raw = self._load(key)
+            raw = self._records.get(key) or self._load(key)
             if raw is None:
                 raw = self._register(key, _new_record(now()))
             result = change(raw)
@@ -918,7 +943,7 @@ def _count_call(raw: dict[str, Any]) -> int:
 def _conversation(key: ConversationKey, raw: dict[str, Any]) -> Conversation:
     # .get: records written before these fields existed have none of them
     return Conversation(
-        key, raw["created_at"], raw["updated_at"], raw["next_seq"], [tuple(x) for x in raw["live"]],
+        key, raw["created_at"], raw["updated_at"], raw["next_seq"], list(map(tuple, raw["live"])),
         raw["llm_calls"], dict(raw["first_forwarded"]), frozenset(raw["rewritten"]),
         raw["boundary"], raw["summary_id"], dict(raw.get("marks") or {}),
         title=raw.get("title"), task=raw.get("task"), model=raw.get("model"), client=raw.get("client"),

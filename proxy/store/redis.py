@@ -240,14 +240,22 @@ FINISH_TURN = PRELUDE + """
 -- ARGV[4] = reply status, ARGV[5] = n, the number of reply items, ARGV[6 .. 5+2n] = their (body, hash)
 -- pairs, then the reply's response id ('' = none), then the turn record's JSON ('' = none), then
 -- what the record tells of the conversation (TurnFacts): m, m (field, value) pairs for the meta
--- hash, the task ('' = none), the failure's JSON ('' = the turn did not fail); then (seq, status)
--- changes. Returns the reply's first seq.
+-- hash, the task ('' = none), the failure's JSON ('' = the turn did not fail); then the turn's
+-- upstream calls, f, f (seq, calls) first-forwarded marks; then (seq, status) changes. Returns the
+-- reply's first seq.
 local n = tonumber(ARGV[5])
 local record_at = 7 + 2 * n
 local task_at = record_at + 2 + 2 * tonumber(ARGV[record_at + 1])
-local changes_at = task_at + 2
+local calls_at = task_at + 2
+local calls, f = tonumber(ARGV[calls_at]), tonumber(ARGV[calls_at + 1])
+local changes_at = calls_at + 2 + 2 * f
 local refused = check_statuses(changes_at)
 if refused then return refused end
+if calls > 0 then
+  ensure()
+  redis.call('HINCRBY', meta, 'llm_calls', calls)
+end
+for i = calls_at + 2, changes_at - 1, 2 do redis.call('HSET', fwd, ARGV[i], ARGV[i + 1]) end
 set_statuses(changes_at)
 local seq = false
 if n > 0 then seq = append(ARGV[4], 6, record_at - 2) end
@@ -813,6 +821,9 @@ class RedisStore:
         reply: Sequence[tuple[Message, str]],
         reply_status: str,
         record: Mapping[str, Any] | None,
+        *,
+        llm_calls: int = 0,
+        forwarded: Mapping[int, int] | None = None,
     ) -> int | None:
         if not set(changes.values()) <= STATUSES or (reply and reply_status not in STATUSES):
             raise ValueError("unknown status")
@@ -824,9 +835,11 @@ class RedisStore:
         facts = TurnFacts.of(record or {})
         fields = [x for name, value in facts.latest.items() for x in (name, value)]
         failure = _dumps({"created_at": (record or {}).get("created_at"), **facts.error}) if facts.error else ""
+        marks = [x for seq, calls in (forwarded or {}).items() for x in (seq, calls)]
         args = self._args(
             key, reply_status, len(reply), *items, response_id, record_json,
-            len(facts.latest), *fields, facts.task or "", failure, *pairs, stamp=stamp,
+            len(facts.latest), *fields, facts.task or "", failure, llm_calls, len(marks) // 2, *marks, *pairs,
+            stamp=stamp,
         )
         with _missing_as_key_error(key):
             seq = await self._finish_turn(keys=self._keys(key), args=args)

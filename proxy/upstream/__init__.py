@@ -1,6 +1,6 @@
 """Upstreams: where chat completions and every other path are sent."""
 
-from .base import Upstream, UpstreamReply
+from .base import EncodedBody, Upstream, UpstreamReply, encoded
 from .http import HttpUpstream, forwardable
 
-__all__ = ["HttpUpstream", "Upstream", "UpstreamReply", "forwardable"]
+__all__ = ["EncodedBody", "HttpUpstream", "Upstream", "UpstreamReply", "encoded", "forwardable"]

@@ -10,12 +10,12 @@ from typing import Any
 from urllib.parse import unquote
 
 import aiohttp
-import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from ..config import UpstreamSettings
 from ..errors import InvalidRequest, ProxyError, UpstreamTimeout, UpstreamUnreachable
+from .base import encoded
 from .limits import ReplyLimits, ReplyMeter
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and those aiohttp recomputes; never copied across.
@@ -232,7 +232,7 @@ class HttpUpstream:
         out["Content-Type"] = "application/json"
         path_qs = path + (f"?{query}" if query else "")
         send = self.send_anthropic if api == "anthropic" else self.send
-        return await send("POST", path_qs, out, orjson.dumps(body), limits=self.turn_limits)
+        return await send("POST", path_qs, out, encoded(body), limits=self.turn_limits)
 
     async def send(
         self,
