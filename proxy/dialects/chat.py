@@ -72,6 +72,7 @@ class ChatCodec:
 class ChatDialect(JSONBody):
     name = "chat"
     transcript_key = "messages"
+    items_sent_alone = True  # upstream_body sends each item as it alone says: bodies can be spliced (fastpath.py)
 
     def __init__(self) -> None:
         self.codec = ChatCodec()

@@ -31,6 +31,7 @@ log = logging.getLogger("proxy.responses")
 class ResponsesDialect(JSONBody):
     name = "responses"
     transcript_key = "input"
+    items_sent_alone = True  # upstream_body sends each item as it alone says: bodies can be spliced (fastpath.py)
 
     def __init__(self) -> None:
         self.codec = CODEC

@@ -249,7 +249,9 @@ class FastTurn:
     def upstream_body(self, dialect: Dialect, body: dict[str, Any], items: list[Item], tools: Sequence[ToolSpec]) -> dict[str, Any]:
         """The first upstream call's body: the previous one with the new items spliced in, when
         the fast path was taken and the same tools go; else made whole (and split for next time)."""
-        if not self.encode:  # an upstream that reads the dict (litellm) may edit it: nothing of it is kept
+        if not self.encode or not getattr(dialect, "items_sent_alone", False):
+            # An upstream that reads the dict (litellm) may edit it; a dialect whose upstream form
+            # of an item depends on others (say, a cache breakpoint on the last) can't be spliced.
             return dialect.upstream_body(body, items, tools)
         names = tuple(t.name for t in tools)
         previous = self.memo.wire if self.taken and self.memo is not None else None
