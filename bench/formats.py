@@ -22,17 +22,14 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from .messages_workload import MessagesConversation, assemble_events
-from .responses_workload import ResponsesConversation, assemble_output
 from .procs import CpuMeter, Proc, cores, free_port, pin_self
-from .workload import Conversation, Message, assemble_stream, stream_model
+from .wires import WIRES
+from .workload import stream_model
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -40,64 +37,15 @@ KEY = "sk-bench-formats-0123456789abcdef"
 TARGET = 1.10  # Messages' CPU per request at most this times chat completions'
 
 
-@dataclass
-class Format:
-    """One wire format, the client side: where it posts, with which headers, and how it reads a reply."""
-
-    name: str
-    path: str
-    make: Callable[[str, int], Any]  # (conversation id, index) -> a full-history client
-    headers: Callable[[str], dict[str, str]]
-    advance: Callable[[Any, httpx.Response, bool], None]  # the reply into the client's transcript
-
-
-def _chat_advance(conversation: Conversation, response: httpx.Response, stream: bool) -> None:
-    if stream:
-        payloads = [line[6:].encode() for line in response.text.splitlines() if line.startswith("data: ")]
-        message: Message = assemble_stream(payloads)
-    else:
-        message = response.json()["choices"][0]["message"]
-    conversation.advance(message)
-
-
-def _messages_advance(conversation: MessagesConversation, response: httpx.Response, stream: bool) -> None:
-    conversation.advance(assemble_events(response.text) if stream else response.json()["content"])
-
-
-def _responses_advance(conversation: ResponsesConversation, response: httpx.Response, stream: bool) -> None:
-    conversation.advance(assemble_output(response.text) if stream else response.json()["output"])
-
-
-FORMATS = {
-    "chat": Format(
-        "chat completions", "/v1/chat/completions",
-        lambda cid, i: Conversation(cid, "agent200", i),
-        lambda cid: {"Authorization": f"Bearer {KEY}", "X-Conversation-ID": cid},
-        _chat_advance,
-    ),
-    "messages": Format(
-        "messages", "/v1/messages?beta=true",
-        lambda cid, i: MessagesConversation(cid, "agent200", i),
-        lambda cid: {"x-api-key": KEY, "anthropic-version": "2023-06-01", "anthropic-beta": "claude-code-20250219",
-                     "X-Claude-Code-Session-Id": cid},
-        _messages_advance,
-    ),
-    "responses": Format(
-        "responses", "/v1/responses",
-        lambda cid, i: ResponsesConversation(cid, "agent200", i),
-        lambda cid: {"Authorization": f"Bearer {KEY}", "X-Conversation-ID": cid},
-        _responses_advance,
-    ),
-}
-
-
 class Case:
     """One wire format, streamed or not: its own conversations, taken in turn, at its own proxy."""
 
     def __init__(self, key: str, stream: bool, conversations: int, run_id: str, proxy: Proc) -> None:
-        self.format = FORMATS[key]
+        self.format = WIRES[key]
         self.key, self.stream, self.proxy = key, stream, proxy
-        self.clients = [self.format.make(f"{run_id}-{key}-{'s' if stream else 'j'}-{i}", i) for i in range(conversations)]
+        self.clients = [
+            self.format.make(f"{run_id}-{key}-{'s' if stream else 'j'}-{i}", "agent200", i) for i in range(conversations)
+        ]
         self.next = 0
         self.cpu_ms: list[float] = []  # per run: proxy CPU per request
         self.wall_ms: list[float] = []  # per run: median wall time of a request
@@ -112,13 +60,13 @@ class Case:
         self.next += 1
         started = time.perf_counter()
         response = http.post(
-            f"http://127.0.0.1:{self.proxy.port}{self.format.path}", content=conversation.body(model, self.stream),
-            headers={"Content-Type": "application/json", **self.format.headers(conversation.id)},
+            f"http://127.0.0.1:{self.proxy.port}/v1{self.format.path}", content=conversation.body(model, self.stream),
+            headers={"Content-Type": "application/json", **self.format.headers(KEY, conversation.id)},
         )
         wall = 1000 * (time.perf_counter() - started)
         if response.status_code != 200:
             raise RuntimeError(f"{self.label}: {response.status_code} {response.text[:300]}")
-        self.format.advance(conversation, response, self.stream)
+        self.format.advance(conversation, response.content, self.stream)
         return wall
 
 
@@ -148,7 +96,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "CONTEXT_PROXY_LOGGING__LEVEL": "WARNING",
     }
     proxies: dict[str, Proc] = {}
-    for key in FORMATS:
+    for key in WIRES:
         port = free_port()
         proxies[key] = Proc(
             f"proxy-{key}", [sys.executable, "-m", "proxy", "serve", "--config", str(REPO / "config.yaml"), "--port", str(port)],
@@ -156,7 +104,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             cwd=str(REPO), cpus=target_cpus,
         )
     run_id = f"f{int(time.time())}"
-    modes = {stream: [Case(key, stream, args.conversations, run_id, proxies[key]) for key in FORMATS] for stream in (False, True)}
+    modes = {stream: [Case(key, stream, args.conversations, run_id, proxies[key]) for key in WIRES] for stream in (False, True)}
     cases = [case for group in modes.values() for case in group]
     model = stream_model(args.chunks)
     size = cases[0].clients[0].messages  # the transcript before the bench's own turns
@@ -183,8 +131,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         for case in cases
     }
     ratios = {
-        f"{FORMATS[key].name} vs chat completions, {mode}": rows[f"{FORMATS[key].name} {mode}"]["cpu_ms"] / rows[f"chat completions {mode}"]["cpu_ms"]
-        for key in FORMATS if key != "chat" for mode in ("json", "stream")
+        f"{WIRES[key].name} vs chat completions, {mode}": rows[f"{WIRES[key].name} {mode}"]["cpu_ms"] / rows[f"chat completions {mode}"]["cpu_ms"]
+        for key in WIRES if key != "chat" for mode in ("json", "stream")
     }
     return {
         "command": " ".join([sys.executable, "-m", "bench.formats", *sys.argv[1:]]),

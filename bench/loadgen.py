@@ -2,8 +2,9 @@
 
 `python -m bench.loadgen` (run.py starts it pinned to the client core). Commands, one per line:
 
-  {"op": "open", "pool": P, "kind": "agent200|small|empty", "ids": [...], "url": BASE_URL}
-        full-history conversations (workload.Conversation) and one keep-alive HTTP session
+  {"op": "open", "pool": P, "kind": "agent200|small|empty", "ids": [...], "url": BASE_URL, "wire": W}
+        full-history conversations in wire format W (chat, responses or messages: bench/wires.py;
+        chat by default) and one keep-alive HTTP session
   {"op": "run", "pool": P, "requests": N, "concurrency": C, "warmup": W, "stream": bool, "model": M}
         C workers; worker w owns conversations w, w+C, ... and takes turns on them round-robin.
         Each worker first sends W unmeasured requests (so every connection is open and warm),
@@ -29,7 +30,7 @@ from typing import Any
 import aiohttp
 
 from .stats import summary
-from .workload import Conversation, Message, assemble_stream
+from .wires import WIRES, CutShort, Wire
 
 # One tenant for the whole bench; also the master key of the LiteLLM target (it refuses to start without one).
 API_KEY = "sk-bench-5f1c0e7a9b2d4c6e8f0a1b3c5d7e9f10"
@@ -38,9 +39,10 @@ ID_HEADER = "X-Conversation-ID"
 
 @dataclass
 class Pool:
-    conversations: list[Conversation]
+    conversations: list[Any]  # the wire's full-history clients
     url: str
     session: aiohttp.ClientSession
+    wire: Wire
 
 
 @dataclass
@@ -59,15 +61,10 @@ class Outcome:
             self.error_samples.append(text[:300])
 
 
-async def one_request(pool: Pool, conv: Conversation, model: str, stream: bool, out: Outcome | None) -> None:
+async def one_request(pool: Pool, conv: Any, model: str, stream: bool, out: Outcome | None) -> None:
     body = conv.body(model, stream)
-    headers = {
-        "Authorization": f"Bearer {API_KEY}",
-        "Content-Type": "application/json",
-        ID_HEADER: conv.id,
-    }
+    headers = {"Content-Type": "application/json", **pool.wire.headers(API_KEY, conv.id)}
     first_turn = conv.turn == 0
-    reply: Message | None = None
     start = time.perf_counter()
     try:
         async with pool.session.post(pool.url, data=body, headers=headers) as resp:
@@ -79,8 +76,7 @@ async def one_request(pool: Pool, conv: Conversation, model: str, stream: bool, 
                     reads += 1
                     buf += chunk
                 end = time.perf_counter()
-                payloads = [line[5:].strip() for line in bytes(buf).split(b"\n") if line.startswith(b"data:")]
-                reply = assemble_stream(payloads)
+                data = bytes(buf)
                 if out is not None and first_byte is not None:
                     out.ttfb.append((first_byte - start) * 1000)
                     out.reads.append(reads)
@@ -91,16 +87,15 @@ async def one_request(pool: Pool, conv: Conversation, model: str, stream: bool, 
                     if out is not None:
                         out.error(f"HTTP {resp.status}: {data[:200]!r}")
                     return
-                reply = json.loads(data)["choices"][0]["message"]
+        pool.wire.advance(conv, data, stream)
+    except CutShort as exc:
+        if out is not None:
+            out.error(f"reply without a tool call (stream cut short?): {exc}")
+        return
     except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, IndexError) as exc:
         if out is not None:
             out.error(f"{type(exc).__name__}: {exc}")
         return
-    if reply is None or (stream and not reply.get("tool_calls")):
-        if out is not None:
-            out.error("reply without a tool call (stream cut short?)")
-        return
-    conv.advance(reply)
     if out is not None:
         (out.first if first_turn else out.later).append((end - start) * 1000)
         out.sent_bytes += len(body)
@@ -168,8 +163,9 @@ async def handle(pools: dict[str, Pool], cmd: dict[str, Any]) -> dict[str, Any]:
             connector=aiohttp.TCPConnector(limit=0, force_close=False),
             timeout=aiohttp.ClientTimeout(total=300),
         )
-        url = cmd["url"].rstrip("/") + "/chat/completions"
-        pools[cmd["pool"]] = Pool([Conversation(c, cmd["kind"], n) for n, c in enumerate(cmd["ids"])], url, session)
+        wire = WIRES[cmd.get("wire", "chat")]
+        url = cmd["url"].rstrip("/") + wire.path
+        pools[cmd["pool"]] = Pool([wire.make(c, cmd["kind"], n) for n, c in enumerate(cmd["ids"])], url, session, wire)
         return {}
     if op == "run":
         return await run(

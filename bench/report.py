@@ -11,6 +11,9 @@ from typing import Any
 
 from .stats import median
 
+WIRE_NAMES = {"chat": "chat completions", "responses": "the Responses API, as Codex sends it",
+              "messages": "Anthropic Messages, as Claude Code sends it"}
+
 # The side-by-side table: (key, header). tests/test_bench_smoke.py checks every one is printed.
 COLUMNS: list[tuple[str, str]] = [
     ("target", "target"),
@@ -140,6 +143,7 @@ def _scaling(data: dict[str, Any]) -> dict[str, Any]:
                 "cpu_ms": median([x["cpu_ms"] for x in s]),
                 "mock_cpu_ms": median([x["mock_cpu_ms"] for x in s]),
                 "json_rt_ms": p["json_rt_ms"],
+                "fast_path": p.get("fast_path") or {},
             })
         out[name] = {"points": pts}
     direct = {p["turn"]: p for p in out.get("direct", {}).get("points", [])}
@@ -315,7 +319,7 @@ def render(data: dict[str, Any], summary: dict[str, Any]) -> str:
     rt = summary.get("json_rt_ms")
     body_kb = summary["rows"].get("direct", {}).get("mean_body_kb")
     out.append(
-        f"- workload: full-history agent client, 200-message transcript (~{fmt(body_kb, 0)} KB incl. tools) resent whole "
+        f"- workload ({WIRE_NAMES.get(data.get('wire', 'chat'), '?')}): full-history agent client, 200-message transcript (~{fmt(body_kb, 0)} KB incl. tools) resent whole "
         f"on every turn, each turn = previous messages + the reply + a new tool result; {s['seq_conversations']} conversations "
         f"for the one-at-a-time phases, {s['concurrency']} (one per client) for the concurrent one; streaming: "
         f"{s['stream_chunks']} and {s['stream_long_chunks']} events per reply, {s['stream_gap_ms']} ms apart; "
@@ -386,6 +390,12 @@ def _render_scaling(summary: dict[str, Any], s: dict[str, Any]) -> list[str]:
                 f"- {n}: CPU turn {g['turns']} = {fmt(g['cpu'])}×; beyond the forwarder (reading + resending the body): "
                 f"{fmt(g['beyond_forwarder'])}×; beyond forwarder + JSON round trip: {fmt(g['beyond_forwarder_json'])}×"
             )
+        taken = [
+            f"turn {q['turn']}: {q['fast_path'].get('taken', 0):.0f}/{sum(q['fast_path'].values()):.0f}"
+            for q in sc[n].get("points", []) if q.get("fast_path")
+        ]
+        if taken:
+            out.append(f"  - {n}: turns that took the fast path (measured turns around each checkpoint): " + ", ".join(taken))
     out += [
         "",
         (

@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import signal
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,7 @@ from typing import Any
 from . import litellm_target, profiling, report
 from .loadgen import API_KEY
 from .procs import CpuMeter, Proc, clean_env, cores, cpu_seconds, free_port, machine_busy_seconds, memory_mb, pin_self
+from .wires import WIRES
 from .workload import stream_model
 
 REPO = Path(__file__).resolve().parent.parent
@@ -95,6 +98,20 @@ SMOKE = Settings(
 )
 
 
+def fast_path_turns(t: Any) -> dict[str, float]:
+    """The proxy's fast-path turn counters by outcome (taken, declined, none), from its /metrics;
+    empty for a target that is not this proxy (or predates the counter)."""
+    if not t.name.startswith("proxy") or not t.url:
+        return {}
+    try:
+        with urllib.request.urlopen(t.url.removesuffix("/v1") + "/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+    except OSError:
+        return {}
+    found = re.findall(r'^context_proxy_fast_path_turns_total\{outcome="(\w+)"\} ([0-9.e+]+)$', text, re.MULTILINE)
+    return {outcome: float(n) for outcome, n in found}
+
+
 class BenchError(RuntimeError):
     pass
 
@@ -106,7 +123,8 @@ def log(msg: str) -> None:
 class LoadGen:
     """The load-generator process (bench/loadgen.py), one JSON line per command and per answer."""
 
-    def __init__(self, cpus: set[int] | None, log_path: Path) -> None:
+    def __init__(self, cpus: set[int] | None, log_path: Path, wire: str = "chat") -> None:
+        self.wire = wire  # every pool it opens speaks this wire format (bench/wires.py)
         self._log = open(log_path, "wb")  # noqa: SIM115  # open for the process's lifetime; close() closes it
         self.popen = subprocess.Popen(
             [sys.executable, "-m", "bench.loadgen"],
@@ -117,6 +135,8 @@ class LoadGen:
 
     def __call__(self, **cmd: Any) -> dict[str, Any]:
         assert self.popen.stdin and self.popen.stdout
+        if cmd["op"] == "open":
+            cmd.setdefault("wire", self.wire)
         self.popen.stdin.write((json.dumps(cmd) + "\n").encode())
         self.popen.stdin.flush()
         line = self.popen.stdout.readline()
@@ -181,7 +201,7 @@ class Bench:
         ).start()
         self.procs.append(self.mock)
         mock_url = self.mock_url = f"http://127.0.0.1:{port}/v1"
-        self.lg = LoadGen(self.client_cpus, self.logs / "loadgen.log")
+        self.lg = LoadGen(self.client_cpus, self.logs / "loadgen.log", self.args.wire)
 
         wanted = [t for t in self.args.targets if t in TARGETS]
         for name in wanted:
@@ -226,6 +246,7 @@ class Bench:
                         port, "/v1/models", self.logs / f"{name}.log", cwd=str(REPO), cpus=self.target_cpus)
         env = {
             "CONTEXT_PROXY_UPSTREAM__BASE_URL": mock_url,
+            "CONTEXT_PROXY_UPSTREAM__ANTHROPIC_BASE_URL": mock_url.removesuffix("/v1"),
             "CONTEXT_PROXY_STORAGE__PATH": str(self.tmp / f"store-{name}"),
             **PROXY_ENV,
             **(PIPELINE_OFF_ENV if name == "proxy-off" else {}),
@@ -277,6 +298,9 @@ class Bench:
     def _start_litellm(self, t: Target, mock_url: str) -> None:
         if self.args.no_litellm:
             t.status = "skipped (--no-litellm)"
+            return
+        if self.args.wire != "chat":
+            t.status = "skipped (measured over chat completions only)"
             return
         log("litellm: checking bench/.litellm-venv (first run installs litellm[proxy], a few minutes)")
         exe, how = litellm_target.ensure_installed(self.logs / "litellm-install.log")
@@ -406,6 +430,7 @@ class Bench:
                         raise BenchError(f"{r['errors']} failed requests, e.g. {r['error_samples'][0]}")
                     done = lo - 1
                 samples: list[dict[str, Any]] = []
+                before = fast_path_turns(t)
                 for _ in range(lo, hi + 1):
                     r = self.measured(t, pool=pool, requests=1)
                     if r["errors"]:
@@ -419,7 +444,9 @@ class Bench:
                         "messages": r["messages"],
                     })
                 rt = lg(op="json_rt", pool=pool, repeat=3)
-                points.append({"turn": turn, "samples": samples, "json_rt_ms": rt["ms"]})
+                after = fast_path_turns(t)
+                fast = {k: after[k] - before.get(k, 0) for k in after}
+                points.append({"turn": turn, "samples": samples, "json_rt_ms": rt["ms"], "fast_path": fast})
         finally:
             lg(op="close", pool=pool)
         return {"points": points}
@@ -556,6 +583,7 @@ class Bench:
         data["machine"] = machine()
         data["settings"] = vars(self.s)
         data["smoke"] = self.args.smoke
+        data["wire"] = self.args.wire
         data["pinning"] = {"client_cores": sorted(self.client_cpus or []), "target_cores": sorted(self.target_cpus or [])}
         data["proxy_src"] = str(self.proxy_src)
         data["proxy_version"] = source_version(self.proxy_src)
@@ -566,11 +594,12 @@ class Bench:
         text = report.render(data, summary)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        for name in (f"bench-{stamp}", "latest"):
+        wire = "" if self.args.wire == "chat" else f"-{self.args.wire}"
+        for name in (f"bench{wire}-{stamp}", f"latest{wire}"):
             (self.out_dir / f"{name}.json").write_text(json.dumps(data, indent=1, default=str))
             (self.out_dir / f"{name}.md").write_text(text)
         print(text)
-        print(f"\nresults: {self.out_dir / f'bench-{stamp}.json'} and .md (also latest.json, latest.md)")
+        print(f"\nresults: {self.out_dir / f'bench{wire}-{stamp}.json'} and .md (also latest{wire}.json, .md)")
         failed = [n for n, t in self.targets.items() if n != "litellm" and (t.status != "ok" or summary["rows"].get(n, {}).get("errors"))]
         if failed:
             print(f"FAILED requests or start-up: {', '.join(failed)}", file=sys.stderr)
@@ -632,6 +661,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
     p.add_argument("--proxy-src", default=str(REPO), help="source tree whose `proxy` package and config.yaml are run")
     p.add_argument("--base-src", help="source tree the proxy-base target runs (default: --proxy-src)")
     p.add_argument("--out", default=str(RESULTS), help="where results go (default bench/results)")
+    p.add_argument("--wire", choices=sorted(WIRES), default="chat",
+                   help="the wire format every phase speaks (bench/wires.py): the same figures for Responses and Messages")
     args = p.parse_args(argv)
     s = Settings(**vars(SMOKE)) if args.smoke else Settings()
     if args.smoke:

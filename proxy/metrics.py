@@ -54,6 +54,14 @@ class Metrics:
             "context_proxy_store_failures", "Replies the upstream gave that the store could not keep", registry=r
         )
         self.compactions = Counter("context_proxy_compactions", "Compactions by outcome", ["outcome"], registry=r)
+        self.fast_path = Counter(
+            "context_proxy_fast_path_turns",
+            "Full-history turns by how their prompt was made: taken (the previous turn's work reused, "
+            "only the new items rewritten), declined (the previous turn's work was kept but could not be "
+            "reused: a cut, an inbox note, a summary), none (nothing kept to reuse: after an edit, a failed turn, "
+            "a conversation's first turn)",
+            ["outcome"], registry=r,
+        )
         self.read_rounds = Counter("context_proxy_read_rounds", "read_tool_output rounds the proxy answered", registry=r)
         self.quota_rejections = Counter("context_proxy_quota_rejections", "Requests refused by the LLM-call quota", registry=r)
         self.repairs = Counter("context_proxy_pairing_repairs", "Tool-call pairing problems repaired", registry=r)

@@ -14,7 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.report import COLUMNS
+import pytest
+
+from bench.report import COLUMNS, WIRE_NAMES
 
 REPO = Path(__file__).resolve().parent.parent
 TARGETS = ["direct", "forwarder", "proxy-off", "proxy", "proxy-models", "litellm"]
@@ -77,3 +79,25 @@ def test_bench_smoke_runs_every_target_and_prints_the_table(tmp_path: Path) -> N
     assert all("points" in data["summary"]["scaling"][t] for t in ("proxy-off", "proxy"))
     assert all("growth" in data["summary"]["memory"][t] for t in ("proxy-off", "proxy"))
     assert all({"proxy-off", "proxy"} <= set(v) for v in data["summary"]["verdicts"])
+
+
+@pytest.mark.parametrize("wire", ["responses", "messages"])
+def test_bench_smoke_speaks_every_wire_format(tmp_path: Path, wire: str) -> None:
+    """`--wire` runs the same phases in the Responses API's or Anthropic Messages' shape: every
+    phase gets its replies (no errors), and the results say which format they measured."""
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--smoke", "--wire", wire, "--targets", "forwarder,proxy", "--skip-memory",
+         "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=90, check=False,
+    )
+    assert proc.returncode == 0, f"bench failed\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
+    header, rows = _main_table(proc.stdout)
+    assert list(rows) == ["direct", "forwarder", "proxy"]
+    for target in ("forwarder", "proxy"):
+        assert rows[target][header.index("errors")] == "0", f"{target} had failed requests"
+        assert NUMBER.match(rows[target][header.index("CPU ms/req")])
+    data = json.loads((out / f"latest-{wire}.json").read_text())
+    assert data["wire"] == wire
+    assert f"- workload ({WIRE_NAMES[wire]})" in proc.stdout
+    assert all(p["errors"] == 0 for p in data["blocks"] if isinstance(p, dict) and "errors" in p)

@@ -89,3 +89,29 @@ def test_one_json_log_line_per_request_without_secrets(proxy, upstream, caplog):
     line = JsonFormatter().format(record)
     assert json.loads(line)["conversation"] == "logged"
     assert "sk-secret-log-check" not in line
+
+
+def test_full_history_turns_are_counted_by_how_their_prompt_was_made(make_proxy, upstream):
+    """A second turn has nothing kept to reuse (a conversation's first turn is not counted: it has
+    no history to reuse); turns that extend the previous request byte for byte take the fast path;
+    one with an inbox note to deliver is declined (the previous work was kept, but the note must be
+    placed by the whole pipeline); an edit of an old message leaves nothing to reuse."""
+    proxy = make_proxy(server={"fast_path": True})
+    client = openai_client(proxy, headers={"X-Conversation-ID": "fast-counted"})
+    history = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "count to three"}]
+
+    def turn(n: int) -> None:
+        reply = client.chat.completions.create(model="gpt-4o-mini", messages=history)
+        history.extend([{"role": "assistant", "content": reply.choices[0].message.content},
+                        {"role": "user", "content": f"and then {n}"}])
+
+    for n in range(4):
+        turn(n)
+    posted = httpx.post(f"{proxy.url}/v1/conversations/fast-counted/inbox", json={"content": "also count backwards"})
+    assert posted.status_code in (200, 201), posted.text
+    turn(4)
+    history[1] = {"role": "user", "content": "count to four"}
+    turn(5)
+    samples = scrape(proxy)
+    counted = {o: value(samples, "context_proxy_fast_path_turns_total", outcome=o) for o in ("taken", "declined", "none")}
+    assert counted == {"none": 2.0, "taken": 2.0, "declined": 1.0}

@@ -177,6 +177,11 @@ class FastTurn:
         self._items: list[Item] = []
         self._seqs: list[int | None] = []
 
+    @property
+    def outcome(self) -> str:
+        """How this turn's prompt was made (the metric's label): taken, declined or none."""
+        return "taken" if self.taken else "declined" if self.memo is not None else "none"
+
     @staticmethod
     def settings_of(profile: Profile, model: str, dialect: Dialect, fixed: tuple[Any, ...]) -> tuple[Any, ...]:
         """What decides a prompt besides its items and the conversation's state: the profile, the

@@ -1,0 +1,81 @@
+"""The client side of each wire format the bench speaks: where it posts, with which headers, which
+full-history client makes its bodies, and how a reply (JSON or SSE bytes) joins that client's
+transcript. Shared by the load generator (bench/loadgen.py: `make bench`'s phases in any format)
+and bench/formats.py (the formats side by side).
+
+    chat       /v1/chat/completions     bench/workload.py            (a coding agent's client)
+    messages   /v1/messages?beta=true   bench/messages_workload.py   (Claude Code: its session id, a breakpoint)
+    responses  /v1/responses            bench/responses_workload.py  (Codex: every item resent, store off)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .messages_workload import MessagesConversation, assemble_events
+from .responses_workload import ResponsesConversation, assemble_output
+from .workload import Conversation, Message, assemble_stream
+
+
+class CutShort(ValueError):
+    """A reply without the tool call every bench reply carries: a stream cut short."""
+
+
+@dataclass(frozen=True)
+class Wire:
+    name: str  # as the bench's tables name it
+    path: str  # under the target's base URL (which ends in /v1)
+    make: Callable[[str, str, int], Any]  # (conversation id, transcript kind, index in its pool) -> a client
+    headers: Callable[[str, str], dict[str, str]]  # (api key, conversation id) -> request headers
+    advance: Callable[[Any, bytes, bool], None]  # the reply's bytes (JSON or SSE) into the client's transcript
+
+
+def _sse_data(data: bytes) -> list[bytes]:
+    return [line[5:].strip() for line in data.split(b"\n") if line.startswith(b"data:")]
+
+
+def _chat_advance(conversation: Conversation, data: bytes, stream: bool) -> None:
+    message: Message = assemble_stream(_sse_data(data)) if stream else json.loads(data)["choices"][0]["message"]
+    if not message.get("tool_calls"):
+        raise CutShort("a chat completion without its tool call")
+    conversation.advance(message)
+
+
+def _responses_advance(conversation: ResponsesConversation, data: bytes, stream: bool) -> None:
+    output = assemble_output(data.decode()) if stream else json.loads(data)["output"]
+    if not any(item.get("type") == "function_call" for item in output):
+        raise CutShort("a response without its function call")
+    conversation.advance(output)
+
+
+def _messages_advance(conversation: MessagesConversation, data: bytes, stream: bool) -> None:
+    content = assemble_events(data.decode()) if stream else json.loads(data)["content"]
+    if not any(block.get("type") == "tool_use" for block in content):
+        raise CutShort("a message without its tool_use")
+    conversation.advance(content)
+
+
+WIRES = {
+    "chat": Wire(
+        "chat completions", "/chat/completions",
+        lambda cid, kind, i: Conversation(cid, kind, i),
+        lambda key, cid: {"Authorization": f"Bearer {key}", "X-Conversation-ID": cid},
+        _chat_advance,
+    ),
+    "messages": Wire(
+        "messages", "/messages?beta=true",
+        lambda cid, kind, i: MessagesConversation(cid, kind, i),
+        lambda key, cid: {"x-api-key": key, "anthropic-version": "2023-06-01", "anthropic-beta": "claude-code-20250219",
+                          "X-Claude-Code-Session-Id": cid},
+        _messages_advance,
+    ),
+    "responses": Wire(
+        "responses", "/responses",
+        lambda cid, kind, i: ResponsesConversation(cid, kind, i),
+        lambda key, cid: {"Authorization": f"Bearer {key}", "X-Conversation-ID": cid},
+        _responses_advance,
+    ),
+}
