@@ -209,7 +209,7 @@ def _extend(previous: BodyEntry, raw: bytes, transcript_key: str, key: Any) -> P
 
 def _entry(raw: bytes, body: Any, transcript_key: str) -> BodyEntry | None:
     """Where `raw`'s transcript array closes, proven: None when it can't be found or isn't a
-    non-empty array of the body (or is nested too deeply to compare: validation refuses it)."""
+    non-empty array of the body (or what follows it is nested too deeply to compare)."""
     if not isinstance(body, dict) or not isinstance(raws := body.get(transcript_key), list) or not raws:
         return None
     try:
@@ -245,12 +245,13 @@ def _closes_transcript(rest: bytes, after: dict[str, Any]) -> bool:
 
 
 def _proven(raw: bytes, end: int, body: dict[str, Any], transcript_key: str) -> bool:
-    """An item inserted at `end` lands last in the transcript and changes nothing else."""
+    """An item inserted at `end` lands last in the transcript (so it changes nothing else: the
+    bytes differ there only). Inserted anywhere else (in a string, a nested array, an earlier
+    duplicate of the transcript's key, a later key's value) the transcript would not gain a
+    last item 0."""
     try:
         probe = orjson.loads(raw[:end] + b",0" + raw[end:])
     except ValueError:
         return False
-    if not isinstance(probe, dict) or not isinstance(items := probe.get(transcript_key), list) or items[-1:] != [0]:
-        return False
-    items.pop()
-    return probe == body
+    items = probe.get(transcript_key) if isinstance(probe, dict) else None
+    return isinstance(items, list) and len(items) == len(body[transcript_key]) + 1 and items[-1] is not False and items[-1] == 0
