@@ -14,11 +14,11 @@ call and its first-forwarded mark). Scenarios:
   alternating @2000  the same, turns alternating between two RedisStore instances (two replicas
                    behind a round-robin load balancer): each `get` follows the other replica's writes
 
-Figures per turn: this process's CPU (time.process_time, the client side: encoding, parsing,
-building the Conversation) and wall time, median and p90 over the measured turns, the median of
-each call, and the Redis server's CPU per turn (INFO cpu, over the whole scenario). Messages are
-the bench's agent transcript (bench/workload.py), repeated past 200 with fresh tool-call ids.
-Keys go under a prefix of their own, deleted at the end.
+Figures per turn, of the three store calls only: this process's CPU (time.process_time, the
+client side: encoding, parsing, building the Conversation) and wall time, median and p90 over the
+measured turns, the median of each call, and the Redis server's CPU per turn (INFO cpu before and
+after the scenario). Messages are the bench's agent transcript (bench/workload.py), repeated past
+200 with fresh tool-call ids. Keys go under a prefix of their own, deleted at the end.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import redis as sync_redis
 
@@ -48,9 +48,10 @@ from proxy.store.redis import RedisStore
 from .procs import LOOPBACK, free_port
 from .workload import base_parts, tool_pool
 
-REPLY = {"role": "assistant", "content": None, "tool_calls": [
-    {"id": "call_reply", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "proxy/turns.py"}'}}
-]}
+CALL = {"name": "read_file", "arguments": '{"path": "proxy/turns.py"}'}
+T = TypeVar("T")
+REPLY = {"role": "assistant", "content": None,
+         "tool_calls": [{"id": "call_reply", "type": "function", "function": CALL}]}
 
 
 @contextmanager
@@ -103,6 +104,12 @@ def transcript(n: int) -> list[dict[str, Any]]:
     return out
 
 
+def tool_result(i: int) -> dict[str, Any]:
+    """A turn's new item: the result of the reply's tool call (the bench's tool outputs in turn)."""
+    pool = tool_pool()
+    return {"role": "tool", "tool_call_id": "call_reply", "content": pool[i % len(pool)]}
+
+
 def record(live: list[int], new: list[int], turn: int) -> dict[str, Any]:
     """A turn record shaped as TurnReport.record makes it (sent_seqs: the whole live transcript)."""
     return {
@@ -151,28 +158,34 @@ class Bench:
         return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
     async def turn(self, store: RedisStore, key: ConversationKey, new: list[dict[str, Any]], fig: Figures) -> None:
-        hashes = [message_hash(m) for m in new]  # the engine hashes before the store sees them
+        """One turn; only the three store calls are timed (the engine hashes, and builds the record)."""
+        hashes = [message_hash(m) for m in new]
         reply_hash = message_hash(REPLY)
-        times: dict[str, float] = {}
-        wall, cpu = time.perf_counter(), time.process_time()
-        conversation = await store.get(key)
-        times["get"] = time.process_time()
-        seqs = await store.append(key, new, hashes, PENDING)
-        times["append"] = time.process_time()
+        cpu: dict[str, float] = {}
+        wall = 0.0
+
+        async def timed(name: str, call: Awaitable[T]) -> T:
+            nonlocal wall
+            started_wall, started = time.perf_counter(), time.process_time()
+            result = await call
+            cpu[name] = (time.process_time() - started) * 1000
+            wall += (time.perf_counter() - started_wall) * 1000
+            return result
+
+        conversation = await timed("get", store.get(key))
+        seqs = await timed("append", store.append(key, new, hashes, PENDING))
         live = [seq for seq, _ in conversation.live] if conversation else []
         turn = (conversation.turns if conversation else 0) + 1
         calls = (conversation.llm_calls if conversation else 0) + 1
-        await store.finish_turn(
-            key, dict.fromkeys(seqs, LIVE), [(REPLY, reply_hash)], LIVE, record(live + seqs, seqs, turn),
+        turn_record = record(live + seqs, seqs, turn)
+        await timed("finish", store.finish_turn(
+            key, dict.fromkeys(seqs, LIVE), [(REPLY, reply_hash)], LIVE, turn_record,
             llm_calls=1, forwarded=dict.fromkeys(seqs, calls),
-        )
-        end_cpu, end_wall = time.process_time(), time.perf_counter()
-        fig.cpu_ms.append((end_cpu - cpu) * 1000)
-        fig.wall_ms.append((end_wall - wall) * 1000)
-        start = cpu
-        for name, at in [*times.items(), ("finish", end_cpu)]:
-            fig.calls.setdefault(name, []).append((at - start) * 1000)
-            start = at
+        ))
+        fig.cpu_ms.append(sum(cpu.values()))
+        fig.wall_ms.append(wall)
+        for name, ms in cpu.items():
+            fig.calls.setdefault(name, []).append(ms)
 
     async def grow(self, store: RedisStore, key: ConversationKey, messages: list[dict[str, Any]]) -> None:
         """Store `messages` as turns of up to 200 items would have (live, forwarded), untimed."""
@@ -194,13 +207,11 @@ class Bench:
         fig, stores = Figures(name), [self.store() for _ in range(replicas)]
         key = ConversationKey("bench", f"later-{size}-{replicas}-{uuid.uuid4().hex[:6]}")
         await self.grow(stores[0], key, transcript(size))
-        pool = tool_pool()
-        for i in range(3):
-            await self.turn(stores[i % replicas], key, [{"role": "tool", "tool_call_id": "call_reply", "content": pool[i]}], Figures("warm"))
+        for i in range(3):  # warm-up
+            await self.turn(stores[i % replicas], key, [tool_result(i)], Figures("warm"))
         server = self.server_cpu_s()
         for i in range(self.turns):
-            new = [{"role": "tool", "tool_call_id": "call_reply", "content": pool[i % len(pool)]}]
-            await self.turn(stores[i % replicas], key, new, fig)
+            await self.turn(stores[i % replicas], key, [tool_result(i)], fig)
         fig.server_ms = (self.server_cpu_s() - server) * 1000 / self.turns
         return fig
 
