@@ -9,7 +9,7 @@ import copy
 import dataclasses
 import random
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -81,13 +81,6 @@ async def replicas(redis_server: RedisServer) -> AsyncIterator[Replicas]:  # noq
     yield made
     for store in made.made:
         await store.close()
-
-
-@pytest.fixture
-def own_server() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    yield server
-    server.remove()
 
 
 Step = Callable[[RedisStore, random.Random], Any]
@@ -237,14 +230,14 @@ async def test_a_record_deleted_and_made_again_is_read_whole(replicas: Replicas)
     assert [seq for seq, _ in got.live] == [1] and got.live_hashes == [message_hash(items("second life")[0])]
 
 
-async def test_a_redis_restarted_empty_is_no_snapshot_s_record(own_server: RedisServer):
-    store = RedisStore(own_server.url)
+async def test_no_snapshot_outlives_a_redis_restarted_empty(redis: RedisServer):  # a server of its own
+    store = RedisStore(redis.url)
     try:
         await add(store, A, ["before the restart"])
         assert (await store.get(A)).live_hashes == [message_hash(items("before the restart")[0])]
         # In threads, so the event loop sees the server close the pooled connection.
-        await asyncio.to_thread(own_server.stop)
-        await asyncio.to_thread(own_server.start)  # no persistence: empty
+        await asyncio.to_thread(redis.stop)
+        await asyncio.to_thread(redis.start)  # no persistence: empty
         await add(store, A, ["after the restart"])  # the same key at the same version, a new record
         assert (await store.get(A)).live_hashes == [message_hash(items("after the restart")[0])]
     finally:
