@@ -3,8 +3,9 @@
 Layout (every key starts with `prefix`, "cp:" by default):
 
     {prefix}{<tenant>/<id>}:meta     hash: created_at, updated_at, next_seq, llm_calls, summaries,
-                                     turns, boundary, summary_id (absent = None), order; and, absent
-                                     until known: title, task, model, client, failures, last_error (JSON)
+                                     turns, boundary, summary_id (absent = None), order, version,
+                                     incarnation, signed (below); and, absent until known: title,
+                                     task, model, client, failures, last_error (JSON)
     {prefix}{<tenant>/<id>}:body     hash seq -> JSON {"t": created_at, "m": message}   (never changes)
     {prefix}{<tenant>/<id>}:hash     hash seq -> message hash                           (never changes)
     {prefix}{<tenant>/<id>}:status   hash seq -> status
@@ -19,6 +20,8 @@ Layout (every key starts with `prefix`, "cp:" by default):
     {prefix}{<tenant>/<id>}:idel     hash inbox id -> "seq:placement:turn:stamp", its delivery
     {prefix}{<tenant>/<id>}:iopen    set of inbox ids not yet delivered for good
     {prefix}{<tenant>/<id>}:iat      hash seq -> "id,id,...": the inbox messages delivered with it
+    {prefix}{<tenant>/<id>}:chg      sorted set of seqs scored by the version that last changed their
+                                     part of the record (live, fwd, rw, iat)
     {prefix}convs:<tenant>           sorted set of conversation ids scored by creation order
     {prefix}all                      sorted set of "<tenant>/<id>" scored by creation order (admin)
     {prefix}failed:<tenant>, {prefix}failed-all   the same two, of conversations with a failed turn
@@ -36,6 +39,18 @@ A conversation's keys share the hash tag {<tenant>/<id>} ('/' and braces are in 
 keeps two ids from ever producing the same key. Every write is one Lua script, so replicas sharing
 one Redis never interleave inside an operation; the scripts also touch the global index keys, so
 this targets one Redis server (or a primary with replicas), not Redis Cluster.
+
+A turn reads what the turns since this replica's last read added, not the whole record (whose
+live transcript and first-forwarded marks grow with the conversation). Every write script ends
+with a commit: the record's `version` moves on (the first one also draws an `incarnation` from
+the server's clock, so a record deleted, replaced by an import or lost to a restart starts over
+under another), the seqs whose part of the record it changed are logged in chg under that
+version, and `signed` keeps what every turn's write moves (next_seq, updated_at, turns,
+llm_calls). `get` sends the incarnation and version of the snapshot this replica holds
+(proxy/store/redis_records.py: the latest of recently read records, bounded) to one read script,
+RECORD, which answers: the same; the meta hash and the changed seqs' state now; or the whole
+record (another incarnation, more changes than a whole read, or a record written without a
+commit: before versions existed, or by a replica of such a version — then nothing is kept).
 
 Faults: an unreachable Redis is StoreUnavailable (503); one out of memory (maxmemory) refuses
 writes as StoreFull (507), deletes still run (they need no memory); a read-only replica, or one
@@ -56,6 +71,7 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
 from typing import Any, ParamSpec, TypeVar
 
+import orjson
 import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -65,6 +81,7 @@ from redis.retry import Retry
 
 from ..identity import ConversationKey
 from ..messages import Message
+from . import redis_records
 from .base import (
     FAILED,
     INBOX_DELIVERED,
@@ -96,10 +113,10 @@ log = logging.getLogger("proxy.store.redis")
 P = ParamSpec("P")
 T = TypeVar("T")
 
-MARK = "mark:"  # meta fields holding the conversation's marks (Conversation.marks)
+MARK = redis_records.MARK
 CONVERSATION_PARTS = (
     "meta", "body", "hash", "status", "live", "fwd", "rw", "sum", "turns", "resp", "pend",
-    "inbox", "idel", "iopen", "iat",
+    "inbox", "idel", "iopen", "iat", "chg",
 )
 NO_CONVERSATION = "no such conversation"
 NO_MESSAGE = "no such message"
@@ -162,9 +179,41 @@ WRITES = frozenset(
 # stamp; their own arguments start at ARGV[4].
 
 PRELUDE = """
-local meta, body, hashes, statuses, live, fwd, rw, sums, turns, resp, pend, inbox, idel, iopen, iat,
+local meta, body, hashes, statuses, live, fwd, rw, sums, turns, resp, pend, inbox, idel, iopen, iat, chg,
       index, tenants, created, all, responses, pending, failed_index, failed_all = unpack(KEYS)
 local tenant, id, stamp = ARGV[1], ARGV[2], ARGV[3]
+
+-- A write touches the seqs whose part of the record (Conversation: live, first-forwarded, rewritten,
+-- inbox anchor) it changes, then commits: the record's version moves on and those seqs are logged
+-- under it in chg, so a replica holding an older snapshot reads only what changed (RECORD).
+local touched, touched_set = {}, {}
+local function touch(seq)
+  seq = tostring(seq)
+  if not touched_set[seq] then
+    touched_set[seq] = true
+    touched[#touched + 1] = seq
+  end
+end
+
+-- What every write of a turn moves, also one by a replica of a version that keeps no versions:
+-- a record whose signature is not the one its latest commit left was written without a commit.
+local function signature()
+  local f = redis.call('HMGET', meta, 'next_seq', 'updated_at', 'turns', 'llm_calls')
+  return (f[1] or '') .. ':' .. (f[2] or '') .. ':' .. (f[3] or '') .. ':' .. (f[4] or '')
+end
+
+local function commit()
+  if redis.call('EXISTS', meta) == 0 then return end
+  local version = redis.call('HINCRBY', meta, 'version', 1)
+  if version == 1 then
+    -- A new record (or one written before versions): an incarnation no earlier record of this key
+    -- had (a delete or a Redis restart empty starts the version over), from the server's clock.
+    local t = redis.call('TIME')
+    redis.call('HSET', meta, 'incarnation', t[1] .. '.' .. t[2] .. '.' .. (redis.call('HGET', meta, 'order') or ''))
+  end
+  for _, seq in ipairs(touched) do redis.call('ZADD', chg, version, seq) end
+  redis.call('HSET', meta, 'signed', signature())
+end
 
 -- Create the conversation record if new, and list it (creation order from a counter, not a clock).
 local function ensure()
@@ -193,6 +242,7 @@ end
 local function set_statuses(from)
   for i = from, #ARGV, 2 do
     local seq, status = ARGV[i], ARGV[i + 1]
+    touch(seq)
     redis.call('HSET', statuses, seq, status)
     redis.call('ZREMRANGEBYSCORE', live, seq, seq)
     if status == '""" + LIVE + """' then redis.call('ZADD', live, seq, seq .. ':' .. redis.call('HGET', hashes, seq)) end
@@ -214,7 +264,10 @@ local function append(status, from, to)
     redis.call('HSET', body, seq, ARGV[from + 2 * i])
     redis.call('HSET', hashes, seq, h)
     redis.call('HSET', statuses, seq, status)
-    if status == '""" + LIVE + """' then redis.call('ZADD', live, seq, seq .. ':' .. h) end
+    if status == '""" + LIVE + """' then
+      redis.call('ZADD', live, seq, seq .. ':' .. h)
+      touch(seq)
+    end
     if status == '""" + PENDING + """' then redis.call('SADD', pend, seq) end
   end
   if status == '""" + PENDING + """' and n > 0 then redis.call('SADD', pending, tenant .. '/' .. id) end
@@ -225,7 +278,9 @@ end
 
 APPEND = PRELUDE + """
 -- ARGV[4] = status, then (body, hash) pairs.
-return append(ARGV[4], 5, #ARGV)
+local first = append(ARGV[4], 5, #ARGV)
+commit()
+return first
 """
 
 SET_STATUSES = PRELUDE + """
@@ -233,6 +288,7 @@ SET_STATUSES = PRELUDE + """
 local refused = check_statuses(4)
 if refused then return refused end
 set_statuses(4)
+commit()
 return 1
 """
 
@@ -255,7 +311,10 @@ if calls > 0 then
   ensure()
   redis.call('HINCRBY', meta, 'llm_calls', calls)
 end
-for i = calls_at + 2, changes_at - 1, 2 do redis.call('HSET', fwd, ARGV[i], ARGV[i + 1]) end
+for i = calls_at + 2, changes_at - 1, 2 do
+  redis.call('HSET', fwd, ARGV[i], ARGV[i + 1])
+  touch(ARGV[i])
+end
 set_statuses(changes_at)
 local seq = false
 if n > 0 then seq = append(ARGV[4], 6, record_at - 2) end
@@ -283,6 +342,7 @@ if record ~= '' then
     redis.call('HSET', meta, 'last_error', '{"turn":' .. turn .. ',' .. string.sub(failure, 2))
   end
 end
+commit()
 return seq
 """
 
@@ -290,19 +350,26 @@ return seq
 SET_TITLE = PRELUDE + """
 if redis.call('EXISTS', meta) == 0 then return 0 end
 if ARGV[4] == '' then redis.call('HDEL', meta, 'title') else redis.call('HSET', meta, 'title', ARGV[4]) end
+commit()
 return 1
 """
 
 COUNT_CALL = PRELUDE + """
 ensure()
-return redis.call('HINCRBY', meta, 'llm_calls', 1)
+local calls = redis.call('HINCRBY', meta, 'llm_calls', 1)
+commit()
+return calls
 """
 
 # ARGV[4] names the hash (fwd, rw or meta: the caller's choice of key), then (field, value) pairs.
 SET_FIELDS = PRELUDE + """
 ensure()
 local target = ({fwd = fwd, rw = rw, meta = meta})[ARGV[4]]
-for i = 5, #ARGV, 2 do redis.call('HSET', target, ARGV[i], ARGV[i + 1]) end
+for i = 5, #ARGV, 2 do
+  redis.call('HSET', target, ARGV[i], ARGV[i + 1])
+  if target ~= meta then touch(ARGV[i]) end
+end
+commit()
 return 1
 """
 
@@ -314,6 +381,7 @@ redis.call('HSET', sums, sid, ARGV[4])
 if tonumber(ARGV[5]) > tonumber(redis.call('HGET', meta, 'boundary')) then
   redis.call('HSET', meta, 'boundary', ARGV[5], 'summary_id', sid)
 end
+commit()
 return sid
 """
 
@@ -330,7 +398,10 @@ for _, seq in ipairs(redis.call('SMEMBERS', pend)) do
 end
 redis.call('DEL', pend)
 redis.call('SREM', pending, tenant .. '/' .. id)
-if failed > 0 then redis.call('HSET', meta, 'updated_at', stamp) end
+if failed > 0 then
+  redis.call('HSET', meta, 'updated_at', stamp)
+  commit()
+end
 return failed
 """
 
@@ -346,6 +417,7 @@ local function drop_anchor(seq, mid)
   local kept = {}
   for _, other in ipairs(anchor_ids(seq)) do if other ~= mid then kept[#kept + 1] = other end end
   if #kept == 0 then redis.call('HDEL', iat, seq) else redis.call('HSET', iat, seq, table.concat(kept, ',')) end
+  touch(seq)
 end
 """
 
@@ -361,7 +433,7 @@ if redis.call('EXISTS', meta) == 1 then
   if ARGV[4] ~= '1' then return redis.error_reply('""" + CONVERSATION_EXISTS + """') end
   local known = redis.call('SMEMBERS', resp)
   if #known > 0 then redis.call('HDEL', responses, unpack(known)) end
-  redis.call('UNLINK', meta, body, hashes, statuses, live, fwd, rw, sums, turns, resp, inbox, idel, iopen, iat)
+  redis.call('UNLINK', meta, body, hashes, statuses, live, fwd, rw, sums, turns, resp, inbox, idel, iopen, iat, chg)
   redis.call('ZREM', index, id)
   redis.call('ZREM', all, tenant .. '/' .. id)
   redis.call('ZREM', failed_index, id)
@@ -410,6 +482,7 @@ for _ = 1, tonumber(ARGV[17]) do
   i = i + 4
 end
 redis.call('HSET', meta, 'inbox', ARGV[17], 'inbox_open', redis.call('SCARD', iopen))
+commit()  -- a record of its own: version 1, a new incarnation
 return 1
 """
 
@@ -441,6 +514,37 @@ end
 return out
 """
 
+RECORD = PRELUDE + """
+-- ARGV[4], ARGV[5] = the incarnation and version of the caller's snapshot of the record ('', 0:
+-- none). Returns {} when there is no such conversation; {'same'} when the snapshot is current;
+-- {'delta', incarnation, version, meta, changes} when the changes since are fewer than a whole
+-- read, `changes` flat (seq, live member or '', first-forwarded calls or '', rewritten 1/0, inbox
+-- anchor 1/0) per seq that changed; else {'whole', incarnation, version, meta, live, fwd, rw seqs,
+-- anchor seqs}, incarnation '' when no snapshot of it can be trusted (it was written without a
+-- commit). Meta and fwd as HGETALL's flat (field, value) lists.
+local known = redis.call('HMGET', meta, 'incarnation', 'version', 'signed')
+local incarnation, version = known[1] or '', known[2] or '0'
+if incarnation == '' and redis.call('EXISTS', meta) == 0 then return {} end
+if incarnation ~= '' and known[3] ~= signature() then incarnation = '' end
+if incarnation ~= '' and incarnation == ARGV[4] then
+  if version == ARGV[5] then return {'same'} end
+  local since = '(' .. ARGV[5]
+  if redis.call('ZCOUNT', chg, since, '+inf') * 2 <= redis.call('ZCARD', live) + 64 then
+    local changes = {}
+    for _, seq in ipairs(redis.call('ZRANGEBYSCORE', chg, since, '+inf')) do
+      changes[#changes + 1] = seq
+      changes[#changes + 1] = redis.call('ZRANGEBYSCORE', live, seq, seq)[1] or ''
+      changes[#changes + 1] = redis.call('HGET', fwd, seq) or ''
+      changes[#changes + 1] = redis.call('HEXISTS', rw, seq)
+      changes[#changes + 1] = redis.call('HEXISTS', iat, seq)
+    end
+    return {'delta', incarnation, version, redis.call('HGETALL', meta), changes}
+  end
+end
+return {'whole', incarnation, version, redis.call('HGETALL', meta), redis.call('ZRANGE', live, 0, -1),
+        redis.call('HGETALL', fwd), redis.call('HKEYS', rw), redis.call('HKEYS', iat)}
+"""
+
 POST_INBOX = PRELUDE + """
 -- ARGV[4] = the message's JSON, ARGV[5] = the most open messages allowed. Returns its id, 0 when
 -- there is no such conversation, -1 when the inbox is full.
@@ -450,6 +554,7 @@ local mid = redis.call('HINCRBY', meta, 'inbox', 1)
 redis.call('HSET', inbox, mid, ARGV[4])
 redis.call('SADD', iopen, mid)
 redis.call('HSET', meta, 'inbox_open', redis.call('SCARD', iopen))
+commit()
 return mid
 """
 
@@ -481,6 +586,7 @@ for _, mid in ipairs(open) do
     local ids = anchor_ids(seq)
     ids[#ids + 1] = mid
     redis.call('HSET', iat, seq, table.concat(ids, ','))
+    touch(seq)
     if not anchor_pending then redis.call('SREM', iopen, mid) end
     out[#out + 1] = mid
     out[#out + 1] = redis.call('HGET', inbox, mid)
@@ -488,6 +594,7 @@ for _, mid in ipairs(open) do
   end
 end
 redis.call('HSET', meta, 'inbox_open', redis.call('SCARD', iopen))
+commit()
 return out
 """
 
@@ -553,6 +660,45 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+def _turn_dumps(value: Any) -> bytes:
+    """`_dumps` for what a turn writes, ~10x faster (a first turn stores its whole transcript).
+    orjson writes the same values; it spells NaN and infinities null, but none reach a turn: the
+    requests and replies its items come from are parsed by orjson, which refuses them. json is the
+    fallback for what orjson refuses (integers past 64 bits, keys that are not strings)."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return _dumps(value).encode()
+
+
+class _ReadScript:
+    """A script that writes nothing. Out of memory, Redis 7 runs a script only if its shebang says
+    it writes nothing (flags=no-writes); Redis 6 knows no shebang: so that form is the fallback."""
+
+    def __init__(self, client: aioredis.Redis, source: str) -> None:
+        self._client = client
+        self._plain = client.register_script(source)
+        self._read_only = client.register_script("#!lua flags=no-writes\n" + source)
+
+    async def run(self, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        """The replies to (keys, args) calls, in one round trip (a pipeline when there are several)."""
+        try:
+            return await self._run(self._plain, calls)
+        except OutOfMemoryError:
+            return await self._run(self._read_only, calls)
+
+    async def _run(self, script: Any, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        if len(calls) == 1:
+            keys, args = calls[0]
+            return [await script(keys=keys, args=args)]
+        if not calls:
+            return []
+        async with self._client.pipeline(transaction=False) as pipe:
+            for keys, args in calls:
+                await script(keys=keys, args=args, client=pipe)
+            return list(await pipe.execute())
+
+
 class RedisStore:
     def __init__(
         self,
@@ -583,10 +729,12 @@ class RedisStore:
         self._append, self._set_statuses, self._count_call = register(APPEND), register(SET_STATUSES), register(COUNT_CALL)
         self._finish_turn = register(FINISH_TURN)
         self._set_fields, self._add_summary = register(SET_FIELDS), register(ADD_SUMMARY)
-        self._messages, self._release, self._extend = register(MESSAGES), register(RELEASE), register(EXTEND)
+        self._release, self._extend = register(RELEASE), register(EXTEND)
         self._import = register(IMPORT)
         self._fail_pending = register(FAIL_PENDING)
-        self._messages_read_only = register("#!lua flags=no-writes\n" + MESSAGES)
+        self._messages_read = _ReadScript(self._redis, MESSAGES)
+        self._record = _ReadScript(self._redis, RECORD)
+        self._snapshots = redis_records.Snapshots()
         self._health = WriteHealth()
         self._set_title = register(SET_TITLE)
         self._post_inbox, self._deliver_inbox = register(POST_INBOX), register(DELIVER_INBOX)
@@ -691,22 +839,41 @@ class RedisStore:
 
     @_guarded
     async def get(self, key: ConversationKey) -> Conversation | None:
-        return (await self._read_conversations([key]))[0]
+        return (await self._read_conversations([key], keep=True))[0]
 
-    async def _read_conversations(self, keys: list[ConversationKey]) -> list[Conversation | None]:
-        """Read whole records in one round trip (MULTI: each one a consistent snapshot)."""
-        if not keys:
-            return []
-        def fill(pipe: Any) -> None:
-            for key in keys:
-                pipe.hgetall(self._conv(key, "meta"))
-                pipe.zrange(self._conv(key, "live"), 0, -1)
-                pipe.hgetall(self._conv(key, "fwd"))
-                pipe.hkeys(self._conv(key, "rw"))
-                pipe.hkeys(self._conv(key, "iat"))
+    async def _read_conversations(
+        self, keys: list[ConversationKey], *, keep: bool = False
+    ) -> list[Conversation | None]:
+        """Records in one round trip, each a consistent snapshot (one RECORD script each): only
+        what changed since the snapshot this replica holds, if it holds one. A record read is
+        kept as the latest snapshot if `keep` (a turn's read) or one was held already."""
+        bases = [self._snapshots.get(key) for key in keys]
+        replies = await self._record.run([
+            (self._keys(key), self._args(key, base.incarnation, base.version) if base else self._args(key, "", 0))
+            for key, base in zip(keys, bases)
+        ])
+        return [self._snapshot(key, base, reply, keep) for key, base, reply in zip(keys, bases, replies)]
 
-        replies = await self._read(fill)
-        return [_conversation(key, *replies[5 * i : 5 * i + 5]) for i, key in enumerate(keys)]
+    def _snapshot(
+        self, key: ConversationKey, base: redis_records.Snapshot | None, reply: list[Any], keep: bool
+    ) -> Conversation | None:
+        """The conversation a RECORD reply tells of, given the snapshot it was asked from."""
+        if not reply:
+            self._snapshots.drop(key)
+            return None
+        if reply[0] == "same" and base is not None:
+            self._snapshots.touch(key)
+            return base.conversation
+        kind, incarnation, version, meta, *parts = reply
+        if kind == "delta" and base is not None:
+            conversation = redis_records.updated(base.conversation, meta, parts[0])
+        else:
+            conversation = redis_records.whole(key, meta, *parts)
+        if not incarnation:  # written without versions (by a replica that keeps none): nothing kept
+            self._snapshots.drop(key)
+        elif keep or base is not None:
+            self._snapshots.keep(key, redis_records.Snapshot(incarnation, int(version), conversation))
+        return conversation
 
     async def _read(self, fill: Callable[[Any], None]) -> list[Any]:
         """The commands `fill` queues, read in one consistent step (MULTI). Out of memory, Redis
@@ -771,6 +938,7 @@ class RedisStore:
 
     async def _delete_keys(self, key: ConversationKey, *, atomic: bool) -> bool:
         # The caller holds the conversation's lock: no turn adds a response id meanwhile.
+        self._snapshots.drop(key)
         member = f"{key.tenant}/{key.id}"
         response_ids = await self._redis.smembers(self._conv(key, "resp"))
         async with self._redis.pipeline(transaction=atomic) as pipe:
@@ -799,7 +967,7 @@ class RedisStore:
         if status not in STATUSES:
             raise ValueError(f"unknown status {status!r}")
         stamp = now()
-        pairs = [x for msg, h in zip(messages, hashes, strict=True) for x in (_dumps({"t": stamp, "m": msg}), h)]
+        pairs = [x for msg, h in zip(messages, hashes, strict=True) for x in (_turn_dumps({"t": stamp, "m": msg}), h)]
         first = await self._append(keys=self._keys(key), args=self._args(key, status, *pairs, stamp=stamp))
         return list(range(first, first + len(messages)))
 
@@ -828,13 +996,13 @@ class RedisStore:
         if not set(changes.values()) <= STATUSES or (reply and reply_status not in STATUSES):
             raise ValueError("unknown status")
         stamp = now()
-        items = [x for message, h in reply for x in (_dumps({"t": stamp, "m": message}), h)]
+        items = [x for message, h in reply for x in (_turn_dumps({"t": stamp, "m": message}), h)]
         pairs = [x for seq, st in changes.items() for x in (seq, st)]
-        record_json = _dumps(dict(record)) if record is not None else ""
+        record_json = _turn_dumps(dict(record)) if record is not None else ""
         response_id = str((record or {}).get("response_id") or "")
         facts = TurnFacts.of(record or {})
         fields = [x for name, value in facts.latest.items() for x in (name, value)]
-        failure = _dumps({"created_at": (record or {}).get("created_at"), **facts.error}) if facts.error else ""
+        failure = _turn_dumps({"created_at": (record or {}).get("created_at"), **facts.error}) if facts.error else ""
         marks = [x for seq, calls in (forwarded or {}).items() for x in (seq, calls)]
         args = self._args(
             key, reply_status, len(reply), *items, response_id, record_json,
@@ -867,10 +1035,7 @@ class RedisStore:
         self, key: ConversationKey, *, live_only: bool, after: int | None = None, limit: int | None = None
     ) -> list[StoredMessage]:
         args = self._args(key, int(live_only), max(after or 0, 0), -1 if limit is None else max(limit, 0))
-        try:
-            flat = await self._messages(keys=self._keys(key), args=args)
-        except OutOfMemoryError:  # Redis 7 runs a script out of memory only if it says it writes nothing
-            flat = await self._messages_read_only(keys=self._keys(key), args=args)
+        flat = (await self._messages_read.run([(self._keys(key), args)]))[0]
         return [_stored(*flat[i : i + 4]) for i in range(0, len(flat), 4)]
 
     @_guarded
@@ -1127,31 +1292,6 @@ class RedisStore:
         for task in list(self._renewals):
             task.cancel()
         await self._redis.aclose()
-
-
-def _conversation(
-    key: ConversationKey,
-    meta: dict[str, str],
-    live: list[str],
-    fwd: dict[str, str],
-    rewritten: list[str],
-    anchors: list[str],
-) -> Conversation | None:
-    if not meta:
-        return None
-    pairs = [m.split(":", 1) for m in live]
-    return Conversation(
-        key, float(meta["created_at"]), float(meta["updated_at"]), int(meta["next_seq"]),
-        [(int(seq), h) for seq, h in pairs], int(meta["llm_calls"]),
-        {int(seq): int(calls) for seq, calls in fwd.items()}, frozenset(int(seq) for seq in rewritten),
-        int(meta["boundary"]), int(meta["summary_id"]) if "summary_id" in meta else None,
-        {name[len(MARK) :]: int(value) for name, value in meta.items() if name.startswith(MARK)},
-        title=meta.get("title"), task=meta.get("task"), model=meta.get("model"), client=meta.get("client"),
-        failures=int(meta.get("failures", 0)),
-        last_error=json.loads(meta["last_error"]) if "last_error" in meta else None,
-        turns=int(meta.get("turns", 0)), inbox_open=int(meta.get("inbox_open", 0)),
-        inbox_anchors=frozenset(int(seq) for seq in anchors),
-    )
 
 
 def _inbox_message(mid: str, body: str, delivery: str, item_status: str = "") -> InboxMessage:
