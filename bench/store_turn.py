@@ -116,7 +116,7 @@ def _worker(scenario: str, n: int, count: int, *, api: bool, profile: bool) -> d
 
         def turn(key: ConversationKey, items: list[tuple[dict, str]], reply: tuple[dict, str], calls: int) -> None:
             seqs = call("append", key, [i for i, _ in items], [h for _, h in items], PENDING)
-            record = {"created_at": time.time(), "model": "m", "sent_seqs": list(range(1, seqs[-1] + 1))[-int(os.environ.get("SENT", 10**9)):], "tokens_sent": 9000}
+            record = {"created_at": time.time(), "model": "m", "sent_seqs": list(range(1, seqs[-1] + 1)), "tokens_sent": 9000}
             call("finish_turn", key, dict.fromkeys(seqs, LIVE), [reply], LIVE, record,
                  llm_calls=1, forwarded=dict.fromkeys(seqs, calls))
 

@@ -641,10 +641,12 @@ class DiskStore:
         held = self._records.get(key)
         return held.fields if held is not None else self._cache.get(_conv_key(key))
 
-    def _save(self, key: ConversationKey, record: _Record) -> None:
+    def _save(self, key: ConversationKey, record: _Record, *, snapshot: bool = True) -> None:
         """Write what the write under way changed, inside its transaction: the batches it touched,
         the index chunks behind the newest that changed, the record with the newest chunk; then
-        keep the record in memory for the next write."""
+        keep the record in memory for the next write. Without `snapshot`, the snapshot is dropped
+        rather than made again (a `get` makes it from the record held): for a turn's first write,
+        whose snapshot nobody reads before its second."""
         fields = record.fields
         for batch in record.unsaved.values():
             for first, blob in batch.unwritten.items():
@@ -662,7 +664,10 @@ class DiskStore:
         self._cache.set(_conv_key(key), record.row())
         self._pending.saw(key, bool(fields["pending"]))
         record.saved()
-        self._snapshot(key, record)
+        if snapshot:
+            self._snapshot(key, record)
+        else:
+            self._snapshots.pop(key, None)
         self._records[key] = record
         self._records.move_to_end(key)
         if len(self._records) > MAX_RECORDS:
@@ -780,7 +785,7 @@ class DiskStore:
         return await self._write(self._append, key, messages, hashes, status)
 
     def _append(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
-        return self._update_record(key, lambda record: self._add_messages(record, messages, hashes, status))
+        return self._update_record(key, lambda record: self._add_messages(record, messages, hashes, status), snapshot=False)
 
     def _add_messages(self, record: _Record, messages: list[Message], hashes: list[str], status: str) -> list[int]:
         """Add messages after the last one, in memory (`_save` writes them): a batch of their own,
@@ -1035,14 +1040,14 @@ class DiskStore:
         found = {seq: self._cache.get(_rewrite_key(key, seq)) for seq in seqs}
         return {seq: content for seq, content in found.items() if content is not None}
 
-    def _update_record(self, key: ConversationKey, change: Callable[[_Record], Any]) -> Any:
+    def _update_record(self, key: ConversationKey, change: Callable[[_Record], Any], *, snapshot: bool = True) -> Any:
         """Apply `change` to the conversation record (creating it if new); returns what `change` returns."""
         with self._cache.transact():
             record = self._load(key)
             if record is None:
                 record = self._register(key, _Record.new(now()))
             result = change(record)
-            self._save(key, record)
+            self._save(key, record, snapshot=snapshot)
             return result
 
     async def add_summary(self, key: ConversationKey, summary: Summary) -> Summary:
