@@ -68,15 +68,14 @@ def main() -> None:
                 results.setdefault((tree, scenario, n), []).append(ms)
     mode = "async API, process CPU" if args.api else "store thread's functions, called directly"
     print(f"\nCPU per turn, ms (median of {args.rounds} rounds; {mode}):")
-    print(f"{'scenario':<22}" + "".join(f"{_short(t):>22}" for t in trees))
+    names = [chr(ord("A") + i) for i in range(len(trees))]
+    for name, tree in zip(names, trees, strict=True):
+        print(f"  {name}: {tree}")
+    print(f"{'':<22}" + "".join(f"{name:>10}" + " " * 8 for name in names))
     for scenario, n, _ in cases:
         row = [statistics.median(results[(t, scenario, n)]) for t in trees]
-        cells = "".join(f"{v:>14.3f}" + (f" ({v / row[0]:.2f}x)" if i else " " * 8) for i, v in enumerate(row))
+        cells = "".join(f"{v:>10.3f}" + (f" ({v / row[0]:.2f}x)" if i else " " * 8) for i, v in enumerate(row))
         print(f"{f'{scenario} turn at {n}':<22}{cells}")
-
-
-def _short(tree: Path) -> str:
-    return tree.name if len(str(tree)) > 20 else str(tree)
 
 
 def _run_worker(tree: Path, scenario: str, n: int, count: int, *, api: bool, profile: bool) -> float:

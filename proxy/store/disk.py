@@ -350,8 +350,8 @@ class _Record:
         message so far in a `msg` row of its own. Its next save writes the index as chunks."""
         record = cls(fields)
         record._live = [tuple(entry) for entry in fields.pop("live")]
-        record._forwarded = dict(fields.pop("first_forwarded"))
-        record._rewritten = set(fields.pop("rewritten"))
+        record._forwarded = dict(fields.pop("first_forwarded", {}))
+        record._rewritten = set(fields.pop("rewritten", ()))
         for name, empty in (("inbox", 0), ("inbox_open", []), ("inbox_at", {}), ("pending", [])):
             fields.setdefault(name, empty)  # records written before the inbox have none of it
         fields.update(layout=LAYOUT, legacy=fields["next_seq"], tail=(fields["next_seq"] - 1) // INDEX_CHUNK)
@@ -517,10 +517,15 @@ class _PendingFlags:
         """These were found without pending messages: their flags go with the next sweep."""
         self._settled.update(k for k in keys if k in self._where)
 
+    @property
+    def any_settled(self) -> bool:
+        return bool(self._settled)
+
     def sweep(self) -> None:
         """Clear the flags of the settled conversations."""
-        self.drop(self._settled)
-        self._settled = set()
+        if self._settled:
+            self.drop(self._settled)
+            self._settled = set()
 
     def drop(self, keys: Iterable[ConversationKey]) -> None:
         """Clear these conversations' flags now."""
@@ -1380,8 +1385,9 @@ class DiskStore:
 
     def _close(self) -> None:
         try:  # a clean stop leaves flags only where messages are pending: the next start reads no more
-            with self._cache.transact():
-                self._pending.sweep()
+            if self._pending.any_settled:
+                with self._cache.transact():
+                    self._pending.sweep()
         except (sqlite3.Error, OSError, diskcache.Timeout) as exc:  # e.g. a full disk: the next start sweeps
             log.info("store: pending flags left for the next start", extra={"error": str(exc)})
         self._cache.close()
