@@ -20,6 +20,9 @@ writes cost what the turn adds, whatever the conversation holds:
   its turn's items, whose statuses the turn's end rewrites anyway), with their hashes, statuses
   and times, at most BATCH_MAX of them. A status change rewrites the batches it touches; the
   batch of a turn still pending stays in memory, so the turn's end does not read it back.
+- part s: the messages of a write, from seq s on, when pickled they pass INLINE_PART bytes (a
+  first turn's transcript, a long tool output): written once, so that a status change rewrites
+  their small batch row, not them.
 - msg s: a message written before batches existed, one row each (the seqs below the record's
   `legacy`): still read and changed in place, and such a conversation goes on in batches.
 - rewrite s, turn n, summary n, inbox n, response id, knowledge, index pages: one row each.
@@ -262,7 +265,7 @@ class _Batch:
         self.statuses.extend(statuses)
         self.stamps.extend(stamps)
 
-    def messages(self, read_part: Callable[[int], bytes | None]) -> list[Message]:
+    def messages(self, read_part: Callable[[int], bytes]) -> list[Message]:
         """Its messages, unpickled afresh (the caller's to change); `read_part(seq)` reads a part
         of its own."""
         if self.legacy is not None:
@@ -272,8 +275,6 @@ class _Batch:
         for count, blob in self.parts:
             if blob is None:
                 blob = self.unwritten.get(seq) or read_part(seq)
-                if blob is None:
-                    raise LookupError(f"part {seq} of batch {self.first}")
             out.extend(pickle.loads(blob))
             seq += count
         return out
@@ -433,27 +434,32 @@ class _Record:
         self._live.extend(zip(range(first, first + len(hashes)), hashes))
         self.touch(first, first + len(hashes))
 
-    def add_live(self, seq: int, digest: str) -> None:
+    def add_live(self, entries: list[tuple[int, str]]) -> None:
+        """Put (seq, hash) entries, ascending, in the live index (those there already stay)."""
         live = self._live
-        if not live or live[-1][0] < seq:  # the usual case: a turn's new items, after every live one
-            live.append((seq, digest))
+        if not entries:
+            return
+        if not live or live[-1][0] < entries[0][0]:  # the usual case: a turn's items, after every live one
+            live.extend(entries)
         else:
+            for entry in entries:
+                at = bisect.bisect_left(live, (entry[0],))
+                if at == len(live) or live[at][0] != entry[0]:
+                    live.insert(at, entry)
+        self.changed.update({seq // INDEX_CHUNK for seq, _ in entries})
+
+    def drop_live(self, seqs: list[int]) -> None:
+        """Take these seqs out of the live index (those that are in it)."""
+        live = self._live
+        for seq in seqs:
             at = bisect.bisect_left(live, (seq,))
             if at < len(live) and live[at][0] == seq:
-                return
-            live.insert(at, (seq, digest))
-        self.changed.add(seq // INDEX_CHUNK)
-
-    def drop_live(self, seq: int) -> None:
-        live = self._live
-        at = bisect.bisect_left(live, (seq,))
-        if at < len(live) and live[at][0] == seq:
-            del live[at]
-            self.changed.add(seq // INDEX_CHUNK)
+                del live[at]
+                self.changed.add(seq // INDEX_CHUNK)
 
     def forward(self, marks: Mapping[int, int]) -> None:
         self._forwarded.update(marks)
-        self.changed.update(seq // INDEX_CHUNK for seq in marks)
+        self.changed.update({seq // INDEX_CHUNK for seq in marks})
 
     def rewrote(self, seqs: Iterable[int]) -> None:
         for seq in seqs:
@@ -854,8 +860,7 @@ class DiskStore:
             if batch is None or not batch.first <= seq < batch.end:
                 batch = self._batch_of(key, record, seq)
                 if batch is None:
-                    log.error("a stored message is missing", extra={"conversation": str(key), "seq": seq})
-                    raise StoreUnavailable("The conversation store failed; try again shortly.")
+                    raise _missing(key, seq)
                 messages = batch.messages(self._part_reader(key))
             i = seq - batch.first
             out.append(StoredMessage(seq, messages[i], batch.hashes[i], batch.statuses[i], batch.stamps[i]))
@@ -895,22 +900,27 @@ class DiskStore:
 
     def _change_statuses(self, key: ConversationKey, record: _Record, changes: dict[int, str]) -> None:
         """Set message statuses in their batches and keep the live index in step, in memory."""
-        found: list[tuple[int, _Batch]] = []
-        batch: _Batch | None = None
-        for seq in sorted(changes):  # every one found before anything is changed; each batch once
-            if batch is None or not batch.first <= seq < batch.end:
+        found: list[tuple[_Batch, list[int]]] = []  # each batch touched, with its seqs
+        end = 0
+        for seq in sorted(changes):  # every one found before anything is changed
+            if not found or not found[-1][0].first <= seq < end:
                 batch = self._batch_of(key, record, seq, keep=True)
                 if batch is None:
                     raise KeyError(f"{key}: no message {seq}")  # _written drops what this write held
-            found.append((seq, batch))
-        for seq, batch in found:
-            status = changes[seq]
-            i = seq - batch.first
-            batch.statuses[i] = status
-            if status == LIVE:
-                record.add_live(seq, batch.hashes[i])
-            else:
-                record.drop_live(seq)
+                found.append((batch, []))
+                end = batch.end
+            found[-1][1].append(seq)
+        live, other = [], []
+        for batch, seqs in found:
+            for seq in seqs:
+                i = seq - batch.first
+                batch.statuses[i] = status = changes[seq]
+                if status == LIVE:
+                    live.append((seq, batch.hashes[i]))
+                else:
+                    other.append(seq)
+        record.drop_live(other)
+        record.add_live(live)
         fields = record.fields
         fields["updated_at"] = now()
         if fields["pending"]:
@@ -1014,8 +1024,14 @@ class DiskStore:
         i = seq - batch.first
         return StoredMessage(seq, batch.messages(self._part_reader(key))[i], batch.hashes[i], batch.statuses[i], batch.stamps[i])
 
-    def _part_reader(self, key: ConversationKey) -> Callable[[int], bytes | None]:
-        return lambda first: self._cache.get(_part_key(key, first))
+    def _part_reader(self, key: ConversationKey) -> Callable[[int], bytes]:
+        def read(first: int) -> bytes:
+            blob = self._cache.get(_part_key(key, first))
+            if blob is None:
+                raise _missing(key, first)
+            return blob
+
+        return read
 
     async def count_llm_call(self, key: ConversationKey) -> int:
         return await self._write(self._update_record, key, _count_call)
@@ -1103,8 +1119,7 @@ class DiskStore:
                 boundary=c.boundary, summary_id=c.summary_id, turns=len(dump.turns), marks=dict(c.marks),
                 **c.description(),
             )
-            for seq, digest in c.live:
-                record.add_live(seq, digest)
+            record.add_live(sorted(map(tuple, c.live)))
             record.forward(c.first_forwarded)
             record.rewrote(dump.rewrites)
             for start in range(0, len(dump.messages), BATCH_MAX):
@@ -1426,6 +1441,12 @@ def _conversation(key: ConversationKey, record: _Record) -> Conversation:
         failures=f.get("failures", 0), last_error=f.get("last_error"), turns=f["turns"],
         inbox_open=len(f["inbox_open"]), inbox_anchors=frozenset(f["inbox_at"]),
     )
+
+
+def _missing(key: ConversationKey, seq: int) -> StoreUnavailable:
+    """A row the conversation's index names is not there: a broken store, said as such."""
+    log.error("a stored message is missing", extra={"conversation": str(key), "seq": seq})
+    return StoreUnavailable("The conversation store failed; try again shortly.")
 
 
 def _store_error(exc: BaseException, folder: Path) -> StoreError:
