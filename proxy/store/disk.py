@@ -168,20 +168,37 @@ def _conv_key(key: ConversationKey) -> str:
     return f"conv{SEP}{key.tenant}{SEP}{key.id}"
 
 
+def _numbered(kind: str, key: ConversationKey, number: int, digits: int = 12) -> str:
+    """The key of one of a conversation's rows: its kind, the conversation, a zero-padded number."""
+    return f"{kind}{SEP}{key.tenant}{SEP}{key.id}{SEP}{number:0{digits}d}"
+
+
 def _msg_key(key: ConversationKey, seq: int) -> str:
-    return f"msg{SEP}{key.tenant}{SEP}{key.id}{SEP}{seq:012d}"
+    return _numbered("msg", key, seq)
 
 
 def _batch_key(key: ConversationKey, first: int) -> str:
-    return f"batch{SEP}{key.tenant}{SEP}{key.id}{SEP}{first:012d}"
+    return _numbered("batch", key, first)
 
 
 def _part_key(key: ConversationKey, first: int) -> str:
-    return f"part{SEP}{key.tenant}{SEP}{key.id}{SEP}{first:012d}"
+    return _numbered("part", key, first)
 
 
 def _chunk_key(key: ConversationKey, number: int) -> str:
-    return f"chunk{SEP}{key.tenant}{SEP}{key.id}{SEP}{number:08d}"
+    return _numbered("chunk", key, number, 8)
+
+
+def _rewrite_key(key: ConversationKey, seq: int) -> str:
+    return _numbered("rewrite", key, seq)
+
+
+def _turn_key(key: ConversationKey, turn: int) -> str:
+    return _numbered("turn", key, turn, 8)
+
+
+def _summary_key(key: ConversationKey, summary_id: int) -> str:
+    return _numbered("summary", key, summary_id, 8)
 
 
 def _pending_row(bucket: int) -> str:
@@ -193,24 +210,12 @@ def _pending_bucket(key: ConversationKey) -> str:
     return _pending_row(zlib.crc32(f"{key.tenant}{SEP}{key.id}".encode()) % PENDING_BUCKETS)
 
 
-def _rewrite_key(key: ConversationKey, seq: int) -> str:
-    return f"rewrite{SEP}{key.tenant}{SEP}{key.id}{SEP}{seq:012d}"
-
-
-def _turn_key(key: ConversationKey, turn: int) -> str:
-    return f"turn{SEP}{key.tenant}{SEP}{key.id}{SEP}{turn:08d}"
-
-
-def _summary_key(key: ConversationKey, summary_id: int) -> str:
-    return f"summary{SEP}{key.tenant}{SEP}{key.id}{SEP}{summary_id:08d}"
-
-
 def _response_key(tenant: str, response_id: str) -> str:
     return f"response{SEP}{tenant}{SEP}{response_id}"
 
 
 def _inbox_key(key: ConversationKey, message_id: int) -> str:
-    return f"inbox{SEP}{key.tenant}{SEP}{key.id}{SEP}{message_id:08d}"
+    return _numbered("inbox", key, message_id, 8)
 
 
 def _knowledge_key(tenant: str, namespace: str, version: int) -> str:
