@@ -10,15 +10,15 @@ on the path), the trees taking turns round by round so drift on a busy machine h
 
 - first: the first turn of a new conversation of `--messages` items (tool outputs of 1,000
   characters, as an agent's transcript is mostly): all of them appended pending, then flipped
-  live with a one-item reply, a turn record and every item's first-forwarded mark. Repeated for
-  `--firsts` new conversations in one store.
+  live with a one-item reply, a turn record (naming every seq sent, as the engine's does) and
+  every item's first-forwarded mark. Repeated for `--firsts` new conversations in one store.
 - later: a conversation built turn by turn to `--messages` items (a first turn of up to 200, then
   turns of one tool output of 2,400 characters and a one-item reply), then `--turns` more such
   turns measured (each adds two items: a figure "at 2,000" is from 2,000 to 2,000 + 2 x turns).
 
 The figure is CPU per turn (both writes), the median over rounds. By default the store thread's
-own functions are called directly on the bench's thread (what the store thread would run: no
-executor hop, no event loop); `--api` goes through the public async API instead (process CPU,
+own functions are called directly on the bench's thread (`store._written(store._append, ...)`,
+what the store thread runs: no executor hop, no event loop); `--api` goes through the public async API instead (process CPU,
 every thread: the hop included). The garbage collector is set as `serve` sets it. `--profile`
 prints the last tree's cProfile of one round.
 """
