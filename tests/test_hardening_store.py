@@ -65,7 +65,8 @@ def fill(disk: Path) -> Path:
     """Write a file until the disk is full; returns it (delete it to make room again)."""
     filler = disk / "filler"
     block = b"\0" * 65536
-    with open(filler, "wb") as out, contextlib.suppress(OSError):
+    # Unbuffered: the block that does not fit is written in part, and nothing is left to flush at close.
+    with open(filler, "wb", buffering=0) as out, contextlib.suppress(OSError):
         while True:
             out.write(block)
             out.flush()

@@ -8,6 +8,27 @@ in memory: `get()`, called on every turn, usually needs no hop at all.
 
 diskcache is a cache by default; here it is a database: no eviction, no culling, ever.
 
+Layout: one row per key; a conversation's rows are named by its tenant and id. A turn's two
+writes cost what the turn adds, whatever the conversation holds:
+- conv: the conversation record: its small fields (times, counters, marks, what the list shows,
+  the seqs still pending) and the newest chunk of its index.
+- chunk n: the index of seqs [n * INDEX_CHUNK, (n + 1) * INDEX_CHUNK): the live ones with their
+  hashes, first-forwarded marks, rewritten seqs, and the batches that start there. The newest
+  chunk rides in the record; an older one has a row of its own, rewritten only when one of its
+  messages changes. The store thread holds recent conversations' whole index in memory.
+- batch s: the messages one write added, from seq s on (an append's items; a turn's reply joins
+  its turn's items, whose statuses the turn's end rewrites anyway), with their hashes, statuses
+  and times, at most BATCH_MAX of them. A status change rewrites the batches it touches; the
+  batch of a turn still pending stays in memory, so the turn's end does not read it back.
+- part s: the messages of a write, from seq s on, when pickled they pass INLINE_PART bytes (a
+  first turn's transcript, a long tool output): written once, so that a status change rewrites
+  their small batch row, not them.
+- msg s: a message written before batches existed, one row each (the seqs below the record's
+  `legacy`): still read and changed in place, and such a conversation goes on in batches.
+- rewrite s, turn n, summary n, inbox n, response id, knowledge, index pages: one row each.
+- pending n: the conversations that may have pending messages, in PENDING_BUCKETS small sets
+  (see _PendingFlags): what fail_pending looks at after a crash.
+
 Faults: a full disk, a read-only filesystem or file, or a broken database raise StoreFull,
 StoreReadOnly or StoreUnavailable (OpenAI-shaped 507/503), never sqlite3's or the OS's own
 error; the latest write's outcome is what `health()` reports. SQLite needs room even to delete
@@ -19,19 +40,22 @@ secret are private: the folder is 0700, every file 0600.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import errno
 import logging
 import os
+import pickle
 import secrets
 import sqlite3
 import time
 import weakref
+import zlib
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -74,12 +98,18 @@ TENANTS = "tenants"
 SECRET = "ref-secret"
 CREATED = "created-counter"
 ALL_TENANTS = "\x01all"  # the index of every conversation (tenant names are hex: never this)
-PENDING_SET = "pending"  # the conversations with pending messages: what a crash may have left
+LEGACY_PENDING = "pending"  # before the buckets, one set of the conversations with pending messages
+PENDING_BUCKETS = 64  # rows the pending flags are spread over: flagging one rewrites a small set
+SETTLED_FLAGS = 256  # flags of conversations seen without pending, cleared this many at a time
 PROBE = "health-probe"  # written by health() to see whether a failed store writes again
 FAILED_SCOPE = "\x02failed:"  # + a scope: the index of that scope's conversations with a failed turn
 INDEX_PAGE = 1000  # conversations per index page: registering one rewrites one page, not an index
 MAX_SNAPSHOTS = 1024  # conversation records kept in memory (the active ones)
-MAX_RECORDS = 256  # of those, the stored form kept for the next write
+MAX_RECORDS = 256  # of those, the stored form kept for the next write (with their whole index)
+INDEX_CHUNK = 128  # seqs per index chunk: a save pickles the newest chunk's entries, not the index
+BATCH_MAX = 256  # messages per batch row: a bigger write (an import) is split
+INLINE_PART = 8192  # bytes of a write's pickled messages kept in its batch row; more get a row of their own
+LAYOUT = 2  # records with index chunks and batches; one without `layout` is read as written before
 RESERVE_FILE = "reserve"
 LOW_SPACE = 1024 * 1024  # less free than this (beside the reserve) is a full store for health()
 PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
@@ -138,20 +168,46 @@ def _conv_key(key: ConversationKey) -> str:
     return f"conv{SEP}{key.tenant}{SEP}{key.id}"
 
 
+def _numbered(kind: str, key: ConversationKey, number: int, digits: int = 12) -> str:
+    """The key of one of a conversation's rows: its kind, the conversation, a zero-padded number."""
+    return f"{kind}{SEP}{key.tenant}{SEP}{key.id}{SEP}{number:0{digits}d}"
+
+
 def _msg_key(key: ConversationKey, seq: int) -> str:
-    return f"msg{SEP}{key.tenant}{SEP}{key.id}{SEP}{seq:012d}"
+    return _numbered("msg", key, seq)
+
+
+def _batch_key(key: ConversationKey, first: int) -> str:
+    return _numbered("batch", key, first)
+
+
+def _part_key(key: ConversationKey, first: int) -> str:
+    return _numbered("part", key, first)
+
+
+def _chunk_key(key: ConversationKey, number: int) -> str:
+    return _numbered("chunk", key, number, 8)
 
 
 def _rewrite_key(key: ConversationKey, seq: int) -> str:
-    return f"rewrite{SEP}{key.tenant}{SEP}{key.id}{SEP}{seq:012d}"
+    return _numbered("rewrite", key, seq)
 
 
 def _turn_key(key: ConversationKey, turn: int) -> str:
-    return f"turn{SEP}{key.tenant}{SEP}{key.id}{SEP}{turn:08d}"
+    return _numbered("turn", key, turn, 8)
 
 
 def _summary_key(key: ConversationKey, summary_id: int) -> str:
-    return f"summary{SEP}{key.tenant}{SEP}{key.id}{SEP}{summary_id:08d}"
+    return _numbered("summary", key, summary_id, 8)
+
+
+def _pending_row(bucket: int) -> str:
+    return f"pending{SEP}{bucket:02d}"
+
+
+def _pending_bucket(key: ConversationKey) -> str:
+    # crc32, not hash(): a conversation's bucket must be the same in the next process
+    return _pending_row(zlib.crc32(f"{key.tenant}{SEP}{key.id}".encode()) % PENDING_BUCKETS)
 
 
 def _response_key(tenant: str, response_id: str) -> str:
@@ -159,7 +215,7 @@ def _response_key(tenant: str, response_id: str) -> str:
 
 
 def _inbox_key(key: ConversationKey, message_id: int) -> str:
-    return f"inbox{SEP}{key.tenant}{SEP}{key.id}{SEP}{message_id:08d}"
+    return _numbered("inbox", key, message_id, 8)
 
 
 def _knowledge_key(tenant: str, namespace: str, version: int) -> str:
@@ -178,6 +234,337 @@ def _index_page(scope: str, page: int) -> str:
     return f"index{SEP}{scope}{SEP}{page:012d}"
 
 
+@dataclass(slots=True, eq=False)
+class _Batch:
+    """Messages of one conversation with consecutive seqs from `first`, kept in one row.
+
+    The messages are held as the writes that added them pickled them (`parts`: how many, and the
+    bytes): what the caller passed can't change what is stored, a status change rewrites the row
+    without pickling its messages again, and a batch can stay in memory between a turn's two
+    writes. A part bigger than INLINE_PART has a row of its own (`part` at its first seq, bytes
+    None here), written once: a status change rewrites the small batch row, not a first turn's
+    whole transcript. A row written before batches (`legacy`) holds one message: it is written
+    back in its own form."""
+
+    first: int
+    parts: list[tuple[int, bytes | None]]
+    hashes: list[str]
+    statuses: list[str]
+    stamps: list[float]
+    legacy: Message | None = None
+    unwritten: dict[int, bytes] = field(default_factory=dict)  # parts of their own to write, by first seq
+
+    @property
+    def end(self) -> int:
+        """The seq after its last message."""
+        return self.first + len(self.hashes)
+
+    def add(self, messages: list[Message], hashes: list[str], statuses: list[str], stamps: list[float]) -> None:
+        blob = pickle.dumps(messages, pickle.HIGHEST_PROTOCOL)
+        if len(blob) > INLINE_PART:
+            self.unwritten[self.end] = blob
+            self.parts.append((len(messages), None))
+        else:
+            self.parts.append((len(messages), blob))
+        self.hashes.extend(hashes)
+        self.statuses.extend(statuses)
+        self.stamps.extend(stamps)
+
+    def messages(self, read_part: Callable[[int], bytes]) -> list[Message]:
+        """Its messages, unpickled afresh (the caller's to change); `read_part(seq)` reads a part
+        of its own."""
+        if self.legacy is not None:
+            return [self.legacy]
+        out: list[Message] = []
+        seq = self.first
+        for count, blob in self.parts:
+            if blob is None:
+                blob = self.unwritten.get(seq) or read_part(seq)
+            out.extend(pickle.loads(blob))
+            seq += count
+        return out
+
+    def own_parts(self) -> list[int]:
+        """The first seqs of its parts that have a row of their own."""
+        seqs, seq = [], self.first
+        for count, blob in self.parts:
+            if blob is None:
+                seqs.append(seq)
+            seq += count
+        return seqs
+
+    def row(self) -> dict[str, Any]:
+        if self.legacy is not None:
+            return {"message": self.legacy, "hash": self.hashes[0], "status": self.statuses[0], "created_at": self.stamps[0]}
+        return {"parts": self.parts, "hashes": self.hashes, "statuses": self.statuses, "created_at": self.stamps}
+
+    @classmethod
+    def of_row(cls, first: int, row: dict[str, Any]) -> _Batch:
+        if "parts" in row:
+            return cls(first, row["parts"], row["hashes"], row["statuses"], row["created_at"])
+        return cls(first, [], [row["hash"]], [row["status"]], [row["created_at"]], legacy=row["message"])
+
+
+class _Record:
+    """A conversation's record as the store thread holds it: its small fields as stored, its
+    whole index in memory (each part in seq order: a turn's additions go at the end, nothing is
+    sorted), and what the write under way changed (index chunks, batches) for `_save` to write.
+    The index is stored in chunks of INDEX_CHUNK seqs (`chunk_row`): a save writes the chunks
+    that changed, usually the newest alone."""
+
+    __slots__ = ("fields", "_live", "_forwarded", "_rewritten", "_starts", "changed", "unsaved", "pending_batch", "_frozen")
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.fields = fields
+        self._live: list[tuple[int, str]] = []  # (seq, hash) of the live messages
+        self._forwarded: dict[int, int] = {}  # seq -> llm_calls when first forwarded
+        self._rewritten: set[int] = set()  # seqs with a stored rewrite
+        self._starts: list[int] = []  # the first seq of every batch
+        self.changed: set[int] = set()  # index chunks to write
+        self.unsaved: dict[int, _Batch] = {}  # batches to write, by first seq
+        self.pending_batch: _Batch | None = None  # the newest batch holding pending items, as written
+        self._frozen: frozenset[int] | None = None  # `_rewritten`, for snapshots, until it changes
+
+    @classmethod
+    def new(cls, stamp: float) -> _Record:
+        return cls({
+            "layout": LAYOUT, "created_at": stamp, "updated_at": stamp, "next_seq": 1, "llm_calls": 0,
+            "summaries": 0, "boundary": 0, "summary_id": None, "turns": 0, "order": 0,
+            "inbox": 0, "inbox_open": [], "inbox_at": {}, "pending": [],
+            "legacy": 1,  # no seq is in a row of its own
+            "tail": 0,  # the index chunk the record holds: the one of next_seq - 1
+        })
+
+    @classmethod
+    def stored(cls, row: dict[str, Any], chunk: Callable[[int], dict[str, Any] | None]) -> _Record:
+        """The record from its row; `chunk(n)` reads index chunk n's row (those behind the tail)."""
+        fields = dict(row)
+        if fields.get("layout") != LAYOUT:
+            return cls._written_before(fields)
+        record = cls(fields)
+        tail = fields.pop("index")
+        for number in range(fields["tail"]):
+            part = chunk(number)
+            if part is not None:
+                record._take(part)
+        record._take(tail)
+        return record
+
+    @classmethod
+    def _written_before(cls, fields: dict[str, Any]) -> _Record:
+        """A record of the layout before chunks and batches: its whole index was in it, every
+        message so far in a `msg` row of its own. Its next save writes the index as chunks."""
+        record = cls(fields)
+        record._live = [tuple(entry) for entry in fields.pop("live")]
+        record._forwarded = dict(fields.pop("first_forwarded", {}))
+        record._rewritten = set(fields.pop("rewritten", ()))
+        for name, empty in (("inbox", 0), ("inbox_open", []), ("inbox_at", {}), ("pending", [])):
+            fields.setdefault(name, empty)  # records written before the inbox have none of it
+        fields.update(layout=LAYOUT, legacy=fields["next_seq"], tail=(fields["next_seq"] - 1) // INDEX_CHUNK)
+        record.changed.update(range(fields["tail"] + 1))
+        return record
+
+    def _take(self, chunk: dict[str, Any]) -> None:
+        """Add a stored chunk's entries (chunks come in seq order)."""
+        self._live.extend(chunk["live"])
+        self._forwarded.update(chunk["forwarded"])
+        self._rewritten.update(chunk["rewritten"])
+        self._starts.extend(chunk["starts"])
+
+    def chunk_row(self, number: int) -> dict[str, Any]:
+        """Index chunk `number` as stored: the entries of its seqs."""
+        low, high = number * INDEX_CHUNK, (number + 1) * INDEX_CHUNK
+        seqs = range(low, min(high, self.fields["next_seq"]))
+        live, starts = self._live, self._starts
+        return {
+            "live": live[bisect.bisect_left(live, (low,)):bisect.bisect_left(live, (high,))],
+            "forwarded": {s: self._forwarded[s] for s in seqs if s in self._forwarded} if self._forwarded else {},
+            "rewritten": [s for s in seqs if s in self._rewritten] if self._rewritten else [],
+            "starts": starts[bisect.bisect_left(starts, low):bisect.bisect_left(starts, high)],
+        }
+
+    def row(self) -> dict[str, Any]:
+        """The record as stored: its fields and its tail chunk."""
+        return {**self.fields, "index": self.chunk_row(self.fields["tail"])}
+
+    def saved(self) -> None:
+        """`_save` wrote what changed: hold on to the batch whose pending items a turn's end will change."""
+        held = [b for b in (self.pending_batch, *self.unsaved.values()) if b is not None and PENDING in b.statuses]
+        self.pending_batch = max(held, key=lambda b: b.first) if held else None
+        self.unsaved = {}
+        self.changed = set()
+
+    # -- the index -----------------------------------------------------------------------------
+
+    def live(self) -> list[tuple[int, str]]:
+        return list(self._live)
+
+    def live_seqs(self, after: int | None, limit: int | None) -> list[int]:
+        """The live seqs after `after` (all if None), at most `limit`."""
+        start = 0 if after is None else bisect.bisect_left(self._live, (after + 1,))
+        end = len(self._live) if limit is None else min(len(self._live), start + max(limit, 0))
+        return [seq for seq, _ in self._live[start:end]]
+
+    def forwarded(self) -> dict[int, int]:
+        return dict(self._forwarded)
+
+    def rewritten(self) -> frozenset[int]:
+        if self._frozen is None:
+            self._frozen = frozenset(self._rewritten)
+        return self._frozen
+
+    def starts(self) -> list[int]:
+        return list(self._starts)
+
+    @property
+    def last_start(self) -> int | None:
+        """The first seq of the newest batch."""
+        return self._starts[-1] if self._starts else None
+
+    def first_of(self, seq: int) -> int | None:
+        """The first seq of the row holding message `seq`; None if there is no such message."""
+        if not 1 <= seq < self.fields["next_seq"]:
+            return None
+        if seq < self.fields["legacy"]:
+            return seq
+        at = bisect.bisect_right(self._starts, seq) - 1
+        return self._starts[at] if at >= 0 else None
+
+    def new_batch(self, first: int) -> None:
+        self._starts.append(first)  # after every batch so far
+        self.changed.add(first // INDEX_CHUNK)
+
+    def extend_live(self, first: int, hashes: list[str]) -> None:
+        """Messages first, first + 1, ... are live: after every live seq."""
+        self._live.extend(zip(range(first, first + len(hashes)), hashes))
+        self.touch(first, first + len(hashes))
+
+    def add_live(self, entries: list[tuple[int, str]]) -> None:
+        """Put (seq, hash) entries, ascending, in the live index (those there already stay)."""
+        live = self._live
+        if not entries:
+            return
+        if not live or live[-1][0] < entries[0][0]:  # the usual case: a turn's items, after every live one
+            live.extend(entries)
+        else:
+            for entry in entries:
+                at = bisect.bisect_left(live, (entry[0],))
+                if at == len(live) or live[at][0] != entry[0]:
+                    live.insert(at, entry)
+        self.changed.update({seq // INDEX_CHUNK for seq, _ in entries})
+
+    def drop_live(self, seqs: list[int]) -> None:
+        """Take these seqs out of the live index (those that are in it)."""
+        live = self._live
+        for seq in seqs:
+            at = bisect.bisect_left(live, (seq,))
+            if at < len(live) and live[at][0] == seq:
+                del live[at]
+                self.changed.add(seq // INDEX_CHUNK)
+
+    def forward(self, marks: Mapping[int, int]) -> None:
+        self._forwarded.update(marks)
+        self.changed.update({seq // INDEX_CHUNK for seq in marks})
+
+    def rewrote(self, seqs: Iterable[int]) -> None:
+        for seq in seqs:
+            self._rewritten.add(seq)
+            self.changed.add(seq // INDEX_CHUNK)
+        self._frozen = None
+
+    def touch(self, first: int, end: int) -> None:
+        """The index chunks of seqs first ... end - 1 changed."""
+        if end > first:
+            self.changed.update(range(first // INDEX_CHUNK, (end - 1) // INDEX_CHUNK + 1))
+
+
+class _PendingFlags:
+    """Which conversations may have pending messages: what `fail_pending` looks at after a crash.
+
+    The write that gives a conversation pending messages flags it (in one of PENDING_BUCKETS small
+    rows, by its key's crc32), and the flag stays while the conversation is in use: a turn's two
+    writes flag nothing once it is. A flagged conversation saved without pending is settled; the
+    settled flags are cleared SETTLED_FLAGS at a time (and at close), so a crash leaves at most
+    that many more to look at than had pending. A set written before the buckets (LEGACY_PENDING)
+    is read as one more bucket. Store thread only, inside the caller's transaction; a write that
+    failed makes it read its rows again."""
+
+    def __init__(self, cache: diskcache.Cache) -> None:
+        self._cache = cache
+        self._rows: dict[str, set[tuple[str, str]]] | None = None  # row key -> its members
+        self._where: dict[ConversationKey, str] = {}  # a flagged conversation -> its row
+        self._settled: set[ConversationKey] = set()
+
+    def _loaded(self) -> dict[str, set[tuple[str, str]]]:
+        if self._rows is None:
+            rows = {}
+            for row_key in (LEGACY_PENDING, *map(_pending_row, range(PENDING_BUCKETS))):
+                members = self._cache.get(row_key)
+                if members:
+                    rows[row_key] = set(members)
+            self._rows = rows
+            self._where = {ConversationKey(*m): row_key for row_key, members in rows.items() for m in members}
+        return self._rows
+
+    def flagged(self) -> list[ConversationKey]:
+        self._loaded()
+        return sorted(self._where, key=lambda k: (k.tenant, k.id))
+
+    def saw(self, key: ConversationKey, has_pending: bool) -> None:
+        """A save of `key`: flag it if it has pending messages; else its flag may go."""
+        rows = self._loaded()
+        if has_pending:
+            self._settled.discard(key)
+            if key not in self._where:
+                row_key = self._where[key] = _pending_bucket(key)
+                rows.setdefault(row_key, set()).add((key.tenant, key.id))
+                self._write(row_key)
+        elif key in self._where:
+            self._settled.add(key)
+            if len(self._settled) >= SETTLED_FLAGS:
+                self.sweep()
+
+    def settle(self, keys: Iterable[ConversationKey]) -> None:
+        """These were found without pending messages: their flags go with the next sweep."""
+        self._settled.update(k for k in keys if k in self._where)
+
+    @property
+    def any_settled(self) -> bool:
+        return bool(self._settled)
+
+    def sweep(self) -> None:
+        """Clear the flags of the settled conversations."""
+        if self._settled:
+            self.drop(self._settled)
+            self._settled = set()
+
+    def drop(self, keys: Iterable[ConversationKey]) -> None:
+        """Clear these conversations' flags now."""
+        rows = self._loaded()
+        touched = set()
+        for key in list(keys):
+            row_key = self._where.pop(key, None)
+            if row_key is not None:
+                rows[row_key].discard((key.tenant, key.id))
+                touched.add(row_key)
+            self._settled.discard(key)
+        for row_key in touched:
+            self._write(row_key)
+
+    def forget(self) -> None:
+        """A write failed (rolled back): what is held may be ahead of the rows."""
+        self._rows, self._where, self._settled = None, {}, set()
+
+    def _write(self, row_key: str) -> None:
+        assert self._rows is not None
+        members = self._rows[row_key]
+        if members:
+            self._cache.set(row_key, members)
+        else:
+            self._cache.delete(row_key)
+            del self._rows[row_key]
+
+
 class DiskStore:
     def __init__(self, path: str | Path, reserve_bytes: int = 0) -> None:
         self._path = Path(path)
@@ -191,10 +578,11 @@ class DiskStore:
         self._reserve.make()
         self._health = WriteHealth()
         self._snapshots: dict[ConversationKey, Conversation] = {}  # written by the store thread only
-        # The latest saved record of recent conversations, as saved (store thread only): a turn's
-        # write updates it instead of reading and unpickling it again (its live index grows with
-        # the conversation). Safe because this process is the store's only writer.
-        self._records: OrderedDict[ConversationKey, dict[str, Any]] = OrderedDict()
+        # The latest saved record of recent conversations, with their whole index (store thread
+        # only): a turn's write updates it instead of reading it again. Safe because this process
+        # is the store's only writer.
+        self._records: OrderedDict[ConversationKey, _Record] = OrderedDict()
+        self._pending = _PendingFlags(self._cache)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diskstore")
         self._locks: weakref.WeakValueDictionary[ConversationKey, asyncio.Lock] = weakref.WeakValueDictionary()
         self._leases: dict[str, tuple[str, float]] = {}  # name -> (token, monotonic expiry)
@@ -222,9 +610,10 @@ class DiskStore:
         try:
             result = fn(*args)
         except BaseException:
-            # The transaction was rolled back, but a record snapshot may have been taken inside it.
+            # The transaction was rolled back, but what is held in memory may have been changed in it.
             self._snapshots.clear()
             self._records.clear()
+            self._pending.forget()
             raise
         if not self._reserve.held:  # let go of for a delete: made again once there is room
             self._reserve.make()
@@ -245,22 +634,63 @@ class DiskStore:
         return snapshot if snapshot is not None else await self._run(self._get, key)
 
     def _get(self, key: ConversationKey) -> Conversation | None:
-        raw = self._load(key)
-        return None if raw is None else self._snapshot(key, raw)
+        record = self._load(key)
+        return None if record is None else self._snapshot(key, record)
 
-    def _load(self, key: ConversationKey) -> dict[str, Any] | None:
-        return self._cache.get(_conv_key(key))
+    def _current(self, key: ConversationKey) -> Conversation | None:
+        """The snapshot, without reading anything when there is one (this process is the only writer)."""
+        return self._snapshots.get(key) or self._get(key)
 
-    def _save(self, key: ConversationKey, raw: dict[str, Any]) -> None:
-        self._cache.set(_conv_key(key), raw)
-        self._snapshot(key, raw)
-        self._records[key] = raw
+    def _load(self, key: ConversationKey) -> _Record | None:
+        """The conversation's record: as held in memory, else read with its index (and not kept:
+        only a write keeps a record, so reading many does not push out the active ones)."""
+        held = self._records.get(key)
+        if held is not None:
+            return held
+        row = self._cache.get(_conv_key(key))
+        if row is None:
+            return None
+        return _Record.stored(row, lambda number: self._cache.get(_chunk_key(key, number)))
+
+    def _fields(self, key: ConversationKey) -> dict[str, Any] | None:
+        """The record's small fields alone (counters, order): no index chunk read."""
+        held = self._records.get(key)
+        return held.fields if held is not None else self._cache.get(_conv_key(key))
+
+    def _save(self, key: ConversationKey, record: _Record, *, snapshot: bool = True) -> None:
+        """Write what the write under way changed, inside its transaction: the batches it touched,
+        the index chunks behind the newest that changed, the record with the newest chunk; then
+        keep the record in memory for the next write. Without `snapshot`, the snapshot is dropped
+        rather than made again (a `get` makes it from the record held): for a turn's first write,
+        whose snapshot nobody reads before its second."""
+        fields = record.fields
+        for batch in record.unsaved.values():
+            for first, blob in batch.unwritten.items():
+                self._cache.set(_part_key(key, first), blob)
+            batch.unwritten.clear()
+            legacy = batch.legacy is not None
+            self._cache.set(_msg_key(key, batch.first) if legacy else _batch_key(key, batch.first), batch.row())
+        tail = (fields["next_seq"] - 1) // INDEX_CHUNK
+        if tail != fields["tail"]:
+            record.changed.add(fields["tail"])  # the chunk the record held: a row of its own from now on
+            fields["tail"] = tail
+        for number in record.changed:
+            if number != tail:
+                self._cache.set(_chunk_key(key, number), record.chunk_row(number))
+        self._cache.set(_conv_key(key), record.row())
+        self._pending.saw(key, bool(fields["pending"]))
+        record.saved()
+        if snapshot:
+            self._snapshot(key, record)
+        else:
+            self._snapshots.pop(key, None)
+        self._records[key] = record
         self._records.move_to_end(key)
         if len(self._records) > MAX_RECORDS:
             self._records.popitem(last=False)
 
-    def _snapshot(self, key: ConversationKey, raw: dict[str, Any]) -> Conversation:
-        conversation = self._snapshots[key] = _conversation(key, raw)
+    def _snapshot(self, key: ConversationKey, record: _Record) -> Conversation:
+        conversation = self._snapshots[key] = _conversation(key, record)
         if len(self._snapshots) > MAX_SNAPSHOTS:
             del self._snapshots[next(iter(self._snapshots))]  # the oldest inserted
         return conversation
@@ -277,7 +707,7 @@ class DiskStore:
         start = self._cache.get(CREATED, 0) + 1
         if after is not None:
             candidates = [ConversationKey(tenant, after)] if tenant is not None else [c.key for c in self._find(after)]
-            orders = [raw["order"] for k in candidates if (raw := self._load(k)) is not None]
+            orders = [fields["order"] for k in candidates if (fields := self._fields(k)) is not None]
             if not orders:
                 return [], False
             start = max(orders)
@@ -288,7 +718,7 @@ class DiskStore:
                 keys.append(_index_entry(scope, page[order]))
             if len(keys) > limit:
                 break
-        found = [c for k in keys[:limit] if (c := self._get(k)) is not None]
+        found = [c for k in keys[:limit] if (c := self._current(k)) is not None]
         return found, len(keys) > limit
 
     async def find(self, conversation_id: str) -> list[Conversation]:
@@ -297,7 +727,7 @@ class DiskStore:
     def _find(self, conversation_id: str) -> list[Conversation]:
         found = []
         for tenant in sorted(self._cache.get(TENANTS, set())):
-            conv = self._get(ConversationKey(tenant, conversation_id))
+            conv = self._current(ConversationKey(tenant, conversation_id))
             if conv is not None:
                 found.append(conv)
         return found
@@ -313,33 +743,41 @@ class DiskStore:
 
     def _delete(self, key: ConversationKey) -> bool:
         with self._cache.transact():
-            raw = self._load(key)
-            if raw is None:
+            record = self._load(key)
+            if record is None:
                 return False
-            for seq in range(1, raw["next_seq"]):
+            fields = record.fields
+            for seq in range(1, min(fields["legacy"], fields["next_seq"])):
                 self._cache.delete(_msg_key(key, seq))
+            for first in record.starts():
+                batch = self._batch_of(key, record, first)
+                for part in batch.own_parts() if batch is not None else ():
+                    self._cache.delete(_part_key(key, part))
+                self._cache.delete(_batch_key(key, first))
+            for number in range(fields["tail"]):
+                self._cache.delete(_chunk_key(key, number))
+            for seq in record.rewritten():
                 self._cache.delete(_rewrite_key(key, seq))
-            for summary_id in range(1, raw["summaries"] + 1):
+            for summary_id in range(1, fields["summaries"] + 1):
                 self._cache.delete(_summary_key(key, summary_id))
-            for message_id in range(1, raw.get("inbox", 0) + 1):
+            for message_id in range(1, fields["inbox"] + 1):
                 self._cache.delete(_inbox_key(key, message_id))
-            for turn in range(1, raw["turns"] + 1):
-                record = self._cache.get(_turn_key(key, turn))
-                if isinstance(record, dict) and record.get("response_id"):
-                    self._cache.delete(_response_key(key.tenant, record["response_id"]))
+            for turn in range(1, fields["turns"] + 1):
+                turn_record = self._cache.get(_turn_key(key, turn))
+                if isinstance(turn_record, dict) and turn_record.get("response_id"):
+                    self._cache.delete(_response_key(key.tenant, turn_record["response_id"]))
                 self._cache.delete(_turn_key(key, turn))
             self._cache.delete(_conv_key(key))
             self._snapshots.pop(key, None)
             self._records.pop(key, None)
-            if raw.get("pending"):
-                self._track_pending(key, False)
+            self._pending.drop([key])
             scopes = (key.tenant, ALL_TENANTS)
-            if raw.get("failures"):
+            if fields.get("failures"):
                 scopes += (FAILED_SCOPE + key.tenant, FAILED_SCOPE + ALL_TENANTS)
             for scope in scopes:
-                page_key = _index_page(scope, raw["order"] // INDEX_PAGE)
+                page_key = _index_page(scope, fields["order"] // INDEX_PAGE)
                 page = self._cache.get(page_key, {})
-                page.pop(raw["order"], None)
+                page.pop(fields["order"], None)
                 self._cache.set(page_key, page)
             return True
 
@@ -348,12 +786,12 @@ class DiskStore:
 
     def _set_title(self, key: ConversationKey, title: str | None) -> Conversation | None:
         with self._cache.transact():
-            raw = self._load(key)
-            if raw is None:
+            record = self._load(key)
+            if record is None:
                 return None
-            raw["title"] = title
-            self._save(key, raw)
-            return _conversation(key, raw)
+            record.fields["title"] = title
+            self._save(key, record)
+            return _conversation(key, record)
 
     # -- messages ------------------------------------------------------------------------------
 
@@ -363,44 +801,85 @@ class DiskStore:
         return await self._write(self._append, key, messages, hashes, status)
 
     def _append(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
-        return self._update_record(key, lambda raw: self._add_messages(key, raw, messages, hashes, status))
+        return self._update_record(key, lambda record: self._add_messages(record, messages, hashes, status), snapshot=False)
 
-    def _add_messages(
-        self, key: ConversationKey, raw: dict[str, Any], messages: list[Message], hashes: list[str], status: str
-    ) -> list[int]:
-        """Write messages after the last one; `raw` (the conversation record) is updated, not saved."""
+    def _add_messages(self, record: _Record, messages: list[Message], hashes: list[str], status: str) -> list[int]:
+        """Add messages after the last one, in memory (`_save` writes them): a batch of their own,
+        or the newest batch if this write already rewrites it (a turn's reply joins its items)."""
+        if len(messages) != len(hashes):
+            raise ValueError("one hash per message")
         stamp = now()
-        seqs = list(range(raw["next_seq"], raw["next_seq"] + len(messages)))
-        for seq, msg, h in zip(seqs, messages, hashes, strict=True):
-            self._cache.set(_msg_key(key, seq), {"message": msg, "hash": h, "status": status, "created_at": stamp})
-            if status == LIVE:
-                raw["live"].append((seq, h))
+        fields = record.fields
+        first, count = fields["next_seq"], len(messages)
+        taken = 0
+        newest = record.unsaved.get(record.last_start) if record.last_start is not None else None
+        if newest is not None and newest.end == first:
+            taken = min(count, BATCH_MAX - len(newest.hashes))
+            if taken:
+                newest.add(messages[:taken], hashes[:taken], [status] * taken, [stamp] * taken)
+        for start in range(taken, count, BATCH_MAX):
+            size = min(BATCH_MAX, count - start)
+            batch = _Batch(first + start, [], [], [], [])
+            batch.add(messages[start:start + size], hashes[start:start + size], [status] * size, [stamp] * size)
+            record.new_batch(batch.first)
+            record.unsaved[batch.first] = batch
+        seqs = list(range(first, first + count))
+        if status == LIVE and seqs:
+            record.extend_live(first, hashes)
         if status == PENDING and seqs:
-            if not raw.get("pending"):
-                self._track_pending(key, True)
-            raw["pending"] = [*raw.get("pending", ()), *seqs]
-        raw["next_seq"] += len(messages)
-        raw["updated_at"] = stamp
+            fields["pending"] = [*fields["pending"], *seqs]
+        fields["next_seq"] += count
+        fields["updated_at"] = stamp
         return seqs
 
-    def _track_pending(self, key: ConversationKey, has_pending: bool) -> None:
-        """Keep the set of conversations with pending messages (inside the caller's transaction)."""
-        pending = self._cache.get(PENDING_SET, set())
-        if has_pending:
-            pending.add((key.tenant, key.id))
-        else:
-            pending.discard((key.tenant, key.id))
-        self._cache.set(PENDING_SET, pending)
+    def _batch_of(self, key: ConversationKey, record: _Record, seq: int, *, keep: bool = False) -> _Batch | None:
+        """The batch holding message `seq` (None if there is none): the one this write changed, the
+        pending one held in memory, else read. `keep`: the caller changes it, `_save` writes it."""
+        first = record.first_of(seq)
+        if first is None:
+            return None
+        batch = record.unsaved.get(first)
+        if batch is None:
+            held = record.pending_batch
+            if held is not None and held.first == first:
+                batch = held
+            else:
+                row = self._cache.get(_msg_key(key, first) if first < record.fields["legacy"] else _batch_key(key, first))
+                if row is None:
+                    return None
+                batch = _Batch.of_row(first, row)
+            if keep:
+                record.unsaved[first] = batch
+        return batch
 
-    def _register(self, key: ConversationKey, raw: dict[str, Any]) -> dict[str, Any]:
+    def _status(self, key: ConversationKey, record: _Record, seq: int) -> str | None:
+        batch = self._batch_of(key, record, seq)
+        return None if batch is None else batch.statuses[seq - batch.first]
+
+    def _read(self, key: ConversationKey, record: _Record, seqs: Sequence[int]) -> list[StoredMessage]:
+        """The messages `seqs` (ascending), each batch read once."""
+        out: list[StoredMessage] = []
+        batch: _Batch | None = None
+        messages: list[Message] = []
+        for seq in seqs:
+            if batch is None or not batch.first <= seq < batch.end:
+                batch = self._batch_of(key, record, seq)
+                if batch is None:
+                    raise _missing(key, seq)
+                messages = batch.messages(self._part_reader(key))
+            i = seq - batch.first
+            out.append(StoredMessage(seq, messages[i], batch.hashes[i], batch.statuses[i], batch.stamps[i]))
+        return out
+
+    def _register(self, key: ConversationKey, record: _Record) -> _Record:
         """Index a new conversation: by a counter, not a timestamp, so that two made in the same
         microsecond still list in order; one index page per 1,000 conversations is rewritten."""
-        raw["order"] = self._cache.incr(CREATED, default=0)
-        self._index(key, raw["order"], key.tenant, ALL_TENANTS)
+        record.fields["order"] = self._cache.incr(CREATED, default=0)
+        self._index(key, record.fields["order"], key.tenant, ALL_TENANTS)
         tenants = self._cache.get(TENANTS, set())
         if key.tenant not in tenants:
             self._cache.set(TENANTS, tenants | {key.tenant})
-        return raw
+        return record
 
     def _index(self, key: ConversationKey, order: int, tenant_scope: str, all_scope: str) -> None:
         """List the conversation, at its creation order, in a tenant's index and the all-tenants one."""
@@ -418,33 +897,39 @@ class DiskStore:
 
     def _set_statuses(self, key: ConversationKey, changes: dict[int, str]) -> None:
         with self._cache.transact():
-            raw = self._load(key)
-            if raw is None:
+            record = self._load(key)
+            if record is None:
                 raise KeyError(str(key))
-            self._change_statuses(key, raw, changes)
-            self._save(key, raw)
+            self._change_statuses(key, record, changes)
+            self._save(key, record)
 
-    def _change_statuses(self, key: ConversationKey, raw: dict[str, Any], changes: dict[int, str]) -> None:
-        """Set message statuses and keep the record's live index in step; `raw` is not saved."""
-        records = {seq: self._cache.get(_msg_key(key, seq)) for seq in changes}
-        missing = [seq for seq, record in records.items() if record is None]
-        if missing:  # before anything is changed (the caller's transaction rolls back the rest)
-            raise KeyError(f"{key}: no message {missing[0]}")
-        live = dict(raw["live"])
-        for seq, status in changes.items():
-            record = records[seq]
-            record["status"] = status
-            self._cache.set(_msg_key(key, seq), record)
-            if status == LIVE:
-                live[seq] = record["hash"]
-            else:
-                live.pop(seq, None)
-        raw["live"] = sorted(live.items())
-        raw["updated_at"] = now()
-        if raw.get("pending"):
-            raw["pending"] = [seq for seq in raw["pending"] if changes.get(seq, PENDING) == PENDING]
-            if not raw["pending"]:
-                self._track_pending(key, False)
+    def _change_statuses(self, key: ConversationKey, record: _Record, changes: dict[int, str]) -> None:
+        """Set message statuses in their batches and keep the live index in step, in memory."""
+        found: list[tuple[_Batch, list[int]]] = []  # each batch touched, with its seqs
+        end = 0
+        for seq in sorted(changes):  # every one found before anything is changed
+            if not found or not found[-1][0].first <= seq < end:
+                batch = self._batch_of(key, record, seq, keep=True)
+                if batch is None:
+                    raise KeyError(f"{key}: no message {seq}")  # _written drops what this write held
+                found.append((batch, []))
+                end = batch.end
+            found[-1][1].append(seq)
+        live, other = [], []
+        for batch, seqs in found:
+            for seq in seqs:
+                i = seq - batch.first
+                batch.statuses[i] = status = changes[seq]
+                if status == LIVE:
+                    live.append((seq, batch.hashes[i]))
+                else:
+                    other.append(seq)
+        record.drop_live(other)
+        record.add_live(live)
+        fields = record.fields
+        fields["updated_at"] = now()
+        if fields["pending"]:
+            fields["pending"] = [seq for seq in fields["pending"] if changes.get(seq, PENDING) == PENDING]
 
     async def finish_turn(
         self,
@@ -474,33 +959,34 @@ class DiskStore:
         llm_calls: int = 0,
         forwarded: dict[int, int] | None = None,
     ) -> int | None:
-        def end(raw: dict[str, Any]) -> int | None:  # one load and one save of the record per turn
-            raw["llm_calls"] += llm_calls
+        def end(conversation: _Record) -> int | None:  # one save of the record per turn's end
+            fields = conversation.fields
+            fields["llm_calls"] += llm_calls
             if forwarded:
-                raw["first_forwarded"].update(forwarded)
-            self._change_statuses(key, raw, changes)
+                conversation.forward(forwarded)
+            self._change_statuses(key, conversation, changes)
             seq = None
             if reply:
-                seq = self._add_messages(key, raw, [m for m, _ in reply], [h for _, h in reply], reply_status)[0]
+                seq = self._add_messages(conversation, [m for m, _ in reply], [h for _, h in reply], reply_status)[0]
             if record is not None:
-                raw["turns"] += 1
-                self._cache.set(_turn_key(key, raw["turns"]), {**record, "turn": raw["turns"], "reply_seq": seq})
+                fields["turns"] += 1
+                self._cache.set(_turn_key(key, fields["turns"]), {**record, "turn": fields["turns"], "reply_seq": seq})
                 if seq is not None and record.get("response_id"):
                     self._cache.set(_response_key(key.tenant, record["response_id"]), (key.id, seq + len(reply) - 1))
-                self._keep_facts(key, raw, TurnFacts.of(record), record.get("created_at"))
+                self._keep_facts(key, fields, TurnFacts.of(record), record.get("created_at"))
             return seq
 
         return self._update_record(key, end)
 
-    def _keep_facts(self, key: ConversationKey, raw: dict[str, Any], facts: TurnFacts, created_at: Any) -> None:
-        raw.update(facts.latest)
-        if facts.task and not raw.get("task"):
-            raw["task"] = facts.task
+    def _keep_facts(self, key: ConversationKey, fields: dict[str, Any], facts: TurnFacts, created_at: Any) -> None:
+        fields.update(facts.latest)
+        if facts.task and not fields.get("task"):
+            fields["task"] = facts.task
         if facts.error is not None:
-            if not raw.get("failures"):  # its first failure: listed among the failed from now on
-                self._index(key, raw["order"], FAILED_SCOPE + key.tenant, FAILED_SCOPE + ALL_TENANTS)
-            raw["failures"] = raw.get("failures", 0) + 1
-            raw["last_error"] = facts.last_error(raw["turns"], created_at)
+            if not fields.get("failures"):  # its first failure: listed among the failed from now on
+                self._index(key, fields["order"], FAILED_SCOPE + key.tenant, FAILED_SCOPE + ALL_TENANTS)
+            fields["failures"] = fields.get("failures", 0) + 1
+            fields["last_error"] = facts.last_error(fields["turns"], created_at)
 
     async def response_owner(self, tenant: str, response_id: str) -> tuple[str, int] | None:
         found = await self._run(self._cache.get, _response_key(tenant, response_id))
@@ -510,8 +996,8 @@ class DiskStore:
         return await self._run(self._turn_records, key, after, limit)
 
     def _turn_records(self, key: ConversationKey, after: int, limit: int | None) -> list[dict[str, Any]]:
-        raw = self._load(key)
-        last = raw["turns"] if raw else 0
+        fields = self._fields(key)
+        last = fields["turns"] if fields else 0
         end = last if limit is None else min(last, after + limit)
         return [r for t in range(after + 1, end + 1) if (r := self._cache.get(_turn_key(key, t))) is not None]
 
@@ -521,37 +1007,47 @@ class DiskStore:
         return await self._run(self._messages, key, live_only, after, limit)
 
     def _messages(self, key: ConversationKey, live_only: bool, after: int | None, limit: int | None) -> list[StoredMessage]:
-        raw = self._load(key)
-        if raw is None:
+        record = self._load(key)
+        if record is None:
             return []
-        seqs = [s for s, _ in raw["live"]] if live_only else list(range(1, raw["next_seq"]))
-        if after is not None:
-            seqs = [s for s in seqs if s > after]
-        if limit is not None:
-            seqs = seqs[:limit]
-        out = []
-        for seq in seqs:
-            r = self._cache.get(_msg_key(key, seq))
-            out.append(StoredMessage(seq, r["message"], r["hash"], r["status"], r["created_at"]))
-        return out
+        if live_only:
+            seqs: Sequence[int] = record.live_seqs(after, limit)
+        else:
+            start = 1 if after is None else max(1, after + 1)
+            end = record.fields["next_seq"] if limit is None else min(record.fields["next_seq"], start + limit)
+            seqs = range(start, end)
+        return self._read(key, record, seqs)
 
     async def message(self, key: ConversationKey, seq: int) -> StoredMessage | None:
         return await self._run(self._message, key, seq)
 
     def _message(self, key: ConversationKey, seq: int) -> StoredMessage | None:
-        r = self._cache.get(_msg_key(key, seq))
-        return None if r is None else StoredMessage(seq, r["message"], r["hash"], r["status"], r["created_at"])
+        record = self._load(key)
+        batch = None if record is None else self._batch_of(key, record, seq)
+        if batch is None:
+            return None
+        i = seq - batch.first
+        return StoredMessage(seq, batch.messages(self._part_reader(key))[i], batch.hashes[i], batch.statuses[i], batch.stamps[i])
+
+    def _part_reader(self, key: ConversationKey) -> Callable[[int], bytes]:
+        def read(first: int) -> bytes:
+            blob = self._cache.get(_part_key(key, first))
+            if blob is None:
+                raise _missing(key, first)
+            return blob
+
+        return read
 
     async def count_llm_call(self, key: ConversationKey) -> int:
         return await self._write(self._update_record, key, _count_call)
 
     async def mark_forwarded(self, key: ConversationKey, marks: Mapping[int, int]) -> None:
         if marks:
-            await self._write(self._update_record, key, lambda raw: raw["first_forwarded"].update(marks))
+            await self._write(self._update_record, key, lambda record: record.forward(marks))
 
     async def set_marks(self, key: ConversationKey, marks: Mapping[str, int]) -> None:
         if marks:
-            await self._write(self._update_record, key, lambda raw: raw.setdefault("marks", {}).update(marks))
+            await self._write(self._update_record, key, lambda record: record.fields.setdefault("marks", {}).update(marks))
 
     async def set_rewrites(self, key: ConversationKey, rewrites: Mapping[int, str]) -> None:
         if rewrites:
@@ -561,7 +1057,7 @@ class DiskStore:
         with self._cache.transact():
             for seq, content in rewrites.items():
                 self._cache.set(_rewrite_key(key, seq), content)
-            self._update_record(key, lambda raw: raw["rewritten"].update(rewrites))
+            self._update_record(key, lambda record: record.rewrote(rewrites))
 
     async def rewrites(self, key: ConversationKey, seqs: list[int]) -> dict[int, str]:
         return await self._run(self._rewrites, key, seqs)
@@ -570,26 +1066,27 @@ class DiskStore:
         found = {seq: self._cache.get(_rewrite_key(key, seq)) for seq in seqs}
         return {seq: content for seq, content in found.items() if content is not None}
 
-    def _update_record(self, key: ConversationKey, change: Callable[[dict[str, Any]], Any]) -> Any:
+    def _update_record(self, key: ConversationKey, change: Callable[[_Record], Any], *, snapshot: bool = True) -> Any:
         """Apply `change` to the conversation record (creating it if new); returns what `change` returns."""
         with self._cache.transact():
-            raw = self._records.get(key) or self._load(key)
-            if raw is None:
-                raw = self._register(key, _new_record(now()))
-            result = change(raw)
-            self._save(key, raw)
+            record = self._load(key)
+            if record is None:
+                record = self._register(key, _Record.new(now()))
+            result = change(record)
+            self._save(key, record, snapshot=snapshot)
             return result
 
     async def add_summary(self, key: ConversationKey, summary: Summary) -> Summary:
         return await self._write(self._add_summary, key, summary)
 
     def _add_summary(self, key: ConversationKey, summary: Summary) -> Summary:
-        def change(raw: dict[str, Any]) -> Summary:
-            raw["summaries"] += 1
-            stored = replace(summary, id=raw["summaries"])
+        def change(record: _Record) -> Summary:
+            fields = record.fields
+            fields["summaries"] += 1
+            stored = replace(summary, id=fields["summaries"])
             self._cache.set(_summary_key(key, stored.id), stored.to_record())
-            if summary.last_seq > raw["boundary"]:
-                raw["boundary"], raw["summary_id"] = summary.last_seq, stored.id
+            if summary.last_seq > fields["boundary"]:
+                fields["boundary"], fields["summary_id"] = summary.last_seq, stored.id
             return stored
 
         return self._update_record(key, change)
@@ -598,8 +1095,8 @@ class DiskStore:
         return await self._run(self._summaries, key)
 
     def _summaries(self, key: ConversationKey) -> list[Summary]:
-        raw = self._load(key)
-        count = raw["summaries"] if raw else 0
+        fields = self._fields(key)
+        count = fields["summaries"] if fields else 0
         return [s for i in range(1, count + 1) if (s := self._summary(key, i)) is not None]
 
     async def summary(self, key: ConversationKey, summary_id: int) -> Summary | None:
@@ -611,44 +1108,53 @@ class DiskStore:
 
     async def import_conversation(self, dump: ConversationDump, *, replace: bool = False) -> None:
         dump.check()
-        await self._run(self._import, dump, replace)
+        await self._write(self._import, dump, replace)
 
     def _import(self, dump: ConversationDump, replace: bool) -> None:
         c = dump.conversation
         key = c.key
         with self._cache.transact():
-            if self._load(key) is not None:
+            if self._fields(key) is not None:
                 if not replace:
                     raise ConversationExists(str(key))
                 self._delete(key)
-            raw = self._register(key, _new_record(c.created_at))
-            raw.update(
-                updated_at=c.updated_at, next_seq=c.next_seq, live=list(c.live), llm_calls=c.llm_calls,
-                first_forwarded=dict(c.first_forwarded), rewritten=set(dump.rewrites), summaries=len(dump.summaries),
+            record = self._register(key, _Record.new(c.created_at))
+            record.fields.update(
+                updated_at=c.updated_at, next_seq=c.next_seq, llm_calls=c.llm_calls, summaries=len(dump.summaries),
                 boundary=c.boundary, summary_id=c.summary_id, turns=len(dump.turns), marks=dict(c.marks),
                 **c.description(),
             )
+            record.add_live(sorted(map(tuple, c.live)))
+            record.forward(c.first_forwarded)
+            record.rewrote(dump.rewrites)
+            for start in range(0, len(dump.messages), BATCH_MAX):
+                part = dump.messages[start:start + BATCH_MAX]
+                batch = _Batch(part[0].seq, [], [], [], [])
+                batch.add([m.message for m in part], [m.hash for m in part], [m.status for m in part],
+                          [m.created_at for m in part])
+                record.new_batch(batch.first)
+                record.unsaved[batch.first] = batch
+            record.touch(1, c.next_seq)
             if c.failures:
-                self._index(key, raw["order"], FAILED_SCOPE + key.tenant, FAILED_SCOPE + ALL_TENANTS)
-            for m in dump.messages:
-                record = {"message": m.message, "hash": m.hash, "status": m.status, "created_at": m.created_at}
-                self._cache.set(_msg_key(key, m.seq), record)
+                self._index(key, record.fields["order"], FAILED_SCOPE + key.tenant, FAILED_SCOPE + ALL_TENANTS)
             for seq, content in dump.rewrites.items():
                 self._cache.set(_rewrite_key(key, seq), content)
-            raw.update(inbox=len(dump.inbox), inbox_open=[], inbox_at={})
+            fields = record.fields
+            fields.update(inbox=len(dump.inbox), inbox_open=[], inbox_at={})
             for m in dump.inbox:
                 self._cache.set(_inbox_key(key, m.id), _inbox_record(m))
                 if m.status != INBOX_DELIVERED:
-                    raw["inbox_open"].append(m.id)
+                    fields["inbox_open"].append(m.id)
                 if m.seq is not None:
-                    raw["inbox_at"].setdefault(m.seq, []).append(m.id)
+                    fields["inbox_at"].setdefault(m.seq, []).append(m.id)
             for summary in dump.summaries:
                 self._cache.set(_summary_key(key, summary.id), summary.to_record())
             for turn in dump.turns:
                 self._cache.set(_turn_key(key, turn["turn"]), dict(turn))
             for response_id, seq in dump.responses.items():
                 self._cache.set(_response_key(key.tenant, response_id), (key.id, seq))
-            self._save(key, raw)
+            self._save(key, record)
+
     # -- inbox ---------------------------------------------------------------------------------
 
     async def post_inbox(self, key: ConversationKey, content: str, note: str, max_pending: int) -> InboxMessage | None:
@@ -656,37 +1162,36 @@ class DiskStore:
 
     def _post_inbox(self, key: ConversationKey, content: str, note: str, max_pending: int) -> InboxMessage | None:
         with self._cache.transact():
-            raw = self._load(key)
-            if raw is None:
+            record = self._load(key)
+            if record is None:
                 return None
-            _inbox_fields(raw)
-            if len(raw["inbox_open"]) >= max_pending:
+            fields = record.fields
+            if len(fields["inbox_open"]) >= max_pending:
                 raise InboxFull(str(key))
-            raw["inbox"] += 1
-            record = {"id": raw["inbox"], "content": content, "note": note, "created_at": now(),
-                      "seq": None, "placement": None, "turn": None, "delivered_at": None}
-            self._cache.set(_inbox_key(key, record["id"]), record)
-            raw["inbox_open"].append(record["id"])
-            self._save(key, raw)
-            return InboxMessage(**record)
+            fields["inbox"] += 1
+            message = {"id": fields["inbox"], "content": content, "note": note, "created_at": now(),
+                       "seq": None, "placement": None, "turn": None, "delivered_at": None}
+            self._cache.set(_inbox_key(key, message["id"]), message)
+            fields["inbox_open"] = [*fields["inbox_open"], message["id"]]
+            self._save(key, record)
+            return InboxMessage(**message)
 
     async def inbox(self, key: ConversationKey, *, after: int = 0, limit: int | None = None) -> list[InboxMessage]:
         return await self._run(self._inbox, key, after, limit)
 
     def _inbox(self, key: ConversationKey, after: int, limit: int | None) -> list[InboxMessage]:
-        raw = self._load(key)
-        last = raw.get("inbox", 0) if raw else 0
+        record = self._load(key)
+        last = record.fields["inbox"] if record else 0
         end = last if limit is None else min(last, after + limit)
-        records = [self._cache.get(_inbox_key(key, i)) for i in range(after + 1, end + 1)]
-        return [self._inbox_message(key, r) for r in records if r is not None]
+        messages = [self._cache.get(_inbox_key(key, i)) for i in range(after + 1, end + 1)]
+        return [self._inbox_message(key, record, m) for m in messages if m is not None]
 
-    def _inbox_message(self, key: ConversationKey, record: dict[str, Any]) -> InboxMessage:
-        """The stored record with its status, read off the status of the item it went with."""
-        message = InboxMessage(**record)
+    def _inbox_message(self, key: ConversationKey, record: _Record, stored: dict[str, Any]) -> InboxMessage:
+        """The stored inbox message with its status, read off the status of the item it went with."""
+        message = InboxMessage(**stored)
         if message.seq is None:
             return message
-        item = self._cache.get(_msg_key(key, message.seq))
-        status = item["status"] if item else FAILED
+        status = self._status(key, record, message.seq) or FAILED
         if status == FAILED:  # its turn failed: it waits for the next one
             return InboxMessage(message.id, message.content, message.note, message.created_at)
         message.status = INBOX_DELIVERING if status == PENDING else INBOX_DELIVERED
@@ -701,41 +1206,43 @@ class DiskStore:
         self, key: ConversationKey, seq: int, placement: str, turn: int, stamp: float
     ) -> list[InboxMessage]:
         with self._cache.transact():
-            raw = self._load(key)
-            if raw is None:
+            record = self._load(key)
+            if record is None:
                 return []
-            _inbox_fields(raw)
-            anchor = self._cache.get(_msg_key(key, seq))
-            anchor_pending = anchor is None or anchor["status"] == PENDING
+            fields = record.fields
+            anchor = self._status(key, record, seq)
+            anchor_pending = anchor is None or anchor == PENDING
             taken, still_open = [], []
-            for message_id in raw["inbox_open"]:
-                record = self._cache.get(_inbox_key(key, message_id))
-                if record["seq"] is not None:
-                    before = self._cache.get(_msg_key(key, record["seq"]))
-                    if before is not None and before["status"] not in (FAILED, PENDING):
+            for message_id in fields["inbox_open"]:
+                message = self._cache.get(_inbox_key(key, message_id))
+                if message["seq"] is not None:
+                    before = self._status(key, record, message["seq"])
+                    if before is not None and before not in (FAILED, PENDING):
                         continue  # its item is live (or was, and moved on): delivered for good
-                    _drop_anchor(raw["inbox_at"], record["seq"], message_id)
-                record.update(seq=seq, placement=placement, turn=turn, delivered_at=stamp)
-                self._cache.set(_inbox_key(key, message_id), record)
-                raw["inbox_at"].setdefault(seq, []).append(message_id)
-                taken.append(InboxMessage(**record, status=INBOX_DELIVERING if anchor_pending else INBOX_DELIVERED))
+                    _drop_anchor(fields["inbox_at"], message["seq"], message_id)
+                message.update(seq=seq, placement=placement, turn=turn, delivered_at=stamp)
+                self._cache.set(_inbox_key(key, message_id), message)
+                fields["inbox_at"].setdefault(seq, []).append(message_id)
+                taken.append(InboxMessage(**message, status=INBOX_DELIVERING if anchor_pending else INBOX_DELIVERED))
                 if anchor_pending:
                     still_open.append(message_id)
-            raw["inbox_open"] = still_open
-            self._save(key, raw)
+            fields["inbox_open"] = still_open
+            self._save(key, record)
             return taken
 
     async def inbox_at(self, key: ConversationKey, seqs: Sequence[int]) -> dict[int, list[InboxMessage]]:
         return await self._run(self._inbox_at, key, list(seqs))
 
     def _inbox_at(self, key: ConversationKey, seqs: list[int]) -> dict[int, list[InboxMessage]]:
-        raw = self._load(key)
-        anchors = raw.get("inbox_at", {}) if raw else {}
+        record = self._load(key)
+        if record is None:
+            return {}
+        anchors = record.fields["inbox_at"]
         out = {}
         for seq in seqs:
             ids = anchors.get(seq)
             if ids:
-                out[seq] = [self._inbox_message(key, self._cache.get(_inbox_key(key, i))) for i in ids]
+                out[seq] = [self._inbox_message(key, record, self._cache.get(_inbox_key(key, i))) for i in ids]
         return out
 
     # -- long-term knowledge -------------------------------------------------------------------
@@ -848,26 +1355,22 @@ class DiskStore:
         return await self._write(self._fail_pending, running)
 
     def _fail_pending(self, running: set[ConversationKey]) -> int:
-        failed = 0
-        if not self._cache.get(PENDING_SET):  # the common case, and no write: a full store starts too
+        flagged = [key for key in self._pending.flagged() if key not in running]
+        cut = [key for key in flagged if (fields := self._fields(key)) is not None and fields.get("pending")]
+        self._pending.settle(set(flagged) - set(cut))  # cleared by a later write: none needed here
+        if not cut:  # the common case, and no write: a full store starts too
             return 0
+        failed = 0
         with self._cache.transact():
-            for tenant, conversation_id in sorted(self._cache.get(PENDING_SET, set())):
-                key = ConversationKey(tenant, conversation_id)
-                if key in running:
-                    continue
-                raw = self._load(key)
-                if raw is None:
-                    continue
-                seqs = [
-                    seq for seq in raw.get("pending", ())
-                    if (stored := self._cache.get(_msg_key(key, seq))) is not None and stored["status"] == PENDING
-                ]
-                self._change_statuses(key, raw, dict.fromkeys(seqs, FAILED))
-                raw["pending"] = []
-                self._track_pending(key, False)
-                self._save(key, raw)
+            for key in cut:
+                record = self._load(key)
+                assert record is not None
+                seqs = [seq for seq in record.fields["pending"] if self._status(key, record, seq) == PENDING]
+                self._change_statuses(key, record, dict.fromkeys(seqs, FAILED))
+                record.fields["pending"] = []
+                self._save(key, record)
                 failed += len(seqs)
+            self._pending.sweep()
         return failed
 
     async def health(self) -> StoreHealth:
@@ -897,30 +1400,23 @@ class DiskStore:
         return self._health.health(**facts)
 
     async def close(self) -> None:
-        await self._run(self._cache.close)
+        await self._run(self._close)
         self._thread.shutdown(wait=True)
 
-
-def _new_record(stamp: float) -> dict[str, Any]:
-    return {
-        "created_at": stamp, "updated_at": stamp, "next_seq": 1, "live": [],
-        "llm_calls": 0, "first_forwarded": {}, "rewritten": set(),
-        "summaries": 0, "boundary": 0, "summary_id": None, "turns": 0, "order": 0,
-        "inbox": 0, "inbox_open": [], "inbox_at": {},
-    }
+    def _close(self) -> None:
+        try:  # a clean stop leaves flags only where messages are pending: the next start reads no more
+            if self._pending.any_settled:
+                with self._cache.transact():
+                    self._pending.sweep()
+        except (sqlite3.Error, OSError, diskcache.Timeout) as exc:  # e.g. a full disk: the next start sweeps
+            log.info("store: pending flags left for the next start", extra={"error": str(exc)})
+        self._cache.close()
 
 
 def _inbox_record(m: InboxMessage) -> dict[str, Any]:
     """An inbox message as stored: its status is read off its item, never kept."""
     return {"id": m.id, "content": m.content, "note": m.note, "created_at": m.created_at,
             "seq": m.seq, "placement": m.placement, "turn": m.turn, "delivered_at": m.delivered_at}
-
-
-def _inbox_fields(raw: dict[str, Any]) -> None:
-    """A record written before the inbox existed gets its (empty) inbox fields."""
-    raw.setdefault("inbox", 0)
-    raw.setdefault("inbox_open", [])
-    raw.setdefault("inbox_at", {})
 
 
 def _drop_anchor(anchors: dict[int, list[int]], seq: int, message_id: int) -> None:
@@ -935,21 +1431,27 @@ def _index_entry(scope: str, entry: Any) -> ConversationKey:
     return ConversationKey(*entry) if scope == ALL_TENANTS else ConversationKey(scope, entry)
 
 
-def _count_call(raw: dict[str, Any]) -> int:
-    raw["llm_calls"] += 1
-    return raw["llm_calls"]
+def _count_call(record: _Record) -> int:
+    record.fields["llm_calls"] += 1
+    return record.fields["llm_calls"]
 
 
-def _conversation(key: ConversationKey, raw: dict[str, Any]) -> Conversation:
-    # .get: records written before these fields existed have none of them
+def _conversation(key: ConversationKey, record: _Record) -> Conversation:
+    f = record.fields  # .get: records written before these fields existed have none of them
     return Conversation(
-        key, raw["created_at"], raw["updated_at"], raw["next_seq"], list(map(tuple, raw["live"])),
-        raw["llm_calls"], dict(raw["first_forwarded"]), frozenset(raw["rewritten"]),
-        raw["boundary"], raw["summary_id"], dict(raw.get("marks") or {}),
-        title=raw.get("title"), task=raw.get("task"), model=raw.get("model"), client=raw.get("client"),
-        failures=raw.get("failures", 0), last_error=raw.get("last_error"), turns=raw["turns"],
-        inbox_open=len(raw.get("inbox_open", ())), inbox_anchors=frozenset(raw.get("inbox_at", ())),
+        key, f["created_at"], f["updated_at"], f["next_seq"], record.live(),
+        f["llm_calls"], record.forwarded(), record.rewritten(),
+        f["boundary"], f["summary_id"], dict(f.get("marks") or {}),
+        title=f.get("title"), task=f.get("task"), model=f.get("model"), client=f.get("client"),
+        failures=f.get("failures", 0), last_error=f.get("last_error"), turns=f["turns"],
+        inbox_open=len(f["inbox_open"]), inbox_anchors=frozenset(f["inbox_at"]),
     )
+
+
+def _missing(key: ConversationKey, seq: int) -> StoreUnavailable:
+    """A row the conversation's index names is not there: a broken store, said as such."""
+    log.error("a stored message is missing", extra={"conversation": str(key), "seq": seq})
+    return StoreUnavailable("The conversation store failed; try again shortly.")
 
 
 def _store_error(exc: BaseException, folder: Path) -> StoreError:
