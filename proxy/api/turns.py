@@ -41,11 +41,14 @@ async def read_turn_body(request: web.Request, dialect: Dialect, cache_key: Any)
     names (`cache_key`) by appending transcript items is parsed only where it is new."""
     raw = await request.read()
     bodies = request.app[ENGINE].bodies
-    parsed = bodies.extend(cache_key, raw, dialect.transcript_key) if cache_key is not None else None
+    parts = getattr(dialect, "transcript_parts", None)  # a transcript that is not the body's array as it is
+    parsed = bodies.extend(cache_key, raw, dialect.transcript_key, parts) if cache_key is not None else None
     if parsed is not None:
         return parsed
     body = await read_json_object(request, dialect.transcript_key)
-    return await bodies.full(cache_key, raw, body, dialect.transcript_key) if cache_key is not None else ParsedBody(body)
+    if cache_key is None:
+        return ParsedBody(body)
+    return await bodies.full(cache_key, raw, body, dialect.transcript_key, parts)
 
 
 async def read_json_object(request: web.Request, transcript_key: str) -> dict[str, Any]:

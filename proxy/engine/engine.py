@@ -168,9 +168,9 @@ class Engine:
         self, request: TurnRequest, key: ConversationKey, report: TurnReport, sink: ClientSink, trace: TurnTrace
     ) -> Outcome:
         dialect, codec, body, parsed = request.dialect, request.dialect.codec, request.body, request.parsed
-        raws = dialect.transcript(body)
         # Items identical to the last request's need no checking or hashing again (see prefix.py).
-        by_bytes = parsed is not None and parsed.entry is not None and parsed.entry.raws is raws
+        by_bytes = parsed is not None and parsed.entry is not None and parsed.entry.body is body
+        raws = parsed.entry.raws if by_bytes else dialect.transcript(body)  # type: ignore[union-attr]
         known = parsed.hashes if by_bytes else self.prefixes.known_prefix(key, raws)  # type: ignore[union-attr]
         # Checking and hashing cost what is new: off the loop only if that is large.
         fresh = parsed.fresh if by_bytes and parsed.fresh is not None else request.size  # type: ignore[union-attr]
