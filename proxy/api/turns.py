@@ -164,8 +164,10 @@ async def read_turn(request: web.Request, dialect: Dialect) -> tuple[TurnRequest
     tenant = request_tenant(request, settings.conversation)
     parsed = await read_turn_body(request, dialect, (tenant, dialect.name, named) if named else None)
     body = parsed.body
-    # A missing or malformed transcript is a 400 before anything else, too long a one a 413.
-    check_message_count(dialect.transcript(body), settings.server.max_messages, dialect.transcript_key)
+    # A missing or malformed transcript is a 400 before anything else, too long a one a 413 (a body
+    # the cache knows has its transcript already: Messages splits only its new messages).
+    transcript = parsed.entry.raws if parsed.entry is not None else dialect.transcript(body)
+    check_message_count(transcript, settings.server.max_messages, dialect.transcript_key)
     title = check_title(request.headers.get(TITLE_HEADER), TITLE_HEADER)
     turn = await turn_request(request, dialect, parsed)
     key = await request.app[ENGINE].conversation_key(turn)
