@@ -44,10 +44,10 @@ class ServerSettings(Section):
         10_000, ge=1, le=1_000_000, description="Most messages one request may carry (413 above)."
     )
     fast_path: bool = Field(
-        False,
+        True,
         description="A request that extends the conversation's previous one byte for byte costs only its new "
-        "items (the previous turn's work is reused, to the same result). Off by default until a rare "
-        "divergence a randomized test saw is explained (README, Performance).",
+        "items (the previous turn's work is reused, to the same upstream bytes). false = every turn does all "
+        "the work.",
     )
     allowed_hosts: tuple[str, ...] = Field(
         (),

@@ -79,6 +79,12 @@ PARSED = 2  # bytes of parsed objects per byte of JSON
 MAX_BODIES = 512
 
 
+# A body's transcript array -> the transcript's items, where a dialect makes several of one element
+# (Messages: a user message's tool_result blocks, see dialects/messages.py); message by message,
+# so that parts(a + b) == parts(a) + parts(b). None: the array is the transcript.
+Parts = Callable[[list[Any]], list[Any]]
+
+
 @dataclass(frozen=True, slots=True)
 class ParsedBody:
     """A request body as the handler reads it. When `reused` > 0, the first `reused` transcript
@@ -106,7 +112,7 @@ class BodyEntry:
     head: memoryview
     tail: bytes
     body: dict[str, Any]
-    raws: list[Any]
+    raws: list[Any]  # the transcript's items: the body's array, or its parts (see Parts)
     hashes: list[str] = field(default_factory=list)  # set once the request was checked
 
     @property
@@ -138,22 +144,24 @@ class BodyCache:
         self._entries: OrderedDict[Any, BodyEntry] = OrderedDict()
         self._held = 0
 
-    def extend(self, key: Any, raw: bytes, transcript_key: str) -> ParsedBody | None:
+    def extend(self, key: Any, raw: bytes, transcript_key: str, parts: Parts | None = None) -> ParsedBody | None:
         """`raw` read as the previous request under `key` plus new transcript items (parsed here,
         on the loop: at most OFFLOAD_BYTES of them), or None: it must be parsed whole."""
         previous = self._entries.get(key) if self.enabled else None
         if previous is None or len(raw) - len(previous.head) - len(previous.tail) > OFFLOAD_BYTES:
             return None
-        extended = _extend(previous, raw, transcript_key, key)
+        extended = _extend(previous, raw, transcript_key, key, parts)
         if extended is not None:
             self._entries.move_to_end(key)
         return extended
 
-    async def full(self, key: Any, raw: bytes, body: dict[str, Any], transcript_key: str) -> ParsedBody:
+    async def full(
+        self, key: Any, raw: bytes, body: dict[str, Any], transcript_key: str, parts: Parts | None = None
+    ) -> ParsedBody:
         """`body`, parsed whole from `raw`, with what the next request under `key` is compared with."""
         if not self.enabled or len(raw) * (1 + PARSED) > self.max_bytes // 4:
             return ParsedBody(body)
-        return ParsedBody(body, entry=await off_loop(len(raw), _entry, raw, body, transcript_key), key=key)
+        return ParsedBody(body, entry=await off_loop(len(raw), _entry, raw, body, transcript_key, parts), key=key)
 
     def remember(self, key: Any, parsed: ParsedBody, hashes: list[str]) -> None:
         """Keep `parsed` (its transcript checked, `hashes` its items' hashes) for the next request."""
@@ -183,7 +191,7 @@ class BodyCache:
             self._held -= old.size
 
 
-def _extend(previous: BodyEntry, raw: bytes, transcript_key: str, key: Any) -> ParsedBody | None:
+def _extend(previous: BodyEntry, raw: bytes, transcript_key: str, key: Any, parts: Parts | None) -> ParsedBody | None:
     """`raw` as `previous` with items appended to its transcript, or None if it is not that."""
     head, tail = previous.head, previous.tail
     if len(raw) < len(head) + len(tail) or not raw.startswith(head) or not raw.endswith(tail):
@@ -201,21 +209,25 @@ def _extend(previous: BodyEntry, raw: bytes, transcript_key: str, key: Any) -> P
             return None
     else:
         return None
-    raws = previous.raws + new if new else previous.raws
-    body = {**previous.body, transcript_key: raws}
+    raws = previous.raws + (new if parts is None else parts(new)) if new else previous.raws
+    listed = previous.body[transcript_key]
+    body = {**previous.body, transcript_key: raws if parts is None else listed + new if new else listed}
     entry = BodyEntry(memoryview(raw)[: len(raw) - len(tail)] if new else head, tail, body, raws)
     return ParsedBody(body, len(previous.raws), previous, entry, key, fresh=len(middle))
 
 
-def _entry(raw: bytes, body: Any, transcript_key: str) -> BodyEntry | None:
+def _entry(raw: bytes, body: Any, transcript_key: str, parts: Parts | None = None) -> BodyEntry | None:
     """Where `raw`'s transcript array closes, proven: None when it can't be found or isn't a
     non-empty array of the body (or what follows it is nested too deeply to compare)."""
     if not isinstance(body, dict) or not isinstance(raws := body.get(transcript_key), list) or not raws:
         return None
     try:
-        return _closed_at(raw, body, transcript_key, raws)
+        entry = _closed_at(raw, body, transcript_key, raws)
     except RecursionError:
         return None
+    if entry is not None and parts is not None:
+        entry.raws = parts(raws)
+    return entry
 
 
 def _closed_at(raw: bytes, body: dict[str, Any], transcript_key: str, raws: list[Any]) -> BodyEntry | None:

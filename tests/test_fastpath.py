@@ -1,19 +1,26 @@
 """The fast path (proxy/engine/fastpath.py) changes what a turn costs, never what goes upstream.
 
 One long randomized agent run (tool outputs long and short, window cuts, summaries, inbox notes,
-profile switches, read-back rounds, edits of old messages, reordering, regenerated turns) goes
-through the real proxy twice: with the fast path, then with it off. (With a third of its turns
-streamed, a few runs in a dozen differed at a window cut after a summary: which turns take the
-fast path then varies with how a stream ends. Not yet explained; the fast path is off by
-default until it is, see the README.) The
-strict fake records every upstream request's bytes; the two runs must be identical, byte for
-byte (but for the time an inbox note names). Both proxies use one store (the conversation deleted in between), so refs, which are
-signed with the store's secret, are the same too.
+profile switches, read-back rounds, a third of its turns streamed, edits of old messages,
+reordering, regenerated turns) goes through the real proxy twice: with the fast path, then with
+it off. The strict fake records every upstream request's bytes; the two runs must be identical,
+byte for byte (but for the time an inbox note names). Both proxies use one store (the
+conversation deleted in between), so refs, which are signed with the store's secret, are the
+same too. The run is made in each wire format the proxy manages: Chat Completions and Responses
+by the `openai` client, Anthropic Messages by the `anthropic` client, whose agent answers the
+model's own tool_use blocks (its messages alternate, as the real API wants).
+
+`FAST_PATH_SEED=n` makes another run (each seed its own history). Streamed turns end as the
+clients end them: the openai client hangs up at `[DONE]`, and aiohttp then cancels the proxy's
+handler while the turn's last writes land. Before the engine finished a turn whole (`whole` in
+proxy/engine/engine.py), that lost a window cut now and then, and the two runs differed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import random
 import re
 from pathlib import Path
@@ -25,57 +32,83 @@ import pytest
 from proxy.state import ENGINE
 from tests.conftest import openai_client
 from tests.fake_upstream import Reply, ToolCall, last_user_text
+from tests.messages_helpers import MODEL as CLAUDE_MODEL
+from tests.messages_helpers import as_params, claude_client
 from tests.responders import is_summary_request, is_tool_summary_request
 
 CONVERSATION = "fast-path-run"
+SEED = int(os.environ.get("FAST_PATH_SEED", "16"))
+# Enough for window cuts and summaries in every format. The openai client transforms its params
+# in Python, O(history) a request: the test's time grows with the square of its turns.
+TURNS = 64
 TOOLS_CHAT = [{"type": "function", "function": {"name": "run", "parameters": {"type": "object", "properties": {}}}}]
 TOOLS_RESPONSES = [{"type": "function", "name": "run", "parameters": {"type": "object", "properties": {}}}]
+TOOLS_MESSAGES = [{"name": "run", "description": "Run a step", "input_schema": {"type": "object", "properties": {}}}]
+SYSTEM = "You are a coding agent."
+TASK = "Fix the failing test."
 REF = re.compile(r"out_\d+_[0-9a-f]{24}")
 # An inbox note says when it was posted: the one thing two runs can't share.
 POSTED_AT = re.compile(rb"written at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC")
+UPSTREAM_PATHS = ("/chat/completions", "/responses", "/messages")
 SETTINGS: dict[str, dict[str, Any]] = {
     "context": {"history_token_limit": 4000, "window_refill": 0.5},
-    "compaction": {"strategy": "turns", "every_n_user_messages": 10, "background": False},
+    "compaction": {"strategy": "turns", "every_n_user_messages": 6, "background": False},
     "quota": {"max_llm_calls": 100_000},
     "profiles": {"tight": {"context": {"history_token_limit": 2500}}},
 }
 
 
+def transcript(body: dict) -> list[Any]:
+    return body.get("messages") or body.get("input") or []
+
+
+def last_output(body: dict) -> str:
+    """The text the request's last item holds (a read-back answer's, when it is one); of a
+    Messages user message, its first tool_result's."""
+    last = (transcript(body) or [{}])[-1]
+    if not isinstance(last, dict):
+        return ""
+    content = last.get("content")
+    if isinstance(content, list):  # Messages: a user message whose first block is a tool_result
+        first = content[0] if content and isinstance(content[0], dict) else {}
+        return str(first.get("content") or "") if first.get("type") == "tool_result" else ""
+    return str(content or last.get("output") or "")
+
+
 def responder(body: dict) -> Reply:
     """Deterministic answers: a summary for the summarizer, sometimes a read of a shortened
-    output (when the prompt offers the read tool and names a ref), else text."""
+    output (when the prompt offers the read tool and names a ref), else text; in Messages, most
+    answers also call the agent's `run` tool (its id made from the prompt: unique in a history, the
+    same in both runs)."""
     if "messages" in body and (is_summary_request(body) or is_tool_summary_request(body)):
         return Reply.text("summary: the agent ran tools and kept going")
-    text = json.dumps(body.get("messages") or body.get("input"))
+    text = json.dumps(transcript(body))
     offered = "read_tool_output" in json.dumps(body.get("tools") or [])
     refs = REF.findall(text)
-    last = (body.get("messages") or body.get("input") or [{}])[-1]
-    answered_read = isinstance(last, dict) and "characters" in str(last.get("content") or last.get("output") or "")[:80]
+    answered_read = "characters" in last_output(body)[:80]
     if offered and refs and len(text) % 4 == 0 and not answered_read:
         call = ToolCall(f"call_read_{len(text)}", "read_tool_output", json.dumps({"ref": refs[-1], "offset": 0, "length": 300}))
         return Reply("message", calls=[call])
-    return Reply.text(f"reply {len(text) % 997} to: {last_user_text(body)[:40]}")
+    content = f"reply {len(text) % 997} to: {last_user_text(body)[:40]}"
+    if "system" in body and len(text) % 5:  # Messages (its system prompt is top level): the model calls a tool
+        name = hashlib.sha256(POSTED_AT.sub(b"", text.encode())).hexdigest()[:16]
+        return Reply("message", content=content, calls=[ToolCall(f"call_run_{name}", "run", "{}")])
+    return Reply.text(content)
 
 
 class Run:
-    """One client's run, the same for a given seed: `turn()` changes the history, then asks."""
+    """One client's run, the same for a given seed: `change()` changes the history, `request()`
+    asks and appends the answer. The client makes its own tool steps (a call and its result)."""
 
     def __init__(self, seed: int, dialect: str) -> None:
         self.rng = random.Random(seed)
         self.dialect = dialect
-        self.history: list[dict[str, Any]] = [self.system("You are a coding agent."), self.user("Fix the failing test.")]
+        self.history: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, self.user(TASK)]
         self.calls = 0
 
-    # -- items in the run's wire format ------------------------------------------------------
-
-    def system(self, text: str) -> dict[str, Any]:
-        return {"role": "system", "content": text}
-
-    def user(self, text: str) -> dict[str, Any]:
+    @staticmethod
+    def user(text: str) -> dict[str, Any]:
         return {"role": "user", "content": text}
-
-    def assistant(self, text: str) -> dict[str, Any]:
-        return {"role": "assistant", "content": text}
 
     def tool_step(self, output: str) -> list[dict[str, Any]]:
         self.calls += 1
@@ -99,8 +132,6 @@ class Run:
             return json.dumps({"ok": True, "step": self.calls})  # quota info as a key
         return f"output {self.calls} " * self.rng.randrange(2, 60)
 
-    # -- what a client does between turns ------------------------------------------------------
-
     def change(self) -> None:
         r = self.rng.random()
         if r < 0.06 and len(self.history) > 6:  # an edit of an old message
@@ -120,59 +151,111 @@ class Run:
             self.history.append(self.user(f"now step {self.calls}, please"))
         self.history += self.tool_step(self.output())
 
-    def request(self, client: Any, stream: bool, headers: dict[str, str]) -> str:
+    def request(self, client: Any, stream: bool, headers: dict[str, str]) -> None:
         if self.dialect == "chat":
             if stream:
                 chunks = client.chat.completions.create(
                     model="gpt-4o-mini", messages=self.history, tools=TOOLS_CHAT, stream=True, extra_headers=headers)
-                return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-            reply = client.chat.completions.create(model="gpt-4o-mini", messages=self.history, tools=TOOLS_CHAT,
-                                                   extra_headers=headers)
-            return reply.choices[0].message.content or ""
-        if stream:
+                text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            else:
+                reply = client.chat.completions.create(model="gpt-4o-mini", messages=self.history, tools=TOOLS_CHAT,
+                                                       extra_headers=headers)
+                text = reply.choices[0].message.content or ""
+        elif stream:
             with client.responses.stream(model="gpt-4o-mini", input=self.history, tools=TOOLS_RESPONSES,
                                          extra_headers=headers) as events:
-                return events.get_final_response().output_text
-        return client.responses.create(model="gpt-4o-mini", input=self.history, tools=TOOLS_RESPONSES,
-                                       extra_headers=headers).output_text
+                text = events.get_final_response().output_text
+        else:
+            text = client.responses.create(model="gpt-4o-mini", input=self.history, tools=TOOLS_RESPONSES,
+                                           extra_headers=headers).output_text
+        self.history.append({"role": "assistant", "content": text})
+
+
+class MessagesRun(Run):
+    """The run as an Anthropic client makes it: the system prompt top level, and messages that
+    alternate, the model's tool_use blocks answered by the next user message's tool_results
+    (the user's own words, when it has some, after them)."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__(seed, "messages")
+        self.history = [self.user(TASK)]
+
+    def change(self) -> None:
+        r = self.rng.random()
+        if r < 0.06 and len(self.history) > 6:  # an edit of an old message: the user's words or a tool result
+            i = self.rng.randrange(1, len(self.history) - 1)
+            item = self.history[i]
+            content = item["content"]
+            if isinstance(content, str):
+                self.history[i] = {**item, "content": content + " (edited)"}
+            elif item["role"] == "user" and content[0].get("type") == "tool_result":
+                edited = {**content[0], "content": content[0]["content"] + " (edited)"}
+                self.history[i] = {**item, "content": [edited, *content[1:]]}
+        elif r < 0.1 and len(self.history) > 6:  # reordering: two of the user's messages swap
+            texts = [i for i, m in enumerate(self.history[1:], 1) if isinstance(m["content"], str)]
+            if len(texts) >= 2:
+                i, j = self.rng.sample(texts[-6:], 2)
+                self.history[i], self.history[j] = self.history[j], self.history[i]
+        elif r < 0.14 and len(self.history) > 6:  # a regenerated turn: the last reply and what it answered go
+            del self.history[-2:]
+        if self.history[-1]["role"] == "user":  # the first turn: the task is yet to be answered
+            return
+        words = f"now step {self.calls}, please" if 0.14 <= r < 0.3 else None
+        calls = [b["id"] for b in self.history[-1]["content"] if b["type"] == "tool_use"]
+        if not calls:
+            self.history.append(self.user(words or f"go on with step {self.calls}"))
+            return
+        self.calls += 1
+        results = [{"type": "tool_result", "tool_use_id": c, "content": self.output()} for c in calls]
+        self.history.append({"role": "user", "content": [*results, *([{"type": "text", "text": words}] if words else [])]})
+
+    def request(self, client: Any, stream: bool, headers: dict[str, str]) -> None:
+        params = {"model": CLAUDE_MODEL, "max_tokens": 1024, "system": SYSTEM, "messages": self.history,
+                  "tools": TOOLS_MESSAGES, "extra_headers": headers}
+        if stream:
+            with client.messages.stream(**params) as events:
+                reply = events.get_final_message()
+        else:
+            reply = client.messages.create(**params)
+        self.history.append(as_params(reply))
 
 
 def drive(proxy: Any, upstream: Any, dialect: str, turns: int) -> list[bytes]:
     """The run, through `proxy`: the bytes of every upstream request it made."""
     upstream.responder = responder
-    run = Run(seed=16, dialect=dialect)
-    client = openai_client(proxy, headers={"X-Conversation-ID": CONVERSATION})
-    inbox_rng = random.Random(7)
+    run = MessagesRun(SEED) if dialect == "messages" else Run(SEED, dialect)
+    conversation = {"X-Conversation-ID": CONVERSATION}
+    client = claude_client(proxy, headers=conversation) if dialect == "messages" else openai_client(proxy, headers=conversation)
+    inbox_rng = random.Random(SEED + 1)
     with httpx.Client(base_url=proxy.url, timeout=30) as http:
         for turn in range(turns):
             run.change()
             if turn > 2 and inbox_rng.random() < 0.05:
                 posted = http.post(f"/v1/conversations/{CONVERSATION}/inbox", json={"content": f"note {turn}"})
                 assert posted.status_code in (200, 201), posted.text
-            headers = {"X-Context-Profile": "tight"} if 40 <= turn < 55 else {}
-            run.rng.random()  # drawn as when streamed turns were part of the run: see the module docstring
-            text = run.request(client, stream=False, headers=headers)
-            run.history.append(run.assistant(text))
+            headers = {"X-Context-Profile": "tight"} if 30 <= turn < 42 else {}
+            run.request(client, stream=run.rng.random() < 1 / 3, headers=headers)
         assert http.delete(f"/v1/conversations/{CONVERSATION}").status_code == 200
-    return [POSTED_AT.sub(b"written at <then>", r.raw) for r in upstream.requests if r.path.endswith(("/chat/completions", "/responses"))]
+    return [POSTED_AT.sub(b"written at <then>", r.raw) for r in upstream.requests if r.path.endswith(UPSTREAM_PATHS)]
 
 
-@pytest.mark.parametrize("dialect", ["chat", "responses"])
+@pytest.mark.parametrize("dialect", ["chat", "responses", "messages"])
 def test_the_fast_path_sends_what_the_whole_pipeline_sends_byte_for_byte(make_proxy, upstream, tmp_path: Path, dialect):
     data = tmp_path / "store"
-    fast = make_proxy(data_dir=data, server={"fast_path": True}, **SETTINGS)
-    sent_fast = drive(fast, upstream, dialect, turns=90)
+    settings = {**SETTINGS, "upstream": {"anthropic_base_url": upstream.anthropic.base_url}}
+    fast = make_proxy(data_dir=data, server={"fast_path": True}, **settings)
+    sent_fast = drive(fast, upstream, dialect, TURNS)
     taken = fast.app[ENGINE].fastpath.taken
     fast.stop()
     upstream.reset()
-    full = make_proxy(data_dir=data, server={"fast_path": False}, **SETTINGS)
-    sent_full = drive(full, upstream, dialect, turns=90)
+    full = make_proxy(data_dir=data, server={"fast_path": False}, **settings)
+    sent_full = drive(full, upstream, dialect, TURNS)
     assert full.app[ENGINE].fastpath.taken == 0
 
     for i, (a, b) in enumerate(zip(sent_fast, sent_full, strict=False)):
         at = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
         assert a == b, f"upstream request {i} differs at {at}: {a[max(at - 300, 0):at + 100]!r} / {b[max(at - 300, 0):at + 100]!r}"
-    assert len(sent_fast) == len(sent_full) > 90
-    # The run took the fast path on many turns (while no summary is in force: then the whole
-    # pipeline runs every turn), and the whole one wherever it had to.
-    assert 15 <= taken < 90, taken
+    assert len(sent_fast) == len(sent_full) > TURNS
+    # The run took the fast path on many turns (summaries in force included), and the whole one
+    # wherever it had to (a cut, a new summary, an inbox note, an edit, a regenerated turn...).
+    assert TURNS // 8 <= taken < TURNS, taken

@@ -41,11 +41,14 @@ async def read_turn_body(request: web.Request, dialect: Dialect, cache_key: Any)
     names (`cache_key`) by appending transcript items is parsed only where it is new."""
     raw = await request.read()
     bodies = request.app[ENGINE].bodies
-    parsed = bodies.extend(cache_key, raw, dialect.transcript_key) if cache_key is not None else None
+    parts = getattr(dialect, "transcript_parts", None)  # a transcript that is not the body's array as it is
+    parsed = bodies.extend(cache_key, raw, dialect.transcript_key, parts) if cache_key is not None else None
     if parsed is not None:
         return parsed
     body = await read_json_object(request, dialect.transcript_key)
-    return await bodies.full(cache_key, raw, body, dialect.transcript_key) if cache_key is not None else ParsedBody(body)
+    if cache_key is None:
+        return ParsedBody(body)
+    return await bodies.full(cache_key, raw, body, dialect.transcript_key, parts)
 
 
 async def read_json_object(request: web.Request, transcript_key: str) -> dict[str, Any]:
@@ -161,8 +164,10 @@ async def read_turn(request: web.Request, dialect: Dialect) -> tuple[TurnRequest
     tenant = request_tenant(request, settings.conversation)
     parsed = await read_turn_body(request, dialect, (tenant, dialect.name, named) if named else None)
     body = parsed.body
-    # A missing or malformed transcript is a 400 before anything else, too long a one a 413.
-    check_message_count(dialect.transcript(body), settings.server.max_messages, dialect.transcript_key)
+    # A missing or malformed transcript is a 400 before anything else, too long a one a 413 (a body
+    # the cache knows has its transcript already: Messages splits only its new messages).
+    transcript = parsed.entry.raws if parsed.entry is not None else dialect.transcript(body)
+    check_message_count(transcript, settings.server.max_messages, dialect.transcript_key)
     title = check_title(request.headers.get(TITLE_HEADER), TITLE_HEADER)
     turn = await turn_request(request, dialect, parsed)
     key = await request.app[ENGINE].conversation_key(turn)

@@ -404,6 +404,15 @@ class MessagesDialect(JSONBody):
         messages = body["messages"]
         if not isinstance(messages, list):
             raise InvalidRequest("messages: Input should be a valid list", param="messages")
+        out = self.transcript_parts(messages)
+        self._last = (body, out)
+        return out
+
+    @staticmethod
+    def transcript_parts(messages: list[Any]) -> list[Raw]:
+        """The transcript's items of a `messages` array, message by message: so the parts of an
+        array that extends another are the other's and then its new messages' (the body cache,
+        proxy/prefix.py, splits only what a request adds)."""
         out: list[Raw] = []
         for message in messages:
             content = message.get("content") if type(message) is dict else None
@@ -411,7 +420,6 @@ class MessagesDialect(JSONBody):
                 out.extend(split_message(message))  # it may hold tool_results to part
             else:
                 out.append(message)  # the usual message: as it is (split_message's own answer)
-        self._last = (body, out)
         return out
 
     def validate(self, raws: Sequence[Raw], start: int) -> None:

@@ -16,7 +16,9 @@ them failed, so the live transcript is as it was and the attempt stays in the tr
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Awaitable
 
 import orjson
 
@@ -51,6 +53,21 @@ log = logging.getLogger("proxy.engine")
 
 RUNS_MARK = "runs"  # on a derived conversation: how many runs of that agent and task there were
 MAX_RUNS_SEARCHED = 8  # older runs a continuing request is matched against
+
+
+async def whole(step: Awaitable[None]) -> None:
+    """Run `step` to its end even if the caller is cancelled meanwhile; the cancellation is
+    raised once it has ended."""
+    task = asyncio.ensure_future(step)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.wait([task])
+        except asyncio.CancelledError:
+            cancelled = True
+    task.result()
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 def _shared(stored: list[str], sent: list[str]) -> int:
@@ -151,9 +168,9 @@ class Engine:
         self, request: TurnRequest, key: ConversationKey, report: TurnReport, sink: ClientSink, trace: TurnTrace
     ) -> Outcome:
         dialect, codec, body, parsed = request.dialect, request.dialect.codec, request.body, request.parsed
-        raws = dialect.transcript(body)
         # Items identical to the last request's need no checking or hashing again (see prefix.py).
-        by_bytes = parsed is not None and parsed.entry is not None and parsed.entry.raws is raws
+        by_bytes = parsed is not None and parsed.entry is not None and parsed.entry.body is body
+        raws = parsed.entry.raws if by_bytes else dialect.transcript(body)  # type: ignore[union-attr]
         known = parsed.hashes if by_bytes else self.prefixes.known_prefix(key, raws)  # type: ignore[union-attr]
         # Checking and hashing cost what is new: off the loop only if that is large.
         fresh = parsed.fresh if by_bytes and parsed.fresh is not None else request.size  # type: ignore[union-attr]
@@ -198,15 +215,26 @@ class Engine:
                 outcome = await exchange.run()
                 ended_well = 200 <= outcome.status < 300 and report.stream_error is None
             finally:
-                await writer.settled()  # the next turn of this conversation must see every write of this one
-                if report.marks:  # a cut moved: the next turns start from it
-                    await self.store.set_marks(key, report.marks)
-                if fast is not None:
-                    fast.done(turn, report, ended_well and writer.ended == (LIVE, LIVE))
-                    self.metrics.fast_path.labels(fast.outcome).inc()
+                # Whole even when the client hangs up meanwhile (aiohttp then cancels this handler:
+                # the openai client closes a stream at its [DONE]): a cut's mark lost would make
+                # the next turn's window start elsewhere.
+                await whole(self._end_turn(key, turn, report, writer, fast, ended_well))
         if request.compaction is None and profile.compaction.background and 200 <= outcome.status < 300:
             self.compaction.schedule(job)  # after the reply: never on the request's critical path
         return outcome
+
+    async def _end_turn(
+        self, key: ConversationKey, turn: Turn, report: TurnReport, writer: TurnWriter, fast: FastTurn | None,
+        ended_well: bool,
+    ) -> None:
+        """After the exchange: every write of the turn landed (the next turn of this conversation
+        must see them), the cuts it moved kept, and what the next turn reuses."""
+        await writer.settled()
+        if report.marks:  # a cut moved: the next turns start from it
+            await self.store.set_marks(key, report.marks)
+        if fast is not None:
+            fast.done(turn, report, ended_well and writer.ended == (LIVE, LIVE))
+            self.metrics.fast_path.labels(fast.outcome).inc()
 
     async def dry_run(self, request: TurnRequest, key: ConversationKey, report: TurnReport) -> dict:
         """The body a turn of `request` would send upstream first, worked out without writing

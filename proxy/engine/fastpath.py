@@ -6,16 +6,20 @@ previous prompt plus the new items, rewritten, until the window cuts or a summar
 history. So when a request's body extends the conversation's previous one byte for byte
 (proxy/prefix.py's BodyCache) and nothing else that decides the prompt changed (the profile,
 the conversation's marks and summary, its seqs), each stage is asked to handle the new items
-alone (`Stage.extend`); the prompt is the previous one plus what they return, and the upstream
-body is the previous one's bytes with the new items' spliced in where its transcript closed.
-Any doubt (a stage that can't tell, a cut, a summary, an inbox note, a failed summary, an edit)
-means the whole pipeline, as on the conversation's first turn: the result is the same either
-way, only its cost differs (tests/test_fastpath.py proves it byte for byte).
+alone (`Stage.extend`); the prompt is the previous one plus what they return. Where the dialect
+sends each item as it alone says (chat, Responses: `items_sent_alone`) the upstream body is the
+previous one's bytes with the new items' spliced in where its transcript closed; Messages
+rebuilds its body from the prompt. Any doubt (a stage that can't tell: a cut, a new summary, an
+inbox note, masking, knowledge, a failed summary, a repair; or an edit of the request) means the
+whole pipeline, as on the conversation's first turn. A summary in force is no doubt: new items
+come after its boundary. The result is the same either way, only its cost differs:
+tests/test_fastpath.py proves it byte for byte in every wire format, streamed turns included.
 
 Kept per conversation (least recently used out first, bounded by the bytes of upstream bodies
-held), and only after a turn that ended well; a turn that failed, or a store that is written by
-someone else meanwhile (another replica, a compaction: the marks, seqs or summary differ), makes
-the next turn take the whole path.
+held), and only after a turn that ended well, once its writes and the marks it moved have
+landed (the engine finishes a turn whole even when the client hangs up at a stream's end); a
+turn that failed, or a store that is written by someone else meanwhile (another replica, a
+compaction: the marks, seqs or summary differ), makes the next turn take the whole path.
 """
 
 from __future__ import annotations

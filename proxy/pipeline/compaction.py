@@ -51,14 +51,17 @@ class Compaction:
         return [*items[:n_system], summary, *head, *kept]
 
     async def extend(self, turn: Turn, run: StageRun, new: list[Item]) -> list[Item] | None:
-        """With no summary in force (and no masking), new items go as they are. While a summary is
-        in force the whole pipeline runs: a long randomized run (tests/test_fastpath.py with
-        regenerated turns of 1-3 items) once sent other bytes there, not yet explained."""
+        """New items come after any summary's boundary: they go as they are, while the summary is
+        the same one (a new one replaces the history: the whole pipeline). Masking: the whole
+        pipeline, which decides whether its mark moves."""
         strategy = turn.profile.compaction.strategy
         summary_id = turn.summary.id if turn.summary is not None else None
         if strategy == "mask" or summary_id != run.note:
-            return None  # masking moves its mark as outputs pile up: the whole pipeline decides
-        return new if strategy == "off" or turn.summary is None else None
+            return None
+        if strategy == "off" or turn.summary is None:
+            return new
+        boundary = turn.summary.last_seq
+        return new if all(item.seq is None or item.seq > boundary for item in new) else None
 
     def _mask(self, turn: Turn, items: list[Item]) -> list[Item]:
         """Outputs up to the mask mark are placeholders; once `keep + batch` outputs are past it,
