@@ -246,7 +246,8 @@ class Bench:
                         port, "/v1/models", self.logs / f"{name}.log", cwd=str(REPO), cpus=self.target_cpus)
         env = {
             "CONTEXT_PROXY_UPSTREAM__BASE_URL": mock_url,
-            "CONTEXT_PROXY_UPSTREAM__ANTHROPIC_BASE_URL": mock_url.removesuffix("/v1"),
+            # Only where it is needed: a tree from before the setting existed refuses it (proxy-base).
+            **({"CONTEXT_PROXY_UPSTREAM__ANTHROPIC_BASE_URL": mock_url.removesuffix("/v1")} if self.args.wire == "messages" else {}),
             "CONTEXT_PROXY_STORAGE__PATH": str(self.tmp / f"store-{name}"),
             **PROXY_ENV,
             **(PIPELINE_OFF_ENV if name == "proxy-off" else {}),

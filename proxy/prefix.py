@@ -77,6 +77,7 @@ MAX_CANDIDATES = 64  # closing brackets tried, from the end, to find where the t
 BODY_BYTES = 32 * 2**20
 PARSED = 2  # bytes of parsed objects per byte of JSON
 MAX_BODIES = 512
+SKIP_AFTER, RETRY_EVERY = 2, 8  # full parses in a row before a client's bodies are no longer split, and retries
 
 
 # A body's transcript array -> the transcript's items, where a dialect makes several of one element
@@ -143,6 +144,10 @@ class BodyCache:
         self.max_bytes, self.enabled, self.on_evict = max_bytes, enabled, on_evict  # on_evict: what else lets go
         self._entries: OrderedDict[Any, BodyEntry] = OrderedDict()
         self._held = 0
+        # Full parses in a row under a key: a client whose bodies never extend the last one (Claude
+        # Code moves its cache breakpoint to the newest message, so the previous body's bytes change)
+        # gets no entry to prove (a second parse) but every RETRY_EVERY-th time.
+        self._misses: OrderedDict[Any, int] = OrderedDict()
 
     def extend(self, key: Any, raw: bytes, transcript_key: str, parts: Parts | None = None) -> ParsedBody | None:
         """`raw` read as the previous request under `key` plus new transcript items (parsed here,
@@ -153,6 +158,7 @@ class BodyCache:
         extended = _extend(previous, raw, transcript_key, key, parts)
         if extended is not None:
             self._entries.move_to_end(key)
+            self._misses.pop(key, None)
         return extended
 
     async def full(
@@ -160,6 +166,13 @@ class BodyCache:
     ) -> ParsedBody:
         """`body`, parsed whole from `raw`, with what the next request under `key` is compared with."""
         if not self.enabled or len(raw) * (1 + PARSED) > self.max_bytes // 4:
+            return ParsedBody(body)
+        misses = self._misses.pop(key, -1) + 1  # the first full parse under a key is no miss
+        self._misses[key] = misses
+        if len(self._misses) > MAX_BODIES:
+            self._misses.popitem(last=False)
+        if misses >= SKIP_AFTER and misses % RETRY_EVERY:
+            self.forget(key)
             return ParsedBody(body)
         return ParsedBody(body, entry=await off_loop(len(raw), _entry, raw, body, transcript_key, parts), key=key)
 

@@ -38,7 +38,7 @@ import json  # noqa: E402
 
 import orjson  # noqa: E402
 
-from proxy.prefix import BodyCache  # noqa: E402
+from proxy.prefix import BodyCache, ParsedBody  # noqa: E402
 
 KEY = ("tenant", "chat", "conversation")
 
@@ -104,3 +104,29 @@ def test_the_cache_is_bounded_and_says_what_it_let_go():
         cache.remember(key, parsed, ["h"])
     assert 0 < len(gone) < 6 and cache.held <= 30_000
     assert cache.extend(("t", "chat", "c0"), body([*msgs("x" * 2000), *msgs("y")]), "messages") is None  # evicted first
+
+
+def test_a_client_whose_bodies_never_extend_the_last_one_stops_being_split():
+    """Claude Code moves its cache breakpoint to the newest message: no body extends the last
+    one by bytes, so proving where each transcript closes (a second parse) would buy nothing.
+    After two such bodies in a row only every eighth is split; one that extends starts it over."""
+    cache = BodyCache()
+
+    def send(raw: bytes) -> ParsedBody:
+        parsed = cache.extend(KEY, raw, "messages") or asyncio.run(cache.full(KEY, raw, orjson.loads(raw), "messages"))
+        cache.remember(KEY, parsed, ["h"] * len(parsed.body["messages"]))
+        return parsed
+
+    history = msgs("task")
+    split = []
+    for turn in range(12):
+        marked = [*history[:-1], {**history[-1], "cache_control": {"type": "ephemeral"}}]
+        split.append(send(body(marked)).entry is not None)
+        history.append({"role": "user", "content": f"step {turn}"})
+    assert split == [True, True, False, False, False, False, False, False, True, False, False, False]
+    # Then the client sends plain appends: split again at the next retry, extended from then on.
+    while send(body(history)).entry is None:
+        history.append({"role": "user", "content": "next"})
+    assert len(history) == 17  # split at the 16th miss in a row (a retry), 4 bodies later
+    assert send(body([*history, *msgs("more")])).reused == len(history)
+    assert send(body([*history, *msgs("more", "again")])).reused == len(history) + 1

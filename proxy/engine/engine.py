@@ -171,13 +171,16 @@ class Engine:
         # Items identical to the last request's need no checking or hashing again (see prefix.py).
         by_bytes = parsed is not None and parsed.entry is not None and parsed.entry.body is body
         raws = parsed.entry.raws if by_bytes else dialect.transcript(body)  # type: ignore[union-attr]
-        known = parsed.hashes if by_bytes else self.prefixes.known_prefix(key, raws)  # type: ignore[union-attr]
+        # A body parsed whole (an edit; Claude Code's breakpoint moving to the newest message) still
+        # shares its leading items with the last request: the prefix cache finds them by value.
+        extended = by_bytes and parsed.reused > 0  # type: ignore[union-attr]
+        known = parsed.hashes if extended else self.prefixes.known_prefix(key, raws)  # type: ignore[union-attr]
         # Checking and hashing cost what is new: off the loop only if that is large.
-        fresh = parsed.fresh if by_bytes and parsed.fresh is not None else request.size  # type: ignore[union-attr]
+        fresh = parsed.fresh if extended and parsed.fresh is not None else request.size  # type: ignore[union-attr]
         hashes = known + await validated_hashes(dialect.validate, codec.hash, raws, len(known), fresh)
         if by_bytes:
             self.bodies.remember(parsed.key, parsed, hashes)  # type: ignore[union-attr]
-        else:
+        if not extended:
             self.prefixes.remember(key, raws, hashes, size=request.size)
         model = dialect.model(body)
         profile = request.profile
