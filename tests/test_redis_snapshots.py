@@ -49,6 +49,7 @@ class Replicas:
     def __init__(self, url: str) -> None:
         self.url, self.prefix = url, f"cp-test-{uuid.uuid4().hex[:8]}:"
         self.made: list[RedisStore] = []
+        self._reader: RedisStore | None = None
 
     def __call__(self) -> RedisStore:
         store = RedisStore(self.url, prefix=self.prefix)
@@ -56,12 +57,13 @@ class Replicas:
         return store
 
     async def whole(self, key: ConversationKey) -> Conversation | None:
-        """The record as a replica that holds no snapshot reads it."""
-        fresh = RedisStore(self.url, prefix=self.prefix)
-        try:
-            return await fresh.get(key)
-        finally:
-            await fresh.close()
+        """The record as a replica that holds no snapshot reads it (one reader, its snapshot let
+        go before each read: a new client per read made hundreds of connections, and one of them
+        could time out on a loaded machine)."""
+        if self._reader is None:
+            self._reader = self()
+        self._reader._snapshots.drop(key)
+        return await self._reader.get(key)
 
     async def check(self, store: RedisStore, key: ConversationKey = A) -> Conversation | None:
         got = await store.get(key)
