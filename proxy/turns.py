@@ -1,7 +1,8 @@
 """The store side of one turn: its new items go in as pending, then end live or failed.
 
 Two writes on a turn's path: the new items before anything is forwarded, and the end (statuses,
-the reply, the turn's record, its upstream calls and first-forwarded marks) in one step.
+the reply, the turn's record, its upstream calls, first-forwarded marks and the cuts its stages
+moved) in one step.
 
 Every write of a turn runs as its own task, chained after the previous one and shielded from
 the request's cancellation: a client that hangs up mid-turn cannot leave a write half done, and
@@ -81,6 +82,7 @@ class TurnWriter:
         await self.store.finish_turn(
             self.key, changes, list(zip(reply, hashes, strict=True)), reply_status, record,
             llm_calls=self.llm_calls, forwarded=self.forwarded,
+            marks=self.report.marks if self.report is not None else None,
         )
         self.ended = (status, reply_status)
 

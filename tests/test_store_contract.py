@@ -296,6 +296,25 @@ async def test_marks_are_kept_on_the_conversation_and_set_one_by_one(store):
     assert (await store.get(B)) is None
 
 
+async def test_a_turns_end_keeps_the_marks_its_stages_moved_in_the_same_step(store):
+    """A window's new cut goes with the turn's end (no third write), failed turn or not; a bad
+    seq keeps neither the end nor the marks."""
+    pending = await add(store, A, ["question"], PENDING)
+    reply = {"role": "assistant", "content": "answer"}
+    await store.set_marks(A, {"mask_through": 1})
+    await store.finish_turn(A, {pending[0]: LIVE}, [(reply, message_hash(reply))], LIVE, {"tokens_sent": 5},
+                            marks={"window_start": 2})
+    assert (await store.get(A)).marks == {"mask_through": 1, "window_start": 2}
+    refused = await add(store, A, ["again"], PENDING)
+    with pytest.raises(KeyError):
+        await store.finish_turn(A, {999: LIVE}, [], LIVE, None, marks={"window_start": 7})
+    assert (await store.get(A)).marks == {"mask_through": 1, "window_start": 2}
+    await store.finish_turn(A, {refused[0]: FAILED}, [], FAILED, None, marks={"window_start": 3})
+    conversation = await store.get(A)
+    assert conversation.marks == {"mask_through": 1, "window_start": 3}
+    assert [m.status for m in await store.messages(A, live_only=False)] == [LIVE, LIVE, FAILED]
+
+
 # -- import_conversation: what `context-proxy import` writes ---------------------------------------
 
 C = ConversationKey("tenant-c", "copy")  # another tenant: a copy may keep the original's response ids

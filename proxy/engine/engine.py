@@ -233,7 +233,7 @@ class Engine:
         """After the exchange: every write of the turn landed (the next turn of this conversation
         must see them), the cuts it moved kept, and what the next turn reuses."""
         await writer.settled()
-        if report.marks:  # a cut moved: the next turns start from it
+        if report.marks and writer.ended is None:  # a cut moved, and no end of the turn kept it
             await self.store.set_marks(key, report.marks)
         if fast is not None:
             fast.done(turn, report, ended_well and writer.ended == (LIVE, LIVE))

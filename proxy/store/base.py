@@ -433,6 +433,7 @@ class Store(Protocol):
         *,
         llm_calls: int = 0,
         forwarded: Mapping[int, int] | None = None,
+        marks: Mapping[str, int] | None = None,
     ) -> int | None:
         """End a turn in one atomic step: status changes, then the reply's items (message, hash)
         appended with `reply_status`, then the turn's record (what was sent upstream) kept; a
@@ -440,8 +441,9 @@ class Store(Protocol):
         of the conversation (TurnFacts: model, client, title, task, a failure) is kept on the
         conversation, a failed one also listing it among the failed (`list_conversations(failed=True)`).
         The turn's `llm_calls` are counted (as `count_llm_call` would, one by one) and its
-        `forwarded` marks recorded (as `mark_forwarded` would): so a turn writes twice, its new
-        items before it forwards them and this. Returns the seq of the reply's first item (None
+        `forwarded` marks recorded (as `mark_forwarded` would), and the named `marks` its stages
+        moved set (as `set_marks` would): so a turn writes twice, its new items before it forwards
+        them and this. Returns the seq of the reply's first item (None
         without a reply)."""
 
     async def response_owner(self, tenant: str, response_id: str) -> tuple[str, int] | None:

@@ -941,12 +941,13 @@ class DiskStore:
         *,
         llm_calls: int = 0,
         forwarded: Mapping[int, int] | None = None,
+        marks: Mapping[str, int] | None = None,
     ) -> int | None:
         if not set(changes.values()) <= STATUSES or (reply and reply_status not in STATUSES):
             raise ValueError("unknown status")
         return await self._write(
             self._finish_turn, key, dict(changes), list(reply), reply_status, dict(record) if record else None,
-            llm_calls, dict(forwarded or {}),
+            llm_calls, dict(forwarded or {}), dict(marks or {}),
         )
 
     def _finish_turn(
@@ -958,6 +959,7 @@ class DiskStore:
         record: dict[str, Any] | None,
         llm_calls: int = 0,
         forwarded: dict[int, int] | None = None,
+        marks: dict[str, int] | None = None,
     ) -> int | None:
         def end(conversation: _Record) -> int | None:  # one save of the record per turn's end
             fields = conversation.fields
@@ -965,6 +967,8 @@ class DiskStore:
             if forwarded:
                 conversation.forward(forwarded)
             self._change_statuses(key, conversation, changes)
+            if marks:
+                fields.setdefault("marks", {}).update(marks)
             seq = None
             if reply:
                 seq = self._add_messages(conversation, [m for m, _ in reply], [h for _, h in reply], reply_status)[0]

@@ -297,24 +297,24 @@ FINISH_TURN = PRELUDE + """
 -- pairs, then the reply's response id ('' = none), then the turn record's JSON ('' = none), then
 -- what the record tells of the conversation (TurnFacts): m, m (field, value) pairs for the meta
 -- hash, the task ('' = none), the failure's JSON ('' = the turn did not fail); then the turn's
--- upstream calls, f, f (seq, calls) first-forwarded marks; then (seq, status) changes. Returns the
--- reply's first seq.
+-- upstream calls, f, f (seq, calls) first-forwarded marks, k, k (field, seq) named marks for the
+-- meta hash; then (seq, status) changes. Returns the reply's first seq.
 local n = tonumber(ARGV[5])
 local record_at = 7 + 2 * n
 local task_at = record_at + 2 + 2 * tonumber(ARGV[record_at + 1])
 local calls_at = task_at + 2
 local calls, f = tonumber(ARGV[calls_at]), tonumber(ARGV[calls_at + 1])
-local changes_at = calls_at + 2 + 2 * f
+local marks_at = calls_at + 2 + 2 * f
+local changes_at = marks_at + 1 + 2 * tonumber(ARGV[marks_at])
 local refused = check_statuses(changes_at)
 if refused then return refused end
-if calls > 0 then
-  ensure()
-  redis.call('HINCRBY', meta, 'llm_calls', calls)
-end
-for i = calls_at + 2, changes_at - 1, 2 do
+if calls > 0 or changes_at > marks_at + 1 then ensure() end
+if calls > 0 then redis.call('HINCRBY', meta, 'llm_calls', calls) end
+for i = calls_at + 2, marks_at - 1, 2 do
   redis.call('HSET', fwd, ARGV[i], ARGV[i + 1])
   touch(ARGV[i])
 end
+for i = marks_at + 1, changes_at - 1, 2 do redis.call('HSET', meta, ARGV[i], ARGV[i + 1]) end
 set_statuses(changes_at)
 local seq = false
 if n > 0 then seq = append(ARGV[4], 6, record_at - 2) end
@@ -992,6 +992,7 @@ class RedisStore:
         *,
         llm_calls: int = 0,
         forwarded: Mapping[int, int] | None = None,
+        marks: Mapping[str, int] | None = None,
     ) -> int | None:
         if not set(changes.values()) <= STATUSES or (reply and reply_status not in STATUSES):
             raise ValueError("unknown status")
@@ -1003,10 +1004,11 @@ class RedisStore:
         facts = TurnFacts.of(record or {})
         fields = [x for name, value in facts.latest.items() for x in (name, value)]
         failure = _turn_dumps({"created_at": (record or {}).get("created_at"), **facts.error}) if facts.error else ""
-        marks = [x for seq, calls in (forwarded or {}).items() for x in (seq, calls)]
+        first = [x for seq, calls in (forwarded or {}).items() for x in (seq, calls)]
+        named = [x for name, seq in (marks or {}).items() for x in (MARK + name, int(seq))]
         args = self._args(
-            key, reply_status, len(reply), *items, response_id, record_json,
-            len(facts.latest), *fields, facts.task or "", failure, llm_calls, len(marks) // 2, *marks, *pairs,
+            key, reply_status, len(reply), *items, response_id, record_json, len(facts.latest), *fields,
+            facts.task or "", failure, llm_calls, len(first) // 2, *first, len(named) // 2, *named, *pairs,
             stamp=stamp,
         )
         with _missing_as_key_error(key):
