@@ -706,6 +706,9 @@ class Reply:
     # Streaming, chat and Responses: send every event but the closing ones, then hold the stream
     # open, parked like a hang. Non-streaming: a hang. Set with never_ending().
     never_ends: bool = False
+    # Streaming: every event, the stream's end included, then the connection held open (the
+    # body's last chunk never sent), parked like a hang until the client leaves. Set with held_open().
+    holds_open: bool = False
     # Set when the pause point (or the hang) is reached, for tests to synchronise on.
     reached: threading.Event = field(default_factory=threading.Event, repr=False)
     # Set when the client went away while this reply was being served. Certain while parked
@@ -769,6 +772,12 @@ class Reply:
     def never_ending(self) -> Reply:
         """This reply, streamed without its end: no finish, no [DONE] / response.completed."""
         self.never_ends = True
+        return self
+
+    def held_open(self) -> Reply:
+        """This reply, streamed whole ([DONE] / response.completed sent), its connection then
+        held open: the proxy is still waiting for the body's end when its client hangs up."""
+        self.holds_open = True
         return self
 
     def failing_after(
@@ -1191,7 +1200,7 @@ class FakeUpstream:
                     await self._park(reply, reply.gate.wait())
                 if sent < len(events):
                     await response.write(events[sent])  # written (flushed) one by one
-            if not (reply.never_ends and reply.error_after_chunks is None):
+            if not ((reply.never_ends or reply.holds_open) and reply.error_after_chunks is None):
                 await response.write_eof()
                 return response
             await self._park(reply, reply.gate.wait())

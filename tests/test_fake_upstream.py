@@ -844,6 +844,25 @@ async def test_a_chat_stream_that_never_ends(fake: FakeUpstream, include_usage: 
 
 
 @pytest.mark.asyncio
+async def test_a_chat_stream_held_open_after_its_end(fake: FakeUpstream) -> None:
+    reply = Reply.text("ab").held_open()
+    fake.enqueue(reply)
+    body = {"model": "m", "messages": [user("hi")], "stream": True}
+
+    async with aiohttp.ClientSession() as session:
+        resp = await session.post(f"{fake.base_url}/chat/completions", json=body, headers=AUTH)
+        assert await wait_for_event(reply.reached)
+        events = [await read_sse_event(resp) for _ in range(4)]  # role, "ab", the finish, [DONE]
+        held = asyncio.ensure_future(resp.content.read(1))
+        with pytest.raises(asyncio.TimeoutError):  # the body never ends
+            await asyncio.wait_for(asyncio.shield(held), 0.2)
+        resp.close()
+
+    assert events[-1] == "[DONE]" and json.loads(events[2])["choices"][0]["finish_reason"] == "stop"
+    assert await wait_for_event(reply.client_gone)
+
+
+@pytest.mark.asyncio
 async def test_releasing_a_never_ending_chat_stream_drops_it(fake: FakeUpstream, sdk: AsyncOpenAI) -> None:
     reply = Reply.text("abc").never_ending()
     fake.enqueue(reply)

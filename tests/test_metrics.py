@@ -13,6 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import ALICE, openai_client
 from tests.fake_upstream import Reply
+from tests.harness import wait_until
+from tests.responders import by_kind, is_summary_request
 
 BIG = "z" * 30_000
 
@@ -115,3 +117,60 @@ def test_full_history_turns_are_counted_by_how_their_prompt_was_made(make_proxy,
     samples = scrape(proxy)
     counted = {o: value(samples, "context_proxy_fast_path_turns_total", outcome=o) for o in ("taken", "declined", "none")}
     assert counted == {"none": 2.0, "taken": 2.0, "declined": 1.0}
+
+
+
+
+def _streamed_turn(proxy, upstream, conversation: str, history: list[dict], *, leave_at_finish: bool = False) -> str:
+    """One streamed turn; with `leave_at_finish` the client hangs up once it has the finish
+    chunk, while the proxy, whose upstream holds its connection open after the stream's end,
+    is still waiting for the body's end: aiohttp cancels the proxy's handler then. Bodies are
+    dumped alike turn after turn, so each extends the last one byte for byte."""
+    held = Reply.text("streamed answer").held_open() if leave_at_finish else Reply.text("streamed answer")
+    upstream.enqueue(held)
+    body = json.dumps({"model": "gpt-4o-mini", "messages": history, "stream": True})
+    headers = {"Authorization": f"Bearer {ALICE}", "X-Conversation-ID": conversation, "Content-Type": "application/json"}
+    text = ""
+    with httpx.stream("POST", f"{proxy.base_url}/chat/completions", content=body, headers=headers, timeout=30) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            choices = json.loads(line[len("data: "):]).get("choices") or [{}]
+            text += choices[0].get("delta", {}).get("content") or ""
+            if leave_at_finish and choices[0].get("finish_reason"):
+                break  # leaving: the response is closed unread
+    if leave_at_finish:
+        assert held.client_gone.wait(10)  # the proxy let go of the upstream: its handler ended
+    return text
+
+
+def _turns(proxy, conversation: str) -> int:
+    return len(httpx.get(f"{proxy.url}/v1/conversations/{conversation}/turns").json()["data"])
+
+
+def test_a_stream_its_client_leaves_at_its_end_leaves_its_work_for_the_next_turn(make_proxy, upstream):
+    """The turn left was whole (its items and its reply joined the live transcript), so the
+    next turn, which extends its body, takes the fast path."""
+    proxy = make_proxy(server={"fast_path": True})
+    history = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "count to three"}]
+    for n, leave in enumerate((False, True)):
+        history += [{"role": "assistant", "content": _streamed_turn(proxy, upstream, "left-at-end", history, leave_at_finish=leave)},
+                    {"role": "user", "content": f"and again {n}"}]
+    wait_until(lambda: _turns(proxy, "left-at-end") == 2, what="the turn left at its end stored")
+    taken = value(scrape(proxy), "context_proxy_fast_path_turns_total", outcome="taken")
+    assert _streamed_turn(proxy, upstream, "left-at-end", history) == "streamed answer"
+    assert value(scrape(proxy), "context_proxy_fast_path_turns_total", outcome="taken") == taken + 1
+
+
+def test_a_stream_its_client_leaves_at_its_end_still_compacts_after_it(make_proxy, upstream):
+    """Background compaction is scheduled by a turn that ended whole, its client gone or not."""
+    proxy = make_proxy(compaction={"strategy": "turns", "every_n_user_messages": 2, "background": True})
+    upstream.responder = by_kind()
+    history = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "count to three"}]
+    for n in range(2):
+        history += [{"role": "assistant", "content": _streamed_turn(proxy, upstream, "left-then-compacted", history)},
+                    {"role": "user", "content": f"go on {n}"}]
+    assert not any(is_summary_request(b) for b in upstream.chat_requests())
+    _streamed_turn(proxy, upstream, "left-then-compacted", history, leave_at_finish=True)  # two since the task: due
+    wait_until(lambda: any(is_summary_request(b) for b in upstream.chat_requests()), what="a summary asked for")

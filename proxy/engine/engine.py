@@ -213,31 +213,32 @@ class Engine:
                 fast,
                 query=request.query,
             )
-            ended_well = False
             try:
-                outcome = await exchange.run()
-                ended_well = 200 <= outcome.status < 300 and report.stream_error is None
+                return await exchange.run()
             finally:
                 # Whole even when the client hangs up meanwhile (aiohttp then cancels this handler:
-                # the openai client closes a stream at its [DONE]): a cut's mark lost would make
-                # the next turn's window start elsewhere.
-                await whole(self._end_turn(key, turn, report, writer, fast, ended_well))
-        if request.compaction is None and profile.compaction.background and 200 <= outcome.status < 300:
-            self.compaction.schedule(job)  # after the reply: never on the request's critical path
-        return outcome
+                # the openai client closes a stream at its [DONE], while we still wait for the
+                # body's end): a cut's mark lost would make the next turn's window start elsewhere.
+                compact = request.compaction is None and profile.compaction.background
+                await whole(self._end_turn(key, turn, report, writer, fast, job if compact else None))
 
     async def _end_turn(
         self, key: ConversationKey, turn: Turn, report: TurnReport, writer: TurnWriter, fast: FastTurn | None,
-        ended_well: bool,
+        compaction: CompactionJob | None,
     ) -> None:
         """After the exchange: every write of the turn landed (the next turn of this conversation
-        must see them), the cuts it moved kept, and what the next turn reuses."""
+        must see them), the cuts it moved kept, what the next turn reuses, and the background
+        `compaction` scheduled. A turn ended well when its items and its whole reply joined the
+        live transcript, whether or not its client stayed to the end of the response."""
         await writer.settled()
         if report.marks and writer.ended is None:  # a cut moved, and no end of the turn kept it
             await self.store.set_marks(key, report.marks)
+        ended_well = writer.ended == (LIVE, LIVE) and report.stream_error is None
         if fast is not None:
-            fast.done(turn, report, ended_well and writer.ended == (LIVE, LIVE))
+            fast.done(turn, report, ended_well)
             self.metrics.fast_path.labels(fast.outcome).inc()
+        if compaction is not None and ended_well:
+            self.compaction.schedule(compaction)  # after the reply: never on the request's critical path
 
     async def dry_run(self, request: TurnRequest, key: ConversationKey, report: TurnReport) -> dict:
         """The body a turn of `request` would send upstream first, worked out without writing

@@ -270,6 +270,7 @@ class Exchange:
             # accept the turn, so the request stays; the reply is kept whole if it was, else incomplete.
             if not relay.finished:
                 self.report.failed("The client went away before the reply was complete", status=None, source="client")
+            self.report.response_id = relay.response_id  # a reply kept whole is still named by it
             await self.writer.accept(relay.seen(), LIVE if relay.finished else INCOMPLETE)
             if not relay.finished:
                 log.info("client went away mid-stream", extra={"conversation": str(self.turn.key)})
