@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from string import Template
@@ -137,12 +138,15 @@ def fit(text: str, room: int, measure: Callable[[str], int], start: int = 0) -> 
     return start
 
 
-async def current(store: Store, tenant: str, namespace: str) -> KnowledgeVersion:
-    """The newest version, seeding the document from the template when it has none yet."""
+async def current(store: Store, tenant: str, namespace: str, *, write: bool = True) -> KnowledgeVersion:
+    """The newest version, seeding the document from the template when it has none yet; without
+    `write` (a count of a prompt writes nothing) an unseeded document is the seed as it would be."""
     for _ in range(CAS_TRIES):
         found = await store.knowledge(tenant, namespace)
         if found is not None:
             return found
+        if not write:
+            return KnowledgeVersion(tenant, namespace, 1, template(), time.time(), "seed")
         seeded = await store.put_knowledge(tenant, namespace, template(), "seed", base_version=0)
         if seeded is not None:
             return seeded

@@ -15,6 +15,8 @@ from proxy.knowledge import append_section, replace_section, sections
 from tests.conftest import ALICE, BOB, openai_client
 from tests.fake_upstream import Reply, default_responder
 from tests.harness import ProxyServer
+from tests.messages_helpers import MODEL as CLAUDE_MODEL
+from tests.messages_helpers import claude_client, messages_proxy
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object", "properties": {}}}}]
@@ -181,6 +183,17 @@ def test_versions_and_diffs_through_the_admin_api(make_proxy, upstream):
         assert http.put("/v1/knowledge", json={"text": 1}, headers=AUTH).status_code == 400
         assert http.put("/v1/knowledge/bad%20name", json={"text": "x"}, headers=AUTH).status_code == 400
         assert http.get("/v1/knowledge", headers=AUTH).json()["version"] == 3
+
+
+def test_a_count_of_tokens_carries_the_seed_document_and_writes_no_version(make_proxy, upstream, http_to):
+    """Anthropic's count_tokens is a dry run: the document it counts is the seed a first turn
+    would write, and nothing is written (the tenant still has no version)."""
+    proxy = messages_proxy(make_proxy, upstream, **ON, admin={"token": "kn-admin"})
+    counted = claude_client(proxy).messages.count_tokens(model=CLAUDE_MODEL, messages=[user("Hi")])
+    assert counted.input_tokens > 0
+    [sent] = upstream.anthropic.count_tokens_requests()
+    assert "Long-term knowledge" in json.dumps(sent["system"])
+    assert http_to(proxy).get("/v1/knowledge/versions", headers=AUTH).json()["data"] == []
 
 
 def test_an_edit_past_the_budget_is_refused_and_changes_nothing(make_proxy, upstream, http_to):

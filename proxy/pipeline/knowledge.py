@@ -139,7 +139,8 @@ async def _moment(turn: Turn, mark: int | None) -> float:
 
 async def _version_at(turn: Turn, moment: float) -> KnowledgeVersion:
     tenant, namespace = _document(turn)
-    return await turn.store.knowledge_at(tenant, namespace, moment) or await current(turn.store, tenant, namespace)
+    found = await turn.store.knowledge_at(tenant, namespace, moment)
+    return found or await current(turn.store, tenant, namespace, write=not turn.dry_run)
 
 
 def _render(turn: Turn, version: KnowledgeVersion) -> str:
