@@ -20,6 +20,8 @@ from proxy.telemetry import NO_TELEMETRY
 from tests.conftest import openai_client
 from tests.fake_upstream import Reply, default_responder
 from tests.harness import ROOT, proxy_settings
+from tests.messages_helpers import MODEL as CLAUDE_MODEL
+from tests.messages_helpers import claude_client
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.responders import by_kind
 
@@ -222,6 +224,38 @@ def test_responses_turns_report_the_upstreams_cache_reads_and_streams_end_their_
         assert turn.attributes["gen_ai.response.id"] == reply.id
         [call] = children(spans, turn)
         assert call.end_ns <= turn.end_ns and call.attributes["context_proxy.usage.output_tokens"] == reply.usage.output_tokens
+    assert by_time[1].attributes["gen_ai.usage.cache_read.input_tokens"] > 0  # the second prompt extends the first
+
+
+def test_messages_turns_are_anthropic_chat_spans_with_the_cache_the_upstream_reported(make_proxy, upstream, otlp):
+    """A Messages turn (the anthropic client, as Claude Code speaks it), plain and streamed: one
+    GenAI span each, served by Anthropic at the Anthropic base URL, its usage with the cache
+    reads and writes the upstream reported counted in, and one upstream-call child."""
+    proxy = make_proxy(telemetry={"otlp_endpoint": otlp.endpoint}, upstream={"anthropic_base_url": upstream.anthropic.base_url})
+    client = claude_client(proxy, headers={"X-Claude-Code-Session-Id": "claude-ledger"})
+    system = [{"type": "text", "text": "You keep books.", "cache_control": {"type": "ephemeral"}}]
+    messages: list = [{"role": "user", "content": TASK}]
+    first = client.messages.create(model=CLAUDE_MODEL, max_tokens=100, system=system, messages=messages)
+    messages += [{"role": "assistant", "content": first.content[0].text}, {"role": "user", "content": "and the next quarter"}]
+    with client.messages.stream(model=CLAUDE_MODEL, max_tokens=100, system=system, messages=messages) as stream:
+        second = stream.get_final_message()
+    spans = otlp.wait_for(lambda spans: has_turns(2)(spans) and sum(s.kind == "CLIENT" for s in spans) >= 2)
+    by_time = sorted(turns(spans), key=lambda s: s.start_ns)
+    port = int(upstream.anthropic.base_url.rsplit(":", 1)[1].split("/")[0])
+    for turn, reply in zip(by_time, (first, second), strict=True):
+        a = turn.attributes
+        assert turn.name == f"chat {CLAUDE_MODEL}" and a["gen_ai.provider.name"] == "anthropic"
+        assert a["gen_ai.conversation.id"] == "claude-ledger" and a["gen_ai.request.model"] == CLAUDE_MODEL
+        assert "openai.api.type" not in a and a["server.port"] == port
+        usage = reply.usage
+        read, written = usage.cache_read_input_tokens or 0, usage.cache_creation_input_tokens or 0
+        assert a["gen_ai.usage.input_tokens"] == usage.input_tokens + read + written
+        assert a["gen_ai.usage.cache_read.input_tokens"] == read
+        assert a.get("gen_ai.usage.cache_creation.input_tokens", 0) == written
+        assert a["gen_ai.usage.output_tokens"] == usage.output_tokens
+        [call] = children(spans, turn)
+        assert call.kind == "CLIENT" and call.end_ns <= turn.end_ns
+        assert call.attributes["context_proxy.usage.output_tokens"] == usage.output_tokens
     assert by_time[1].attributes["gen_ai.usage.cache_read.input_tokens"] > 0  # the second prompt extends the first
 
 
