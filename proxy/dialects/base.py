@@ -121,6 +121,31 @@ class StreamRelay(Protocol):
     def usage(self) -> dict[str, Any] | None: ...
 
 
+class OneMessageRelay:
+    """What a relay whose reply is one assembled message (chat, Messages) says of it, from its
+    assemblers: `_seen` of what the client saw, `_round` of the round under way; `_usage` sums
+    the rounds before it. Neither format names a reply a later request can point back at."""
+
+    _seen: Any
+    _round: Any
+    _usage: dict[str, Any] | None
+
+    @property
+    def finished(self) -> bool:
+        return self._seen.complete or self._seen.done
+
+    def seen(self) -> list[Raw]:
+        return [] if self._seen.empty else [self._seen.message()]
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        return self._round.usage or self._usage
+
+    @property
+    def response_id(self) -> str | None:
+        return None
+
+
 class Dialect(Protocol):
     name: str  # "chat", "responses", "messages": also the conversation's stored format
     codec: Codec

@@ -15,14 +15,13 @@ import orjson
 
 from ..errors import ProxyError, error_body
 from ..messages import message_calls
-from ..transcript import Raw
 from ..upstream.sse import ReplyAssembler, SSEParser
-from .base import ReplyRead, RoundEnd
+from .base import OneMessageRelay, ReplyRead, RoundEnd
 
 DONE = b"data: [DONE]"
 
 
-class ChatRelay:
+class ChatRelay(OneMessageRelay):
     def __init__(self) -> None:
         self._seen = ReplyAssembler()  # what the client saw, across rounds
         self._round = self._seen
@@ -96,21 +95,6 @@ class ChatRelay:
         if self._seen.error is not None:
             return b""  # the upstream's own error event went to the client already
         return b"data: " + orjson.dumps(error_body(exc.message, exc.type, exc.code, exc.param)) + b"\n\n"
-
-    @property
-    def finished(self) -> bool:
-        return self._seen.complete or self._seen.done
-
-    def seen(self) -> list[Raw]:
-        return [] if self._seen.empty else [self._seen.message()]
-
-    @property
-    def usage(self) -> dict[str, Any] | None:
-        return self._round.usage or self._usage
-
-    @property
-    def response_id(self) -> str | None:
-        return None
 
     @property
     def upstream_error(self) -> str | None:

@@ -23,7 +23,7 @@ import orjson
 
 from ..errors import ProxyError
 from ..transcript import Call, Raw
-from .base import ReplyRead, RoundEnd
+from .base import OneMessageRelay, ReplyRead, RoundEnd
 
 log = logging.getLogger("proxy.messages")
 
@@ -216,7 +216,7 @@ class MessageAssembler:
         return {"role": "assistant", "content": self.content()}
 
 
-class MessagesRelay:
+class MessagesRelay(OneMessageRelay):
     def __init__(self) -> None:
         self._seen = MessageAssembler()  # what the client saw, in the client's indexes
         self._round = self._seen  # this round, in the upstream's indexes
@@ -289,21 +289,6 @@ class MessagesRelay:
         if self._upstream_error is not None:  # the upstream's own error event went out already, unmodified
             return b""
         return sse_event(error_body(exc))
-
-    @property
-    def finished(self) -> bool:
-        return self._seen.complete or self._seen.done
-
-    def seen(self) -> list[Raw]:
-        return [] if self._seen.empty else [self._seen.message()]
-
-    @property
-    def usage(self) -> dict[str, Any] | None:
-        return self._round.usage or self._usage
-
-    @property
-    def response_id(self) -> str | None:
-        return None  # Messages requests name no earlier reply
 
     @property
     def upstream_error(self) -> str | None:
