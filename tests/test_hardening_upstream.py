@@ -5,6 +5,7 @@ incomplete reply in the trajectory no larger than the bound, and the proxy's mem
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import httpx
@@ -130,6 +131,24 @@ def test_silence_mid_stream_is_cut_at_timeout_s(make_proxy, upstream):
     assert events[-1]["error"]["code"] == "upstream_timeout" and "0.5s" in events[-1]["error"]["message"]
     reply = stored_reply(http, "silent")
     assert reply is not None and reply["status"] == "incomplete" and reply["content"] == "half and"
+
+
+def test_a_client_that_stops_reading_is_no_silence_of_the_upstream(make_proxy, upstream):
+    """While the proxy waits to write to a client that reads nothing (its socket buffers full),
+    it is not reading the upstream: that time is not the upstream's silence (timeout_s)."""
+    proxy = make_proxy(upstream={"timeout_s": 0.5})
+    text = "".join(f"{i:07d} " for i in range(1_500_000))  # 12 MB of deltas: more than loopback buffers hold
+    upstream.enqueue(Reply.text(text, chunk_size=60_000))
+    body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "a long one"}], "stream": True}
+    headers = {"Authorization": f"Bearer {ALICE}", "X-Conversation-ID": "slow-reader"}
+    with httpx.stream("POST", f"{proxy.base_url}/chat/completions", json=body, headers=headers, timeout=60) as response:
+        lines = response.iter_lines()
+        first = next(lines)
+        threading.Event().wait(2.0)  # the client reading nothing, four times timeout_s: the behaviour under test
+        rest = list(lines)
+    events = [json.loads(line[6:]) for line in [first, *rest] if line.startswith("data: {")]
+    assert not any("error" in e for e in events)
+    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices")) == text
 
 
 def test_a_declared_length_over_the_bound_is_refused_before_reading(make_proxy, raw_upstream_of):
