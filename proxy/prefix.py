@@ -13,6 +13,7 @@ conversation goes first).
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -78,6 +79,14 @@ BODY_BYTES = 32 * 2**20
 PARSED = 2  # bytes of parsed objects per byte of JSON
 MAX_BODIES = 512
 SKIP_AFTER, RETRY_EVERY = 2, 8  # full parses in a row before a client's bodies are no longer split, and retries
+# Separators of a body's transcript kept (the newest): where a request that sends its last items
+# again, changed, may part from the previous one. A full parse finds one before the last RESENT
+# items (Claude Code moves its cache breakpoints, on the newest one or two messages, every turn).
+MAX_SEPARATORS = 8
+RESENT = 4
+# JSON's strings and structural bytes: a transcript array's separators, read from a known element start.
+_TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},]', re.S)
+COMMA, QUOTE, OPENERS = ord(","), ord('"'), (ord("["), ord("{"))
 
 
 # A body's transcript array -> the transcript's items, where a dialect makes several of one element
@@ -104,17 +113,23 @@ class ParsedBody:
         return self.origin.hashes[: self.reused] if self.origin is not None else []
 
 
+# A separator of a transcript array: (the offset of its comma in the body, the index of the element after it).
+Separator = tuple[int, int]
+
+
 @dataclass(slots=True)
 class BodyEntry:
     """One request body, split where its transcript array closes: `head` (everything before the
     closing bracket, the items included) and `tail` (the bracket and everything after it).
-    `head` is a view of the body's bytes, not a copy: a 2 MB body is not copied again each turn."""
+    `head` is a view of the body's bytes, not a copy: a 2 MB body is not copied again each turn.
+    `separators`: some of its transcript's separators, proven, in order (the newest few)."""
 
     head: memoryview
     tail: bytes
     body: dict[str, Any]
     raws: list[Any]  # the transcript's items: the body's array, or its parts (see Parts)
     hashes: list[str] = field(default_factory=list)  # set once the request was checked
+    separators: tuple[Separator, ...] = ()
 
     @property
     def size(self) -> int:
@@ -130,9 +145,14 @@ class BodyCache:
     bytes after it. Such a body is recognised by bytes (`startswith`/`endswith`, memcmp speed)
     and only its new items are parsed, as one small array; the rest is the previous request's
     parsed objects. JSON is context-free, so items appended where the array closed parse exactly
-    as they would in the whole body. Anything else (an edited byte, a changed parameter) is
-    parsed whole. Where the transcript closes is found once per full parse, and proven by
-    parsing the body with an item inserted there.
+    as they would in the whole body. A client that sends its last items again changed (Claude
+    Code moves its cache breakpoint to the newest message: the one before loses it) repeats the
+    previous body up to a separator of its transcript instead: the items after it are parsed, the
+    ones before are the previous request's (`reused` says how many). Anything else (an edited
+    byte further back, a changed parameter) is parsed whole. Where the transcript closes, and a
+    separator before its last items, are found once per full parse, and proven by parsing the
+    body with an item inserted at each; later separators are read off bytes known to be
+    elements (`_separators`).
 
     Keyed by what names a client's conversation before the body is read (tenant, wire format,
     the conversation id it names); bounded by the bytes held, least recently used out first.
@@ -144,14 +164,15 @@ class BodyCache:
         self.max_bytes, self.enabled, self.on_evict = max_bytes, enabled, on_evict  # on_evict: what else lets go
         self._entries: OrderedDict[Any, BodyEntry] = OrderedDict()
         self._held = 0
-        # Full parses in a row under a key: a client whose bodies never extend the last one (Claude
-        # Code moves its cache breakpoint to the newest message, so the previous body's bytes change)
-        # gets no entry to prove (a second parse) but every RETRY_EVERY-th time.
+        # Full parses in a row under a key: a client whose bodies never extend the last one (one
+        # that rewrites its history further back than RESENT items every turn) gets no entry to
+        # prove (a second parse) but every RETRY_EVERY-th time.
         self._misses: OrderedDict[Any, int] = OrderedDict()
 
     def extend(self, key: Any, raw: bytes, transcript_key: str, parts: Parts | None = None) -> ParsedBody | None:
-        """`raw` read as the previous request under `key` plus new transcript items (parsed here,
-        on the loop: at most OFFLOAD_BYTES of them), or None: it must be parsed whole."""
+        """`raw` read as the previous request under `key` plus new transcript items, its last
+        ones perhaps sent again changed (parsed here, on the loop: at most OFFLOAD_BYTES of
+        them), or None: it must be parsed whole."""
         previous = self._entries.get(key) if self.enabled else None
         if previous is None or len(raw) - len(previous.head) - len(previous.tail) > OFFLOAD_BYTES:
             return None
@@ -205,12 +226,25 @@ class BodyCache:
 
 
 def _extend(previous: BodyEntry, raw: bytes, transcript_key: str, key: Any, parts: Parts | None) -> ParsedBody | None:
-    """`raw` as `previous` with items appended to its transcript, or None if it is not that."""
+    """`raw` as `previous` with items appended to its transcript, or with its items from one of
+    its separators on sent again (changed) and new ones after them; None if it is neither."""
     head, tail = previous.head, previous.tail
-    if len(raw) < len(head) + len(tail) or not raw.startswith(head) or not raw.endswith(tail):
+    # Nearly the whole body compared once (memcmp): up to the oldest separator kept, or all of it.
+    separators = previous.separators
+    base = separators[0][0] if separators else len(head)
+    if len(raw) < base + len(tail) or not raw.endswith(tail) or not raw.startswith(head[:base]):
         return None
+    if len(raw) >= len(head) + len(tail) and raw.startswith(head[base:], base):
+        return _appended(previous, raw, transcript_key, key, parts)
+    return _resent(previous, raw, transcript_key, key, parts) if separators else None
+
+
+def _appended(previous: BodyEntry, raw: bytes, transcript_key: str, key: Any, parts: Parts | None) -> ParsedBody | None:
+    """`raw` (which starts with `previous.head` and ends with its tail) as `previous` with items appended."""
+    head, tail = previous.head, previous.tail
     middle = raw[len(head) : len(raw) - len(tail)]
     added = middle.lstrip(JSON_SPACE)
+    separators = previous.separators
     if not added:
         new: list[Any] = []
     elif added[:1] == b"," and previous.raws:
@@ -220,13 +254,74 @@ def _extend(previous: BodyEntry, raw: bytes, transcript_key: str, key: Any, part
             return None
         if not new:  # a comma and nothing after it: not JSON
             return None
+        comma = len(head) + len(middle) - len(added)  # before the first new item: a separator, known for free
+        separators = (*separators, (comma, len(previous.body[transcript_key])))[-MAX_SEPARATORS:]
     else:
         return None
     raws = previous.raws + (new if parts is None else parts(new)) if new else previous.raws
     listed = previous.body[transcript_key]
     body = {**previous.body, transcript_key: raws if parts is None else listed + new if new else listed}
-    entry = BodyEntry(memoryview(raw)[: len(raw) - len(tail)] if new else head, tail, body, raws)
+    entry = BodyEntry(memoryview(raw)[: len(raw) - len(tail)] if new else head, tail, body, raws, separators=separators)
     return ParsedBody(body, len(previous.raws), previous, entry, key, fresh=len(middle))
+
+
+def _resent(previous: BodyEntry, raw: bytes, transcript_key: str, key: Any, parts: Parts | None) -> ParsedBody | None:
+    """`raw` (which ends with `previous.tail` and repeats its bytes up to its oldest separator
+    kept) as `previous` up to its newest separator `raw` repeats, then other items: the ones
+    after that separator sent again (changed) and new ones. JSON is context-free: after a
+    separator of the array, any items and the same closing bracket and tail parse as they would
+    in the whole body."""
+    head, separators = previous.head, previous.separators
+    base = separators[0][0]
+    at = len(separators) - 1  # the newest kept separator `raw` repeats the bytes up to (its comma included)
+    while at >= 0 and not raw.startswith(head[base : separators[at][0] + 1], base):
+        at -= 1
+    if at < 0:
+        return None
+    kept = list(separators[: at + 1])
+    # The separators after it (up to the next one kept, or the array's end), read off the previous
+    # body: the items from `kept[-1]` on are elements, so their bytes are read from a known start.
+    stop = separators[at + 1][0] if at + 1 < len(separators) else len(head)
+    for separator in _separators(head, kept[-1][0] + 1, stop, kept[-1][1]):
+        if not raw.startswith(head[kept[-1][0] : separator[0] + 1], kept[-1][0]):
+            break
+        kept.append(separator)
+    comma, index = kept[-1]
+    end = len(raw) - len(previous.tail)
+    if end - comma > OFFLOAD_BYTES:
+        return None
+    try:
+        new = orjson.loads(b"[" + raw[comma + 1 : end] + b"]")
+    except ValueError:
+        return None
+    if not new:  # a comma and nothing after it: not JSON
+        return None
+    listed = previous.body[transcript_key]
+    reused = index if parts is None else len(previous.raws) - len(parts(listed[index:]))
+    raws = previous.raws[:reused] + (new if parts is None else parts(new))
+    body = {**previous.body, transcript_key: raws if parts is None else listed[:index] + new}
+    entry = BodyEntry(memoryview(raw)[:end], previous.tail, body, raws, separators=tuple(kept[-MAX_SEPARATORS:]))
+    return ParsedBody(body, reused, previous, entry, key, fresh=end - comma)
+
+
+def _separators(data: Any, start: int, end: int, index: int) -> list[Separator]:
+    """The separators of a transcript array in `data[start:end]`, which starts where element
+    `index` does and holds whole elements (bytes of a body known to be valid JSON)."""
+    out: list[Separator] = []
+    depth = 0
+    for token in _TOKENS.finditer(data, start, end):
+        byte = data[token.start()]
+        if byte == QUOTE:
+            continue
+        if byte == COMMA:
+            if depth == 0:
+                index += 1
+                out.append((token.start(), index))
+        elif byte in OPENERS:
+            depth += 1
+        else:
+            depth -= 1
+    return out
 
 
 def _entry(raw: bytes, body: Any, transcript_key: str, parts: Parts | None = None) -> BodyEntry | None:
@@ -252,8 +347,42 @@ def _closed_at(raw: bytes, body: dict[str, Any], transcript_key: str, raws: list
         if end < 0:
             return None
         rest = raw[end + 1 :].lstrip(JSON_SPACE)
-        if _closes_transcript(rest, after) and _proven(raw, end, body, transcript_key):
+        if not _closes_transcript(rest, after):
+            continue
+        # One parse proves both where the array closes and a separator before its last items.
+        separator = _separator_before_last(raw, end, raws)
+        if separator is not None and _proven(raw, end, body, transcript_key, separator):
+            return BodyEntry(memoryview(raw)[:end], raw[end:], body, raws, separators=(separator,))
+        if _proven(raw, end, body, transcript_key):
             return BodyEntry(memoryview(raw)[:end], raw[end:], body, raws)
+    return None
+
+
+def _separator_before_last(raw: bytes, end: int, elements: list[Any]) -> Separator | None:
+    """A likely separator before the last RESENT elements of the array closing at `end` (fewer
+    when it has fewer): a comma before a `{` whose bytes up to `end` parse as those elements.
+    Found by trying (a comma in a string can look like one); the caller proves it."""
+    n = len(elements)
+    want = min(RESENT, n - 1)
+    if want < 1:
+        return None
+    at, tried = end, 0
+    while tried < MAX_CANDIDATES:
+        at = raw.rfind(b"{", 0, at)
+        if at <= 0:
+            return None
+        comma = at - 1
+        while comma > 0 and raw[comma] in JSON_SPACE:
+            comma -= 1
+        if raw[comma] != COMMA:
+            continue
+        tried += 1
+        try:
+            suffix = orjson.loads(b"[" + raw[comma + 1 : end] + b"]")
+        except ValueError:
+            continue
+        if len(suffix) < n and suffix == elements[n - len(suffix) :] and len(suffix) >= want:
+            return comma, n - len(suffix)
     return None
 
 
@@ -269,14 +398,26 @@ def _closes_transcript(rest: bytes, after: dict[str, Any]) -> bool:
         return False
 
 
-def _proven(raw: bytes, end: int, body: dict[str, Any], transcript_key: str) -> bool:
+def _proven(raw: bytes, end: int, body: dict[str, Any], transcript_key: str, separator: Separator | None = None) -> bool:
     """An item inserted at `end` lands last in the transcript (so it changes nothing else: the
-    bytes differ there only). Inserted anywhere else (in a string, a nested array, an earlier
-    duplicate of the transcript's key, a later key's value) the transcript would not gain a
-    last item 0."""
+    bytes differ there only); with `separator`, one inserted after its comma lands at its index
+    too. Inserted anywhere else (in a string, a nested array, an earlier duplicate of the
+    transcript's key, a later key's value) the transcript would not gain an item 0 there."""
+    if separator is None:
+        probe_raw = raw[:end] + b",0" + raw[end:]
+    else:
+        comma = separator[0] + 1
+        probe_raw = raw[:comma] + b"0," + raw[comma:end] + b",0" + raw[end:]
     try:
-        probe = orjson.loads(raw[:end] + b",0" + raw[end:])
+        probe = orjson.loads(probe_raw)
     except ValueError:
         return False
     items = probe.get(transcript_key) if isinstance(probe, dict) else None
-    return isinstance(items, list) and len(items) == len(body[transcript_key]) + 1 and items[-1] is not False and items[-1] == 0
+    added = 1 if separator is None else 2
+    if not isinstance(items, list) or len(items) != len(body[transcript_key]) + added or not _zero(items[-1]):
+        return False
+    return separator is None or _zero(items[separator[1]])
+
+
+def _zero(value: Any) -> bool:
+    return type(value) is int and value == 0

@@ -171,14 +171,36 @@ class Run:
         self.history.append({"role": "assistant", "content": text})
 
 
+BREAKPOINT = {"type": "ephemeral"}
+
+
+def with_breakpoint(message: dict[str, Any]) -> dict[str, Any]:
+    """`message` as Claude Code marks it: a cache breakpoint on its last block (a string becomes
+    a text block); a thinking block can't carry one."""
+    content = message["content"]
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+    if not blocks or blocks[-1].get("type") in ("thinking", "redacted_thinking"):
+        return message
+    blocks[-1] = {**blocks[-1], "cache_control": BREAKPOINT}
+    return {**message, "content": blocks}
+
+
 class MessagesRun(Run):
     """The run as an Anthropic client makes it: the system prompt top level, and messages that
     alternate, the model's tool_use blocks answered by the next user message's tool_results
-    (the user's own words, when it has some, after them)."""
+    (the user's own words, when it has some, after them). Like Claude Code, it moves a cache
+    breakpoint to the newest message on most turns, on some to the newest two (the messages
+    that held one last time come back without it, or as a string again), on a few it sends none."""
 
     def __init__(self, seed: int) -> None:
         super().__init__(seed, "messages")
         self.history = [self.user(TASK)]
+        self.breakpoints = random.Random(seed + 2)
+
+    def marked(self) -> list[dict[str, Any]]:
+        r = self.breakpoints.random()
+        marks = 0 if r < 0.15 else 2 if r < 0.4 else 1
+        return [*self.history[: len(self.history) - marks], *map(with_breakpoint, self.history[len(self.history) - marks :])]
 
     def change(self) -> None:
         r = self.rng.random()
@@ -210,7 +232,7 @@ class MessagesRun(Run):
         self.history.append({"role": "user", "content": [*results, *([{"type": "text", "text": words}] if words else [])]})
 
     def request(self, client: Any, stream: bool, headers: dict[str, str]) -> None:
-        params = {"model": CLAUDE_MODEL, "max_tokens": 1024, "system": SYSTEM, "messages": self.history,
+        params = {"model": CLAUDE_MODEL, "max_tokens": 1024, "system": SYSTEM, "messages": self.marked(),
                   "tools": TOOLS_MESSAGES, "extra_headers": headers}
         if stream:
             with client.messages.stream(**params) as events:
@@ -245,7 +267,7 @@ def test_the_fast_path_sends_what_the_whole_pipeline_sends_byte_for_byte(make_pr
     settings = {**SETTINGS, "upstream": {"anthropic_base_url": upstream.anthropic.base_url}}
     fast = make_proxy(data_dir=data, server={"fast_path": True}, **settings)
     sent_fast = drive(fast, upstream, dialect, TURNS)
-    taken = fast.app[ENGINE].fastpath.taken
+    taken, resent = fast.app[ENGINE].fastpath.taken, fast.app[ENGINE].fastpath.resent
     fast.stop()
     upstream.reset()
     full = make_proxy(data_dir=data, server={"fast_path": False}, **settings)
@@ -259,3 +281,5 @@ def test_the_fast_path_sends_what_the_whole_pipeline_sends_byte_for_byte(make_pr
     # The run took the fast path on many turns (summaries in force included), and the whole one
     # wherever it had to (a cut, a new summary, an inbox note, an edit, a regenerated turn...).
     assert TURNS // 8 <= taken < TURNS, taken
+    if dialect == "messages":  # most of them after a breakpoint moved: the last messages sent again changed
+        assert resent >= taken // 2, (resent, taken)

@@ -124,6 +124,7 @@ class FastPath:
         self._held = 0
         self.taken = 0  # turns that took the fast path (for tests and the bench)
         self.declined = 0  # turns that had a memo and still ran the whole pipeline
+        self.resent = 0  # of the turns taken, those whose request sent its last items again changed
 
     def turn(
         self, key: ConversationKey, parsed: ParsedBody | None, settings: tuple[Any, ...], encode: bool = True
@@ -139,7 +140,7 @@ class FastPath:
             memo = None
         if memo is not None:
             self._memos.move_to_end(key)
-        return FastTurn(self, key, parsed.entry, settings, memo, encode)
+        return FastTurn(self, key, parsed.entry, settings, memo, encode, parsed.reused)
 
     def keep(self, key: ConversationKey, memo: Memo) -> None:
         self.forget(key)
@@ -172,14 +173,17 @@ class FastTurn:
 
     def __init__(
         self, owner: FastPath, key: ConversationKey, entry: BodyEntry, settings: tuple[Any, ...], memo: Memo | None,
-        encode: bool = True,
+        encode: bool = True, reused: int = 0,
     ) -> None:
         self.owner, self.key, self.entry, self.settings, self.memo, self.encode = owner, key, entry, settings, memo, encode
+        self.reused = reused  # leading transcript items that are the memo's request's own (the rest: sent again or new)
         self.taken = False
         self.wire: Wire | None = None
         self._tail: list[Item] = []
         self._items: list[Item] = []
         self._seqs: list[int | None] = []
+        # What the previous prompt is to this one (its items after `keep` taken back out, see _extend).
+        self._base = _Base(memo.sent_seqs, memo.shortened, memo.shortened_item, memo.wire) if memo is not None else None
 
     @property
     def outcome(self) -> str:
@@ -216,21 +220,62 @@ class FastTurn:
         done = len(memo.items)
         if len(seqs) <= done or seqs[:done] != memo.seqs:
             return None  # a failed turn's items were sent again under new seqs, or nothing is new
+        report = turn.report
+        before = _figures(report)
+        _apply(report, memo.figures)
+        tail = await (self._appended if self.reused >= done else self._resent)(turn, plan, seqs, pipeline, memo)
+        if tail is None:
+            _apply(report, before)  # the whole pipeline fills the report from scratch
+            turn.notes.clear()
+        return tail
+
+    async def _appended(
+        self, turn: Turn, plan: TurnPlan, seqs: list[int | None], pipeline: Pipeline, memo: Memo
+    ) -> list[Item] | None:
+        """The request is the previous one plus new items: the stages extend their runs with them."""
+        done = len(memo.items)
         # The new items read in context: from the start of the last unit they may continue.
         start = unit_start(memo.items, done - 1)
         fresh = turn.codec.items(plan.upstream[start:], seqs[start:], plan.upstream_hashes[start:])
         if fresh[: done - start] != memo.items[start:]:
             return None
         new = fresh[done - start :]
-        report = turn.report
-        before = _figures(report)
-        _apply(report, memo.figures)
         tail = await pipeline.extend_runs(turn, memo.runs, new)
-        if tail is None:
-            _apply(report, before)  # the whole pipeline fills the report from scratch
-            turn.notes.clear()
+        if tail is not None:
+            self._items = [*memo.items, *new]
+        return tail
+
+    async def _resent(
+        self, turn: Turn, plan: TurnPlan, seqs: list[int | None], pipeline: Pipeline, memo: Memo
+    ) -> list[Item] | None:
+        """The request sends the previous one's last items again, changed but the same stored
+        items (their seqs say so: Claude Code's breakpoint moved off them), and new items after
+        them: the unit they start in is taken back out of every stage's run, and made again
+        from the new bytes with the new items. Everything before it is reused."""
+        keep = unit_start(memo.items, self.reused)
+        runs = await pipeline.retract_runs(turn, memo.runs, keep)
+        if runs is None:
             return None
-        self._items = [*memo.items, *new]
+        base = self._base
+        assert base is not None
+        # What the previous prompt sent of them goes too: it ended with them (the window sent its whole history).
+        gone = memo.runs[-1].after[len(runs[-1].after) :]
+        gone_seqs = [i.seq for i in gone if i.seq is not None]
+        if gone_seqs and base.sent_seqs[-len(gone_seqs) :] != gone_seqs:
+            return None
+        new = turn.codec.items(plan.upstream[keep:], seqs[keep:], plan.upstream_hashes[keep:])
+        tail = await pipeline.extend_runs(turn, runs, new)
+        if tail is None:
+            return None
+        self._items = [*memo.items[:keep], *new]
+        self.owner.resent += 1
+        held = base.shortened_item
+        self._base = _Base(
+            base.sent_seqs[: len(base.sent_seqs) - len(gone_seqs)],
+            base.shortened - sum(1 for i in gone if i.ref is not None and not i.masked),
+            None if any(i is held for i in gone) else held,
+            None,  # its bytes held the items taken out: the body is made whole
+        )
         return tail
 
     @property
@@ -241,17 +286,17 @@ class FastTurn:
     def offer_probe(self, items: list[Item]) -> list[Item]:
         """What the proxy's tool offers need to look at (`tools.offered`): on the fast path, the
         new items and one shortened item of the previous prompt, not the whole prompt."""
-        if not self.taken or self.memo is None:
+        if not self.taken or self._base is None:
             return items
-        return [*([self.memo.shortened_item] if self.memo.shortened_item is not None else []), *self._tail]
+        return [*([self._base.shortened_item] if self._base.shortened_item is not None else []), *self._tail]
 
     def sent(self, items: list[Item]) -> tuple[list[int], int]:
         """(the seqs the prompt sends, how many shortened outputs it holds), as the report wants them."""
-        if self.taken and self.memo is not None:
+        if self.taken and self._base is not None:
             tail = self._tail
             return (
-                [*self.memo.sent_seqs, *(i.seq for i in tail if i.seq is not None)],
-                self.memo.shortened + sum(1 for i in tail if i.ref is not None and not i.masked),
+                [*self._base.sent_seqs, *(i.seq for i in tail if i.seq is not None)],
+                self._base.shortened + sum(1 for i in tail if i.ref is not None and not i.masked),
             )
         return [i.seq for i in items if i.seq is not None], sum(1 for i in items if i.ref is not None and not i.masked)
 
@@ -263,7 +308,7 @@ class FastTurn:
             # of an item depends on others (say, a cache breakpoint on the last) can't be spliced.
             return dialect.upstream_body(body, items, tools)
         names = tuple(t.name for t in tools)
-        previous = self.memo.wire if self.taken and self.memo is not None else None
+        previous = self._base.wire if self.taken and self._base is not None else None
         if previous is not None and previous.tools == names:
             added = dialect.upstream_body(body, self._tail, tools)
             sendable = added.get(previous.key)
@@ -289,8 +334,8 @@ class FastTurn:
             return
         out = turn.runs[-1].after
         sent_seqs, shortened = self.sent(out)
-        if self.taken and self.memo is not None:
-            held = self.memo.shortened_item or next((i for i in self._tail if i.ref is not None), None)
+        if self.taken and self._base is not None:
+            held = self._base.shortened_item or next((i for i in self._tail if i.ref is not None), None)
         else:
             held = next((i for i in out if i.ref is not None), None)
         self.owner.keep(self.key, Memo(
@@ -298,6 +343,16 @@ class FastTurn:
             items=self._items, runs=turn.runs, figures=_figures(report), sent_seqs=sent_seqs, shortened=shortened,
             shortened_item=held, wire=self.wire,
         ))
+
+
+@dataclass(frozen=True, slots=True)
+class _Base:
+    """What this turn's prompt builds on: the previous prompt's (see Memo), less any items taken back out."""
+
+    sent_seqs: list[int]
+    shortened: int
+    shortened_item: Item | None
+    wire: Wire | None
 
 
 def _figures(report: TurnReport) -> dict[str, Any]:

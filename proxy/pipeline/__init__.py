@@ -63,6 +63,22 @@ class Pipeline:
         turn.runs = extended
         return new
 
+    async def retract_runs(self, turn: Turn, runs: list[StageRun], keep: int) -> list[StageRun] | None:
+        """The previous turn's runs as they would be had its input been its first `keep` items
+        (a unit boundary), the report's figures with them, when every stage can tell (see
+        `Retractable`); None: run the pipeline."""
+        if len(runs) != len(self.stages):
+            return None
+        retracted = []
+        for stage, run in zip(self.stages, runs, strict=True):
+            retract = getattr(stage, "retract", None)
+            shorter = await retract(turn, run, keep) if retract is not None else None
+            if shorter is None:
+                return None
+            retracted.append(shorter)
+            keep = len(shorter.after)  # the next stage's input is this one's output
+        return retracted
+
     def describe(self) -> list[str]:
         return [stage.name for stage in self.stages]
 

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ..summarizer import Summarizer
     from ..tokens import TokenCounter
 
-__all__ = ["Item", "Stage", "StageRun", "Turn"]
+__all__ = ["Item", "Stage", "StageRun", "Turn", "item_by_item", "passed_through"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,3 +79,43 @@ class Extendable(Stage, Protocol):
     """
 
     async def extend(self, turn: Turn, run: StageRun, new: list[Item]) -> list[Item] | None: ...
+
+
+class Retractable(Stage, Protocol):
+    """A stage that can take its last input items back out of a run (the fast path, when a
+    client sends its last items again changed: Claude Code's moving cache breakpoint).
+
+    `retract(turn, run, keep)` returns the run `__call__` would have made of `run.before[:keep]`
+    this turn (its note included), and takes what those items added out of the report (which
+    holds `run`'s figures), or None when it can't promise that: then the whole pipeline runs.
+    `keep` is a unit boundary of the pipeline's input. Its `extend` then adds the items again,
+    made from the new bytes: retract and extend together are exact, whatever changed."""
+
+    async def retract(self, turn: Turn, run: StageRun, keep: int) -> StageRun | None: ...
+
+
+def passed_through(run: StageRun, keep: int) -> StageRun | None:
+    """`run` without its input's items from `keep` on, for a stage that let them through as
+    they were, last in its output (as it lets new items through): None when its output does
+    not end with them."""
+    removed = len(run.before) - keep
+    if removed <= 0:
+        return run
+    before = run.before[:keep]
+    if run.after is run.before:
+        return StageRun(before, before, run.note)
+    cut = len(run.after) - removed
+    after = run.after
+    if cut < 0 or any(a is not b for a, b in zip(after[cut:], run.before[keep:], strict=True)):
+        return None
+    return StageRun(before, after[:cut], run.note)
+
+
+def item_by_item(run: StageRun, keep: int) -> StageRun | None:
+    """`run` without its input's items from `keep` on, for a stage whose output is its input's
+    items, one for one (each rewritten on its own, or not)."""
+    if run.after is run.before:
+        return passed_through(run, keep)
+    if len(run.after) != len(run.before):
+        return None
+    return StageRun(run.before[:keep], run.after[:keep], run.note)

@@ -16,7 +16,7 @@ from ..compaction.render import render_summary
 from ..config import Settings
 from ..tools.readback import READ_TOOL
 from ..transcript import Item, Role, first_user, leading_system_count, unit_end
-from .base import StageRun, Turn
+from .base import StageRun, Turn, passed_through
 
 MASK_MARK = "mask_through"  # outputs up to this seq go as placeholders
 SUMMARY = "summary"  # the origin of the summary's note (the window adds what it leaves out to it)
@@ -62,6 +62,19 @@ class Compaction:
             return new
         boundary = turn.summary.last_seq
         return new if all(item.seq is None or item.seq > boundary for item in new) else None
+
+    async def retract(self, turn: Turn, run: StageRun, keep: int) -> StageRun | None:
+        """Items after any summary's boundary went through as they were: they come out the same
+        way, while the summary is the same one (masking: the whole pipeline)."""
+        strategy = turn.profile.compaction.strategy
+        summary_id = turn.summary.id if turn.summary is not None else None
+        if strategy == "mask" or summary_id != run.note:
+            return None
+        if strategy != "off" and turn.summary is not None:
+            boundary = turn.summary.last_seq
+            if any(item.seq is not None and item.seq <= boundary for item in run.before[keep:]):
+                return None
+        return passed_through(run, keep)
 
     def _mask(self, turn: Turn, items: list[Item]) -> list[Item]:
         """Outputs up to the mask mark are placeholders; once `keep + batch` outputs are past it,

@@ -26,7 +26,7 @@ from dataclasses import replace
 from ..config import Settings
 from ..store import APPEND, BEFORE, INBOX_PENDING, InboxMessage
 from ..transcript import Item, Role, unit_start
-from .base import StageRun, Turn
+from .base import StageRun, Turn, passed_through
 
 INBOX = "inbox"  # Item.origin of a note of its own
 
@@ -68,6 +68,15 @@ class Inbox:
         if conversation.inbox_anchors and any(item.seq in conversation.inbox_anchors for item in new):
             return None
         return new
+
+    async def retract(self, turn: Turn, run: StageRun, keep: int) -> StageRun | None:
+        """Nothing to deliver, and no delivery went with the items taken out: they went through as they were."""
+        conversation = turn.conversation
+        if conversation is None or conversation.inbox_open:
+            return None
+        if conversation.inbox_anchors and any(item.seq in conversation.inbox_anchors for item in run.before[keep:]):
+            return None
+        return passed_through(run, keep)
 
 
 def placement(turn: Turn, items: list[Item]) -> tuple[int, str] | None:

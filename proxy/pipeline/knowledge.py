@@ -31,7 +31,7 @@ from ..config import Settings
 from ..knowledge import current, note
 from ..store import KnowledgeVersion
 from ..transcript import Item, leading_system_count
-from .base import StageRun, Turn
+from .base import StageRun, Turn, passed_through
 from .window import WINDOW_MARK
 
 KNOWLEDGE = "knowledge"  # Item.origin of the document's message
@@ -66,6 +66,9 @@ class Knowledge:
 
     async def extend(self, turn: Turn, run: StageRun, new: list[Item]) -> list[Item] | None:
         return None if turn.profile.knowledge.enabled else new  # the document: only the whole pipeline
+
+    async def retract(self, turn: Turn, run: StageRun, keep: int) -> StageRun | None:
+        return None if turn.profile.knowledge.enabled else passed_through(run, keep)
 
     async def _moment(self, turn: Turn) -> float:
         mark, conversation = turn.marks.get(KNOWLEDGE_MARK), turn.conversation
@@ -109,6 +112,9 @@ class KnowledgeRefresh:
 
     async def extend(self, turn: Turn, run: StageRun, new: list[Item]) -> list[Item] | None:
         return None if turn.report.knowledge is not None else new
+
+    async def retract(self, turn: Turn, run: StageRun, keep: int) -> StageRun | None:
+        return None if turn.report.knowledge is not None else passed_through(run, keep)
 
 
 def _get(cache: OrderedDict[tuple[Any, ...], Any], key: tuple[Any, ...]) -> Any:

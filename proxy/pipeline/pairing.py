@@ -13,7 +13,7 @@ import logging
 
 from ..config import Settings
 from ..transcript import Call, Item, Role, unit_start
-from .base import StageRun, Turn
+from .base import StageRun, Turn, passed_through
 
 log = logging.getLogger("proxy.pairing")
 NO_RESULT = "[context-proxy: no result was recorded for this tool call]"
@@ -37,6 +37,12 @@ class PairingGuard:
         start = unit_start(run.after, len(run.after) - 1)
         _, repairs = self._paired(turn, [*run.after[start:], *new], quiet=True)
         return None if repairs else new
+
+    async def retract(self, turn: Turn, run: StageRun, keep: int) -> StageRun | None:
+        """A run without repairs, cut between units: the units before the cut needed none either."""
+        if run.note or (keep < len(run.before) and run.before[keep].joins):
+            return None
+        return passed_through(run, keep)
 
     def _paired(self, turn: Turn, items: list[Item], quiet: bool = False) -> tuple[list[Item], int]:
         """`items` repaired, and how many repairs that took (`quiet`: none logged)."""

@@ -11,7 +11,7 @@ import json
 
 from ..config import Settings
 from ..transcript import Item, Role
-from .base import StageRun, Turn
+from .base import StageRun, Turn, item_by_item
 
 
 class QuotaInfo:
@@ -31,6 +31,9 @@ class QuotaInfo:
 
     async def extend(self, turn: Turn, run: StageRun, new: list[Item]) -> list[Item] | None:
         return await self(turn, new)  # item by item
+
+    async def retract(self, turn: Turn, run: StageRun, keep: int) -> StageRun | None:
+        return item_by_item(run, keep)  # an item's figures are those of its first forwarding, whatever follows
 
 
 def _with_quota(turn: Turn, item: Item, info: dict[str, int], line: str) -> Item:

@@ -13,7 +13,7 @@ import logging
 from ..config import Settings
 from ..tools.readback import READ_TOOL
 from ..transcript import Item, Role, tool_names
-from .base import StageRun, Turn
+from .base import StageRun, Turn, item_by_item
 
 log = logging.getLogger("proxy.truncation")
 # How far back extend looks for the calls new tool outputs answer (further: the whole pipeline).
@@ -34,6 +34,20 @@ class Truncation:
         if run.note:
             return None
         return await self._shorten(turn, new, [*run.before[-CALLS_LOOKED_BACK:], *new])
+
+    async def retract(self, turn: Turn, run: StageRun, keep: int) -> StageRun | None:
+        """Each item is shortened on its own: the ones taken out take what they saved with them."""
+        shorter = None if run.note else item_by_item(run, keep)
+        if shorter is None:
+            return None
+        text = turn.codec.text
+        saved = sum(
+            len(text(before) or "") - len(text(after) or "")  # a shortened output's text is its preview and marker
+            for before, after in zip(run.before[keep:], run.after[keep:], strict=True) if after is not before
+        )
+        if saved:
+            turn.report.saved(self.name, -saved)
+        return shorter
 
     async def _shorten(self, turn: Turn, items: list[Item], context: list[Item]) -> list[Item] | None:
         """`items` with their long tool outputs shortened, naming each output's tool from the calls

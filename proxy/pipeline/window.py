@@ -34,7 +34,7 @@ from ..compaction.quotes import quote
 from ..compaction.render import render_summary
 from ..config import Settings
 from ..transcript import Item, Role, leading_system_count, unit_start, units
-from .base import StageRun, Turn
+from .base import StageRun, Turn, passed_through
 from .compaction import SUMMARY
 
 MAX_PASSES = 4
@@ -102,6 +102,28 @@ class TokenWindow:
         turn.report.tokens_sent += sum(counts)
         turn.notes[self.name] = replace(stepped, history_tokens=history)
         return new
+
+    async def retract(self, turn: Turn, run: StageRun, keep: int) -> StageRun | None:
+        """Items taken back out of a window that sent everything from its start and reaches back
+        before them: the same window without them (a shorter history fits the same limit), their
+        tokens taken off. A window that starts among them would start elsewhere without them."""
+        stepped = run.note
+        if not isinstance(stepped, Stepped) or stepped.mark != turn.marks.get(WINDOW_MARK) or turn.report.tokens_sent is None:
+            return None
+        removed = run.before[keep:]
+        shorter = passed_through(run, keep)
+        if not removed or shorter is None:
+            return shorter
+        head = leading_system_count(run.before)
+        while head < keep and run.before[head].pinned:
+            head += 1
+        if keep <= head or not shorter.after or shorter.after[-1] is not run.before[keep - 1]:
+            return None
+        if any(item.ref is not None for item in removed) and not any(item.ref is not None for item in shorter.after):
+            return None  # the read tool's schema went with them alone: the budget changes
+        tokens = sum(await self._count(turn, removed))
+        turn.report.tokens_sent -= tokens
+        return StageRun(shorter.before, shorter.after, replace(stepped, history_tokens=stepped.history_tokens - tokens))
 
     async def _carried_over(
         self, turn: Turn, items: list[Item], kept: list[int], tokens: int, redone: list[Item]
