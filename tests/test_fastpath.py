@@ -151,6 +151,10 @@ class Run:
             self.history.append(self.user(f"now step {self.calls}, please"))
         self.history += self.tool_step(self.output())
 
+    def streams(self) -> bool:
+        """Whether this turn is streamed: a third of them, at random."""
+        return self.rng.random() < 1 / 3
+
     def request(self, client: Any, stream: bool, headers: dict[str, str]) -> None:
         if self.dialect == "chat":
             if stream:
@@ -196,6 +200,14 @@ class MessagesRun(Run):
         super().__init__(seed, "messages")
         self.history = [self.user(TASK)]
         self.breakpoints = random.Random(seed + 2)
+        self.streaming = False
+
+    def streams(self) -> bool:
+        """Streamed or not in runs of turns, as a client keeps to one (Claude Code streams all):
+        a turn that changes it changes the body's `stream` field, so it can't extend the last."""
+        if self.rng.random() < 0.2:
+            self.streaming = not self.streaming
+        return self.streaming
 
     def marked(self) -> list[dict[str, Any]]:
         r = self.breakpoints.random()
@@ -242,8 +254,13 @@ class MessagesRun(Run):
         self.history.append(as_params(reply))
 
 
-def drive(proxy: Any, upstream: Any, dialect: str, turns: int) -> list[bytes]:
-    """The run, through `proxy`: the bytes of every upstream request it made."""
+# What a turn record says the pipeline did: the same whichever way the prompt was made.
+RECORDED = ("sent_seqs", "tokens_sent", "tokens_sent_total", "messages_left_out", "truncated", "masked", "summary_id",
+            "repairs", "read_rounds", "status", "new_seqs")
+
+
+def drive(proxy: Any, upstream: Any, dialect: str, turns: int) -> tuple[list[bytes], list[dict[str, Any]]]:
+    """The run, through `proxy`: the bytes of every upstream request it made, and its turn records."""
     upstream.responder = responder
     run = MessagesRun(SEED) if dialect == "messages" else Run(SEED, dialect)
     conversation = {"X-Conversation-ID": CONVERSATION}
@@ -256,9 +273,11 @@ def drive(proxy: Any, upstream: Any, dialect: str, turns: int) -> list[bytes]:
                 posted = http.post(f"/v1/conversations/{CONVERSATION}/inbox", json={"content": f"note {turn}"})
                 assert posted.status_code in (200, 201), posted.text
             headers = {"X-Context-Profile": "tight"} if 30 <= turn < 42 else {}
-            run.request(client, stream=run.rng.random() < 1 / 3, headers=headers)
+            run.request(client, stream=run.streams(), headers=headers)
+        records = http.get(f"/v1/conversations/{CONVERSATION}/turns", params={"limit": 1000}).json()["data"]
         assert http.delete(f"/v1/conversations/{CONVERSATION}").status_code == 200
-    return [POSTED_AT.sub(b"written at <then>", r.raw) for r in upstream.requests if r.path.endswith(UPSTREAM_PATHS)]
+    sent = [POSTED_AT.sub(b"written at <then>", r.raw) for r in upstream.requests if r.path.endswith(UPSTREAM_PATHS)]
+    return sent, [{k: record[k] for k in RECORDED} for record in records]
 
 
 @pytest.mark.parametrize("dialect", ["chat", "responses", "messages"])
@@ -266,18 +285,22 @@ def test_the_fast_path_sends_what_the_whole_pipeline_sends_byte_for_byte(make_pr
     data = tmp_path / "store"
     settings = {**SETTINGS, "upstream": {"anthropic_base_url": upstream.anthropic.base_url}}
     fast = make_proxy(data_dir=data, server={"fast_path": True}, **settings)
-    sent_fast = drive(fast, upstream, dialect, TURNS)
+    sent_fast, records_fast = drive(fast, upstream, dialect, TURNS)
     taken, resent = fast.app[ENGINE].fastpath.taken, fast.app[ENGINE].fastpath.resent
+    print("STATS", dialect, SEED, taken, resent, fast.app[ENGINE].fastpath.declined)
     fast.stop()
     upstream.reset()
     full = make_proxy(data_dir=data, server={"fast_path": False}, **settings)
-    sent_full = drive(full, upstream, dialect, TURNS)
+    sent_full, records_full = drive(full, upstream, dialect, TURNS)
     assert full.app[ENGINE].fastpath.taken == 0
 
     for i, (a, b) in enumerate(zip(sent_fast, sent_full, strict=False)):
         at = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
         assert a == b, f"upstream request {i} differs at {at}: {a[max(at - 300, 0):at + 100]!r} / {b[max(at - 300, 0):at + 100]!r}"
     assert len(sent_fast) == len(sent_full) > TURNS
+    for i, (a, b) in enumerate(zip(records_fast, records_full, strict=True)):  # and the turns' records tell the same
+        assert a == b, f"turn {i + 1}: {a} / {b}"
+    assert len(records_fast) == TURNS
     # The run took the fast path on many turns (summaries in force included), and the whole one
     # wherever it had to (a cut, a new summary, an inbox note, an edit, a regenerated turn...).
     assert TURNS // 8 <= taken < TURNS, taken
