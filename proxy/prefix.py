@@ -367,9 +367,9 @@ def _separator_before_last(raw: bytes, end: int, elements: list[Any]) -> Separat
     if want < 1:
         return None
     at, tried = end, 0
-    while tried < MAX_CANDIDATES:
+    for _ in range(8 * MAX_CANDIDATES):  # braces looked at; of them, MAX_CANDIDATES parsed from
         at = raw.rfind(b"{", 0, at)
-        if at <= 0:
+        if at <= 0 or tried == MAX_CANDIDATES:
             return None
         comma = at - 1
         while comma > 0 and raw[comma] in JSON_SPACE:

@@ -1,7 +1,7 @@
 """The fast path (proxy/engine/fastpath.py) changes what a turn costs, never what goes upstream.
 
 One long randomized agent run (tool outputs long and short, window cuts, summaries, inbox notes,
-profile switches, read-back rounds, a third of its turns streamed, edits of old messages,
+profile switches, read-back rounds, streamed turns (in runs, as a client keeps to one), edits of old messages,
 reordering, regenerated turns) goes through the real proxy twice: with the fast path, then with
 it off. The strict fake records every upstream request's bytes; the two runs must be identical,
 byte for byte (but for the time an inbox note names). Both proxies use one store (the
@@ -105,6 +105,7 @@ class Run:
         self.dialect = dialect
         self.history: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, self.user(TASK)]
         self.calls = 0
+        self.streaming = False
 
     @staticmethod
     def user(text: str) -> dict[str, Any]:
@@ -152,8 +153,12 @@ class Run:
         self.history += self.tool_step(self.output())
 
     def streams(self) -> bool:
-        """Whether this turn is streamed: a third of them, at random."""
-        return self.rng.random() < 1 / 3
+        """Whether this turn is streamed: in runs of turns, as a client keeps to one (Claude Code
+        streams all), about half of them. A turn that changes it changes the body's `stream`
+        field, so it can't extend the last one."""
+        if self.rng.random() < 0.2:
+            self.streaming = not self.streaming
+        return self.streaming
 
     def request(self, client: Any, stream: bool, headers: dict[str, str]) -> None:
         if self.dialect == "chat":
@@ -200,14 +205,6 @@ class MessagesRun(Run):
         super().__init__(seed, "messages")
         self.history = [self.user(TASK)]
         self.breakpoints = random.Random(seed + 2)
-        self.streaming = False
-
-    def streams(self) -> bool:
-        """Streamed or not in runs of turns, as a client keeps to one (Claude Code streams all):
-        a turn that changes it changes the body's `stream` field, so it can't extend the last."""
-        if self.rng.random() < 0.2:
-            self.streaming = not self.streaming
-        return self.streaming
 
     def marked(self) -> list[dict[str, Any]]:
         r = self.breakpoints.random()
@@ -286,8 +283,8 @@ def test_the_fast_path_sends_what_the_whole_pipeline_sends_byte_for_byte(make_pr
     settings = {**SETTINGS, "upstream": {"anthropic_base_url": upstream.anthropic.base_url}}
     fast = make_proxy(data_dir=data, server={"fast_path": True}, **settings)
     sent_fast, records_fast = drive(fast, upstream, dialect, TURNS)
-    taken, resent = fast.app[ENGINE].fastpath.taken, fast.app[ENGINE].fastpath.resent
-    print("STATS", dialect, SEED, taken, resent, fast.app[ENGINE].fastpath.declined)
+    fastpath = fast.app[ENGINE].fastpath
+    taken, resent, spliced = fastpath.taken, fastpath.resent, fastpath.spliced
     fast.stop()
     upstream.reset()
     full = make_proxy(data_dir=data, server={"fast_path": False}, **settings)
@@ -304,5 +301,74 @@ def test_the_fast_path_sends_what_the_whole_pipeline_sends_byte_for_byte(make_pr
     # The run took the fast path on many turns (summaries in force included), and the whole one
     # wherever it had to (a cut, a new summary, an inbox note, an edit, a regenerated turn...).
     assert TURNS // 8 <= taken < TURNS, taken
+    assert taken // 2 <= spliced <= taken, (spliced, taken)  # the upstream body too, mostly
     if dialect == "messages":  # most of them after a breakpoint moved: the last messages sent again changed
         assert resent >= taken // 2, (resent, taken)
+
+
+# -- Claude Code's moving breakpoint, turn by turn -------------------------------------------------
+
+SYSTEM_MARKED = [{"type": "text", "text": f"system part {i}", "cache_control": BREAKPOINT} for i in range(3)]
+
+
+def claude_turns(proxy: Any, upstream: Any) -> tuple[list[bytes], list[str]]:
+    """A scripted Claude Code-like run: which way each turn's prompt was made, and every
+    upstream request's bytes. Each turn answers the model's tool call; the breakpoints move."""
+    upstream.responder = lambda body: Reply(
+        "message", content="on it", calls=[ToolCall(f"call_{len(body['messages'])}", "run", "{}")]
+    )
+    client = claude_client(proxy, headers={"X-Conversation-ID": "claude-turns"})
+    engine = proxy.app[ENGINE]
+    history: list[dict[str, Any]] = [Run.user(TASK)]
+    ways: list[str] = []
+
+    def ask(messages: list[dict[str, Any]], system: Any = SYSTEM) -> None:
+        taken, resent = engine.fastpath.taken, engine.fastpath.resent
+        reply = client.messages.create(model=CLAUDE_MODEL, max_tokens=1024, system=system, messages=messages,
+                                       tools=TOOLS_MESSAGES)
+        ways.append("resent" if engine.fastpath.resent > resent else "extended" if engine.fastpath.taken > taken else "whole")
+        history.append(as_params(reply))
+        call = next(b for b in history[-1]["content"] if b["type"] == "tool_use")
+        history.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": call["id"], "content": f"ran {len(history)}"}]})
+
+    def newest(marks: int) -> list[dict[str, Any]]:
+        return [*history[: len(history) - marks], *map(with_breakpoint, history[len(history) - marks :])]
+
+    ask(newest(1))  # the first turn
+    ask(newest(1))  # the task came back as a string: no separator before it (the whole path)
+    ask(newest(2))
+    ask(newest(1))
+    ask(history)  # no breakpoint: the last one's message lost it
+    ask(newest(1))  # a plain append
+    sent_last = history[-3]  # the message that held the breakpoint, edited besides: not the same message
+    history[-3] = {**sent_last, "content": [{**sent_last["content"][0], "content": "ran (edited)"}]}
+    ask(newest(1))
+    ask(newest(1))
+    ask(newest(2), SYSTEM_MARKED)  # five breakpoints: the proxy takes one off
+    ask(newest(2), SYSTEM_MARKED)
+    ask(newest(1), SYSTEM_MARKED)
+    ask(newest(1), SYSTEM_MARKED)
+    sent = [r.raw for r in upstream.requests if r.path.endswith("/messages")]
+    return sent, ways
+
+
+def test_claude_codes_moving_breakpoint_takes_the_fast_path_and_sends_what_the_whole_path_sends(make_proxy, upstream, tmp_path):
+    """Last messages sent again with their breakpoint moved (or a string become a block) take
+    the fast path; one whose content changed besides is another message: the whole path. Either
+    way, and when the proxy has to take a breakpoint off, the upstream gets the same bytes as
+    from the whole pipeline."""
+    data = tmp_path / "store"
+    settings = {**SETTINGS, "upstream": {"anthropic_base_url": upstream.anthropic.base_url}, "quota": {}}
+    fast = make_proxy(data_dir=data, server={"fast_path": True}, **settings)
+    sent_fast, ways = claude_turns(fast, upstream)
+    spliced = fast.app[ENGINE].fastpath.spliced
+    fast.stop()
+    upstream.reset()
+    full = make_proxy(data_dir=data, server={"fast_path": False}, **settings)
+    sent_full, _ = claude_turns(full, upstream)
+    assert sent_fast == sent_full
+    assert ways == ["whole", "whole", "resent", "resent", "resent", "extended", "whole", "resent", "whole", "resent",
+                    "resent", "resent"]
+    # Made of the last one's bytes from the fourth turn on (the third's new items join the task's
+    # unit: the body is made whole), but for the whole path's turns and after a breakpoint was taken off.
+    assert spliced == 5

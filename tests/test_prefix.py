@@ -38,7 +38,7 @@ import json  # noqa: E402
 
 import orjson  # noqa: E402
 
-from proxy.prefix import BodyCache, ParsedBody  # noqa: E402
+from proxy.prefix import BodyCache, ParsedBody, _proven  # noqa: E402
 
 KEY = ("tenant", "chat", "conversation")
 
@@ -66,12 +66,12 @@ def test_appended_items_are_parsed_alone_and_the_rest_is_the_last_requests():
     assert parsed.body["messages"][0] is parsed.origin.raws[0]  # the previous request's own objects
 
 
-def test_anything_but_an_append_is_parsed_whole():
+def test_anything_but_an_append_or_a_resent_tail_is_parsed_whole():
     cache = BodyCache()
     old = msgs("a", "b")
     first(cache, body(old, stream=False))
     refused = {
-        "an edited item": body([*msgs("a", "B"), *msgs("c")], stream=False),
+        "an edited item before the last ones": body([*msgs("A", "b"), *msgs("c")], stream=False),
         "a changed parameter": body([*old, *msgs("c")], stream=True),
         "an item taken out": body(msgs("a"), stream=False),
         "a trailing comma": body(old, stream=False).replace(b"}], ", b"},], "),
@@ -106,27 +106,103 @@ def test_the_cache_is_bounded_and_says_what_it_let_go():
     assert cache.extend(("t", "chat", "c0"), body([*msgs("x" * 2000), *msgs("y")]), "messages") is None  # evicted first
 
 
+def send(cache: BodyCache, raw: bytes) -> ParsedBody:
+    """`raw` read as the handler reads it, and kept (its items' hashes made up)."""
+    parsed = cache.extend(KEY, raw, "messages") or asyncio.run(cache.full(KEY, raw, orjson.loads(raw), "messages"))
+    cache.remember(KEY, parsed, ["h"] * len(parsed.body["messages"]))
+    return parsed
+
+
 def test_a_client_whose_bodies_never_extend_the_last_one_stops_being_split():
-    """Claude Code moves its cache breakpoint to the newest message: no body extends the last
-    one by bytes, so proving where each transcript closes (a second parse) would buy nothing.
-    After two such bodies in a row only every eighth is split; one that extends starts it over."""
+    """A client that rewrites the start of its history every turn (say, a clock in its first
+    message): no body extends the last one, so proving where each transcript closes (a second
+    parse) would buy nothing. After two such bodies in a row only every eighth is split; one
+    that extends starts it over."""
     cache = BodyCache()
-
-    def send(raw: bytes) -> ParsedBody:
-        parsed = cache.extend(KEY, raw, "messages") or asyncio.run(cache.full(KEY, raw, orjson.loads(raw), "messages"))
-        cache.remember(KEY, parsed, ["h"] * len(parsed.body["messages"]))
-        return parsed
-
     history = msgs("task")
     split = []
     for turn in range(12):
-        marked = [*history[:-1], {**history[-1], "cache_control": {"type": "ephemeral"}}]
-        split.append(send(body(marked)).entry is not None)
+        stamped = [{**history[0], "content": f"task (turn {turn})"}, *history[1:]]
+        split.append(send(cache, body(stamped)).entry is not None)
         history.append({"role": "user", "content": f"step {turn}"})
     assert split == [True, True, False, False, False, False, False, False, True, False, False, False]
     # Then the client sends plain appends: split again at the next retry, extended from then on.
-    while send(body(history)).entry is None:
+    while send(cache, body(history)).entry is None:
         history.append({"role": "user", "content": "next"})
     assert len(history) == 17  # split at the 16th miss in a row (a retry), 4 bodies later
-    assert send(body([*history, *msgs("more")])).reused == len(history)
-    assert send(body([*history, *msgs("more", "again")])).reused == len(history) + 1
+    assert send(cache, body([*history, *msgs("more")])).reused == len(history)
+    assert send(cache, body([*history, *msgs("more", "again")])).reused == len(history) + 1
+
+
+# -- a body whose last items come back changed (Claude Code's moving cache breakpoint) -----------
+
+BREAKPOINT = {"type": "ephemeral"}
+
+
+def marked(message: dict) -> dict:
+    """As Claude Code marks its newest messages: a breakpoint on the last block (a string becomes a block)."""
+    content = message["content"]
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+    return {**message, "content": [*blocks[:-1], {**blocks[-1], "cache_control": BREAKPOINT}]}
+
+
+def test_last_messages_sent_again_changed_are_parsed_from_a_separator_on():
+    cache = BodyCache()
+    old = msgs("a", "b", "c")
+    first(cache, body([*old[:-1], marked(old[-1])], stream=True))
+    raw = body([*old, *msgs("d"), marked(msgs("e")[0])], stream=True)  # "c" lost its breakpoint, two new
+    parsed = cache.extend(KEY, raw, "messages")
+    assert parsed is not None and parsed.body == json.loads(raw)
+    assert parsed.reused == 2 and parsed.hashes == ["h0", "h1"]  # "c" is parsed again, from its new bytes
+    assert parsed.body["messages"][1] is parsed.origin.raws[1]
+    assert parsed.fresh == raw.rindex(b"]") - raw.index(b', {"role": "user", "content": "c"}')  # from the separator on
+
+
+def test_a_claude_code_client_is_parsed_only_where_its_body_changed_turn_after_turn():
+    """Over a long run that moves one or two breakpoints each turn (or none: a plain append),
+    sends a message as a string again or as blocks, and now and then edits an older message:
+    every body read is exactly what a full parse gives; only the newest messages are parsed
+    again, but for an edit a few messages back (parsed from a separator before it) or of the
+    task (before any separator: parsed whole)."""
+    import random
+
+    rng = random.Random(16)
+    cache = BodyCache()
+    history: list[dict] = [{"role": "user", "content": "task"}]
+    whole = resent = 0
+    for turn in range(60):
+        edit = rng.choice([None, 0, -5]) if turn > 5 and rng.random() < 0.2 else None
+        if edit is not None:
+            history[edit] = {**history[edit], "content": f"{history[edit]['content']} (edited)"}
+        history += [{"role": "assistant", "content": [{"type": "text", "text": f"answer {turn}, {{not a separator}}"}]},
+                    {"role": "user", "content": f"result {turn}" + ' "quoted", [x], {y}' * rng.randrange(3)}]
+        marks = rng.choice([0, 1, 1, 2])
+        sent = [*history[: len(history) - marks], *map(marked, history[len(history) - marks :])]
+        raw = body(sent, tools=[{"name": "run"}], stream=True)
+        parsed = cache.extend(KEY, raw, "messages")
+        if parsed is None:
+            whole += 1
+            assert edit == 0 or turn == 0, turn
+            parsed = asyncio.run(cache.full(KEY, raw, orjson.loads(raw), "messages"))
+        else:
+            assert edit != 0 and parsed.body == json.loads(raw), turn
+            assert parsed.reused >= len(history) - (7 if edit else 4), turn
+            assert all(a is b for a, b in zip(parsed.body["messages"][: parsed.reused], parsed.origin.raws, strict=False))
+            resent += parsed.reused < len(parsed.origin.raws)
+        cache.remember(KEY, parsed, [f"h{i}" for i in range(len(parsed.body["messages"]))])
+    assert 1 < whole < 15 and resent > 30, (whole, resent)
+
+
+def test_a_separator_is_proven_not_guessed():
+    """A full parse proves the separator it found with the transcript's end, in one parse with an
+    item inserted at each: one inside a string or a block list is refused."""
+    raw = body([{"role": "user", "content": "a"}, {"role": "user", "content": [{"type": "text", "text": "x, {y}"}, {"type": "text"}]}])
+    parsed = orjson.loads(raw)
+    end = raw.rindex(b"]")  # the transcript is the body's last key
+    top = raw.index(b", {", raw.index(b'"a"'))
+    in_string, in_blocks = raw.index(b", {y}"), raw.index(b', {"type": "text"}')
+    assert _proven(raw, end, parsed, "messages", (top, 1))
+    assert not _proven(raw, end, parsed, "messages", (in_string, 1))
+    assert not _proven(raw, end, parsed, "messages", (in_blocks, 1))
+    entry = asyncio.run(BodyCache().full(KEY, raw, parsed, "messages")).entry
+    assert entry is not None and entry.separators == ((top, 1),)

@@ -54,6 +54,38 @@ class ToolSpec:
     parameters: dict[str, Any]  # a JSON schema
 
 
+@dataclass(frozen=True, slots=True)
+class Elements:
+    """An upstream transcript as a dialect made it of prompt items, for the fast path to reuse
+    (proxy/engine/fastpath.py): its elements as they go, the index of the item each starts at
+    (several items may make one: Anthropic's tool_result parts of one user message), and the
+    cache breakpoints they hold (Anthropic's cache_control; `room`: how many the transcript of
+    that body may hold, None when it can't be told)."""
+
+    sendable: list[Any]
+    firsts: list[int]
+    breakpoints: int = 0
+    room: int | None = None
+
+
+class ByElements(Protocol):
+    """What a dialect whose transcript elements may each be made of several items tells the
+    fast path, so that a turn's upstream body reuses the previous one's bytes (Messages)."""
+
+    def upstream_body_elements(
+        self, body: dict[str, Any], items: Sequence[Item], tools: Sequence[ToolSpec]
+    ) -> tuple[dict[str, Any], Elements | None]:
+        """`upstream_body`, and its transcript's elements (None: a later body can't reuse it)."""
+
+    def upstream_elements(self, items: Sequence[Item]) -> Elements | None:
+        """The elements made of `items`, a run of a prompt's items that starts an element, as
+        they go in the whole prompt's body (its first ones aside); None when they can't go
+        apart from the rest (say, a note of the proxy's among them: it goes to `system`)."""
+
+    def breakpoints(self, sendable: Sequence[Any]) -> int:
+        """The cache breakpoints these elements hold."""
+
+
 @dataclass(slots=True)
 class ReplyRead:
     """An upstream reply as the engine needs it."""

@@ -35,7 +35,7 @@ from ..identity import session_conversation_id
 from ..messages import MAX_DEPTH, canonical_digest, text_of, too_deep
 from ..tokens import IMAGE_TOKENS, PER_MESSAGE, PER_TOOL_CALL
 from ..transcript import Call, Item, Raw, Role
-from .base import JSONBody, ReplyRead, ToolSpec, has_named_tool, token_limit, tools_text
+from .base import Elements, JSONBody, ReplyRead, ToolSpec, has_named_tool, token_limit, tools_text
 from .messages_stream import CallCache, MessagesRelay, calls_of, error_body
 
 log = logging.getLogger("proxy.messages")
@@ -279,18 +279,32 @@ class MessagesCodec:
 # -- the request body ---------------------------------------------------------------------------
 
 
-def rebuild_messages(items: Sequence[Item]) -> tuple[list[Raw], list[Raw]]:
-    """(the messages to send, the proxy's notes for `system`) from the transcript's items.
+def rebuild_messages(items: Sequence[Item], firsts: list[int] | None = None) -> tuple[list[Raw], list[Raw]]:
+    """(the messages to send, the proxy's notes for `system`) from the transcript's items; the
+    index of the item each message starts at appended to `firsts`, when given.
 
     A run of joined user parts becomes one user message, its tool_result blocks first (a valid
     client message has them first already: nothing moves then). An assistant message left empty
     (a reply that held only the proxy's calls, past the read-back limit) is not sent: the API
     refuses empty messages. The prompt starts on a user message, as the API wants."""
+    messages, notes = _messages_of(items, [] if firsts is None else firsts)
+    first = next((i for i, m in enumerate(messages) if m.get("role") != "system"), None)
+    if first is not None and messages[first].get("role") == "assistant":
+        messages.insert(first, {"role": "user", "content": OMITTED_NOTE})
+        if firsts is not None:
+            firsts.insert(first, firsts[first])
+    return messages, notes
+
+
+def _messages_of(items: Sequence[Item], firsts: list[int]) -> tuple[list[Raw], list[Raw]]:
+    """`rebuild_messages` but for where the prompt starts: of a run of a prompt's items that
+    starts a message, the messages as they go in the whole prompt's (a message starts where
+    the item before it ends one, whatever came earlier)."""
     messages: list[Raw] = []
     notes: list[Raw] = []
     merged: list[int] = []  # the messages rebuilt from several parts (our copies): only they can need reordering
     open_user = False  # the last message is a user message being rebuilt from parts
-    for item in items:
+    for at, item in enumerate(items):
         raw = item.raw
         role = item.role
         if role is Role.SYSTEM and "role" not in raw:  # a note of the proxy's (is_note)
@@ -299,6 +313,7 @@ def rebuild_messages(items: Sequence[Item]) -> tuple[list[Raw], list[Raw]]:
         if role is Role.TOOL or (role is Role.USER and item.joins):
             if not open_user:  # a lone part goes as it is
                 messages.append(raw)
+                firsts.append(at)
                 open_user = True
                 continue
             if not merged or merged[-1] != len(messages) - 1:
@@ -309,13 +324,11 @@ def rebuild_messages(items: Sequence[Item]) -> tuple[list[Raw], list[Raw]]:
         open_user = False
         if role is not Role.ASSISTANT or raw.get("content"):  # a reply that was only our calls: the API refuses it empty
             messages.append(raw)
+            firsts.append(at)
     for k in merged:
         content = messages[k]["content"]
         if _results_not_first(content):
             messages[k]["content"] = [b for b in content if is_result(b)] + [b for b in content if not is_result(b)]
-    first = next((m for m in messages if m.get("role") != "system"), None)
-    if first is not None and first.get("role") == "assistant":
-        messages.insert(messages.index(first), {"role": "user", "content": OMITTED_NOTE})
     return messages, notes
 
 
@@ -361,13 +374,24 @@ def _blocks(holder: Any) -> list[dict[str, Any]]:
 
 def _breakpoints(body: dict[str, Any]) -> int:
     """The `cache_control` markers of a request: system blocks, tools, the top level (automatic
-    caching) and message blocks, tool_result contents included. Every message's blocks are looked
-    at on every turn: a plain loop."""
+    caching) and message blocks, tool_result contents included."""
+    return _outside_breakpoints(body) + message_breakpoints(body["messages"])
+
+
+def _outside_breakpoints(body: dict[str, Any]) -> int:
+    """The `cache_control` markers of a request but its messages'."""
     n = 0
     for holder in (*system_blocks(body.get("system")), *(body.get("tools") or ()), body):
         if type(holder) is dict and holder.get("cache_control") is not None:
             n += 1
-    for message in body["messages"]:
+    return n
+
+
+def message_breakpoints(messages: Sequence[Any]) -> int:
+    """The `cache_control` markers of `messages`' blocks, tool_result contents included. Every
+    message's blocks are looked at on every turn the body is made whole: a plain loop."""
+    n = 0
+    for message in messages:
         content = message.get("content") if type(message) is dict else None
         if type(content) is not list:
             continue
@@ -469,14 +493,33 @@ class MessagesDialect(JSONBody):
         return {"name": tool.name, "description": tool.description, "input_schema": tool.parameters}
 
     def upstream_body(self, body: dict[str, Any], items: Sequence[Item], tools: Sequence[ToolSpec]) -> dict[str, Any]:
-        messages, notes = rebuild_messages(items)
+        return self.upstream_body_elements(body, items, tools)[0]
+
+    def upstream_body_elements(
+        self, body: dict[str, Any], items: Sequence[Item], tools: Sequence[ToolSpec]
+    ) -> tuple[dict[str, Any], Elements | None]:
+        """`upstream_body`, and its messages as the fast path reuses them (proxy/engine/fastpath.py):
+        None when breakpoints had to be taken off (a later body may have to take off others)."""
+        firsts: list[int] = []
+        messages, notes = rebuild_messages(items, firsts)
         out = {**body, "messages": messages}
         if notes:
             out["system"] = [*system_blocks(body.get("system")), *notes]
         if tools:
             out["tools"] = [*(body.get("tools") or ()), *(self.tool_definition(t) for t in tools)]
-        limit_breakpoints(out)
-        return out
+        outside, inside = _outside_breakpoints(out), message_breakpoints(messages)
+        if outside + inside > MAX_CACHE_BREAKPOINTS:
+            limit_breakpoints(out)
+            return out, None
+        return out, Elements(messages, firsts, inside, MAX_CACHE_BREAKPOINTS - outside)
+
+    def upstream_elements(self, items: Sequence[Item]) -> Elements | None:
+        firsts: list[int] = []
+        messages, notes = _messages_of(items, firsts)
+        return None if notes else Elements(messages, firsts, message_breakpoints(messages))
+
+    def breakpoints(self, sendable: Sequence[Any]) -> int:
+        return message_breakpoints(sendable)
 
     def read_reply(self, data: bytes) -> ReplyRead | None:
         try:

@@ -6,14 +6,23 @@ previous prompt plus the new items, rewritten, until the window cuts or a summar
 history. So when a request's body extends the conversation's previous one byte for byte
 (proxy/prefix.py's BodyCache) and nothing else that decides the prompt changed (the profile,
 the conversation's marks and summary, its seqs), each stage is asked to handle the new items
-alone (`Stage.extend`); the prompt is the previous one plus what they return. Where the dialect
-sends each item as it alone says (chat, Responses: `items_sent_alone`) the upstream body is the
-previous one's bytes with the new items' spliced in where its transcript closed; Messages
-rebuilds its body from the prompt. Any doubt (a stage that can't tell: a cut, a new summary, an
-inbox note, masking, knowledge, a failed summary, a repair; or an edit of the request) means the
-whole pipeline, as on the conversation's first turn. A summary in force is no doubt: new items
-come after its boundary. The result is the same either way, only its cost differs:
-tests/test_fastpath.py proves it byte for byte in every wire format, streamed turns included.
+alone (`Stage.extend`); the prompt is the previous one plus what they return.
+
+Claude Code sends its last messages again changed: it moves its cache breakpoint to the newest
+message, so the one that held it comes back without it (or as a string again). The BodyCache
+then parses the body from a separator before them; they are the same stored items (their
+hashes, by meaning, say so: the plan gives them their seqs), so each stage takes the unit they
+start in back out of its run (`Stage.retract`) and extends it again with that unit made from
+the new bytes and the new items. Retract and extend together are exact whatever the bytes are.
+
+The upstream body reuses the previous one's bytes (`Wire`): its elements made of the items
+taken out, or that new items may join (Messages: a user message is made of its tool_result
+parts), are encoded again, the rest is the previous bytes. Any doubt (a stage that can't tell:
+a cut, a new summary, an inbox note, masking, knowledge, a failed summary, a repair; or an
+edit of the request further back) means the whole pipeline, as on the conversation's first
+turn. A summary in force is no doubt: new items come after its boundary. The result is the same
+either way, only its cost differs: tests/test_fastpath.py proves it byte for byte in every wire
+format, streamed turns and moving breakpoints included.
 
 Kept per conversation (least recently used out first, bounded by the bytes of upstream bodies
 held), and only after a turn that ended well, once its writes and the marks it moved have
@@ -24,6 +33,7 @@ compaction: the marks, seqs or summary differ), makes the next turn take the who
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,7 +42,7 @@ from typing import Any
 import orjson
 
 from ..config import Profile
-from ..dialects.base import Dialect, ToolSpec
+from ..dialects.base import ByElements, Dialect, ToolSpec
 from ..history import TurnPlan
 from ..identity import ConversationKey
 from ..pipeline import Pipeline, StageRun, Turn
@@ -56,27 +66,53 @@ _SPLICE = "\x00context-proxy: the transcript goes here\x00"  # never in a JSON b
 
 @dataclass(frozen=True, slots=True)
 class Wire:
-    """An upstream body as bytes, split where its transcript array closes, and the parts it was
-    made of: the previous turn's body is the next one's, its new items spliced in before `tail`."""
+    """An upstream body as bytes, and the transcript elements it holds: the next turn's body is
+    these bytes with their last elements made again, or new ones added, where the array closes.
 
-    head: bytes  # up to the transcript array's opening bracket
-    items: bytes  # the bracket and the items, comma-separated (no closing bracket)
-    tail: bytes  # the closing bracket and the rest of the body
-    sendable: list[Any]  # the transcript as it went (the dialect's form of each item)
+    `encoded[start:end]` is the elements' JSON, comma-separated (orjson's: element by element
+    the same bytes as in the whole array), so the bytes of the last k elements are found by
+    encoding those again: nothing is kept per element but where it starts in the prompt."""
+
+    encoded: bytes  # the whole body
+    start: int  # where its transcript's first element starts (after the opening bracket)
+    end: int  # where its transcript array closes (the closing bracket)
+    sendable: list[Any]  # the transcript as it went (the dialect's elements)
+    firsts: list[int] | None  # the prompt item each element starts at (None: one element per item)
     envelope: dict[str, Any]  # the body, its transcript field holding a placeholder
     tools: tuple[str, ...]  # the proxy's tools it offered
     key: str  # the transcript's field
+    breakpoints: int = 0  # cache breakpoints its elements hold (Messages)
+    room: int | None = None  # how many they may hold (None: no limit)
 
     @property
     def size(self) -> int:
-        return len(self.head) + len(self.items) + len(self.tail)
+        return len(self.encoded) + 8 * len(self.firsts or ())
 
     def body(self) -> EncodedBody:
-        return EncodedBody({**self.envelope, self.key: self.sendable}, self.head + self.items + self.tail)
+        return EncodedBody({**self.envelope, self.key: self.sendable}, self.encoded)
+
+    def spliced(self, keep: int, sendable: list[Any], firsts: list[int] | None, breakpoints: int = 0) -> Wire:
+        """This body with its elements from `keep` on replaced by `sendable` (made of the prompt's
+        items from `firsts[0]` on, when firsts are kept)."""
+        end = self.end
+        if keep < len(self.sendable):  # the bytes of the elements that go: the same encoded again
+            end -= len(b",".join(map(orjson.dumps, self.sendable[keep:]))) + (1 if keep else 0)
+        joined = b",".join(map(orjson.dumps, sendable))
+        comma = b"," if keep and joined else b""
+        view = memoryview(self.encoded)
+        encoded = b"".join((view[:end], comma, joined, view[self.end :]))
+        return Wire(
+            encoded, self.start, end + len(comma) + len(joined), self.sendable[:keep] + sendable,
+            None if self.firsts is None or firsts is None else self.firsts[:keep] + firsts,
+            self.envelope, self.tools, self.key, breakpoints, self.room,
+        )
 
 
-def wire_of(body: dict[str, Any], key: str) -> Wire | None:
-    """`body` (an upstream body made by a dialect) split at its transcript; None if it can't be."""
+def wire_of(
+    body: dict[str, Any], key: str, tools: tuple[str, ...], firsts: list[int] | None = None, breakpoints: int = 0,
+    room: int | None = None,
+) -> Wire | None:
+    """`body` (an upstream body made by a dialect) as a Wire; None if it can't be split at its transcript."""
     sendable = body.get(key)
     if not isinstance(sendable, list) or not sendable:
         return None
@@ -90,7 +126,8 @@ def wire_of(body: dict[str, Any], key: str) -> Wire | None:
     at = encoded.find(mark)
     if at < 0 or encoded.find(mark, at + 1) >= 0:
         return None
-    return Wire(encoded[:at], items[:-1], b"]" + encoded[at + len(mark) :], sendable, envelope, (), key)
+    whole = b"".join((encoded[:at], items, encoded[at + len(mark) :]))
+    return Wire(whole, at + 1, at + len(items) - 1, sendable, firsts, envelope, tools, key, breakpoints, room)
 
 
 @dataclass(slots=True)
@@ -125,6 +162,7 @@ class FastPath:
         self.taken = 0  # turns that took the fast path (for tests and the bench)
         self.declined = 0  # turns that had a memo and still ran the whole pipeline
         self.resent = 0  # of the turns taken, those whose request sent its last items again changed
+        self.spliced = 0  # upstream bodies made of the previous one's bytes
 
     def turn(
         self, key: ConversationKey, parsed: ParsedBody | None, settings: tuple[Any, ...], encode: bool = True
@@ -183,7 +221,10 @@ class FastTurn:
         self._items: list[Item] = []
         self._seqs: list[int | None] = []
         # What the previous prompt is to this one (its items after `keep` taken back out, see _extend).
-        self._base = _Base(memo.sent_seqs, memo.shortened, memo.shortened_item, memo.wire) if memo is not None else None
+        self._base = (
+            _Base(memo.sent_seqs, memo.shortened, memo.shortened_item, memo.wire, len(memo.runs[-1].after))
+            if memo is not None else None
+        )
 
     @property
     def outcome(self) -> str:
@@ -274,7 +315,8 @@ class FastTurn:
             base.sent_seqs[: len(base.sent_seqs) - len(gone_seqs)],
             base.shortened - sum(1 for i in gone if i.ref is not None and not i.masked),
             None if any(i is held for i in gone) else held,
-            None,  # its bytes held the items taken out: the body is made whole
+            base.wire,  # its elements made of the items taken out are made again
+            len(runs[-1].after),
         )
         return tail
 
@@ -301,31 +343,64 @@ class FastTurn:
         return [i.seq for i in items if i.seq is not None], sum(1 for i in items if i.ref is not None and not i.masked)
 
     def upstream_body(self, dialect: Dialect, body: dict[str, Any], items: list[Item], tools: Sequence[ToolSpec]) -> dict[str, Any]:
-        """The first upstream call's body: the previous one with the new items spliced in, when
-        the fast path was taken and the same tools go; else made whole (and split for next time)."""
-        if not self.encode or not getattr(dialect, "items_sent_alone", False):
-            # An upstream that reads the dict (litellm) may edit it; a dialect whose upstream form
-            # of an item depends on others (say, a cache breakpoint on the last) can't be spliced.
+        """The first upstream call's body: the previous one's bytes with its last elements made
+        again from the new items (or the new items' added), when the fast path was taken and the
+        same tools go; else made whole (and kept for next time)."""
+        alone = getattr(dialect, "items_sent_alone", False)
+        if not self.encode or not (alone or hasattr(dialect, "upstream_elements")):
+            # An upstream that reads the dict (litellm) may edit it.
             return dialect.upstream_body(body, items, tools)
         names = tuple(t.name for t in tools)
-        previous = self._base.wire if self.taken and self._base is not None else None
-        if previous is not None and previous.tools == names:
-            added = dialect.upstream_body(body, self._tail, tools)
-            sendable = added.get(previous.key)
-            if isinstance(sendable, list) and len(sendable) == len(self._tail):
-                joined = b",".join(orjson.dumps(x) for x in sendable) if sendable else b""
-                wire = Wire(
-                    previous.head, previous.items + (b"," + joined if joined else b""), previous.tail,
-                    [*previous.sendable, *sendable], previous.envelope, names, previous.key,
-                )
+        base = self._base
+        previous = base.wire if self.taken and base is not None else None
+        if previous is not None and previous.tools == names and base is not None:
+            if alone:
+                wire = self._spliced(dialect, body, items, tools, previous, base.prompt)
+            else:
+                wire = self._rebuilt(dialect, items, previous, base.prompt)  # type: ignore[arg-type]
+            if wire is not None:
                 self.wire = wire
+                self.owner.spliced += 1
                 return wire.body()
-        made = dialect.upstream_body(body, items, tools)
-        wire = wire_of(made, dialect.transcript_key)
-        if wire is None:
-            return made
-        self.wire = Wire(wire.head, wire.items, wire.tail, wire.sendable, wire.envelope, names, wire.key)
-        return self.wire.body()
+        if alone:
+            made, elements = dialect.upstream_body(body, items, tools), None
+        else:
+            made, elements = dialect.upstream_body_elements(body, items, tools)  # type: ignore[attr-defined]
+            if elements is None:
+                return made
+        self.wire = wire_of(
+            made, dialect.transcript_key, names, *((elements.firsts, elements.breakpoints, elements.room) if elements else ()),
+        )
+        return self.wire.body() if self.wire is not None else made
+
+    @staticmethod
+    def _spliced(
+        dialect: Dialect, body: dict[str, Any], items: list[Item], tools: Sequence[ToolSpec], previous: Wire, cut: int
+    ) -> Wire | None:
+        """Each item its own element (chat, Responses): the elements from `cut` on go, the new items' come."""
+        tail = items[cut:]
+        sendable = dialect.upstream_body(body, tail, tools).get(previous.key)
+        if not isinstance(sendable, list) or len(sendable) != len(tail) or cut > len(previous.sendable):
+            return None
+        return previous.spliced(cut, sendable, None)
+
+    @staticmethod
+    def _rebuilt(dialect: ByElements, items: list[Item], previous: Wire, cut: int) -> Wire | None:
+        """Elements made of several items (Messages): the one that holds the prompt's item
+        before `cut` is made again with what follows, as new items may join it."""
+        firsts = previous.firsts
+        if firsts is None or cut < 1:
+            return None
+        keep = bisect_right(firsts, cut - 1) - 1
+        if keep < 1:
+            return None  # the prompt's start is made whole (it may need a note first)
+        elements = dialect.upstream_elements(items[firsts[keep] :])
+        if elements is None:
+            return None
+        breakpoints = previous.breakpoints - dialect.breakpoints(previous.sendable[keep:]) + elements.breakpoints
+        if previous.room is not None and breakpoints > previous.room:
+            return None  # some would have to be taken off: the body is made whole
+        return previous.spliced(keep, elements.sendable, [firsts[keep] + f for f in elements.firsts], breakpoints)
 
     def done(self, turn: Turn, report: TurnReport, ok: bool) -> None:
         """After the turn: keep what the next one reuses if it ended well, else forget."""
@@ -353,6 +428,7 @@ class _Base:
     shortened: int
     shortened_item: Item | None
     wire: Wire | None
+    prompt: int  # the prompt's items the wire's elements were made of (the rest: this turn's)
 
 
 def _figures(report: TurnReport) -> dict[str, Any]:
