@@ -398,7 +398,9 @@ def _closes_transcript(rest: bytes, after: dict[str, Any]) -> bool:
         return False
 
 
-def _proven(raw: bytes, end: int, body: dict[str, Any], transcript_key: str, separator: Separator | None = None) -> bool:
+def _proven(
+    raw: bytes, end: int, body: dict[str, Any], transcript_key: str, separator: Separator | None = None
+) -> bool:
     """An item inserted at `end` lands last in the transcript (so it changes nothing else: the
     bytes differ there only); with `separator`, one inserted after its comma lands at its index
     too. Inserted anywhere else (in a string, a nested array, an earlier duplicate of the

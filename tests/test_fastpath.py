@@ -209,7 +209,8 @@ class MessagesRun(Run):
     def marked(self) -> list[dict[str, Any]]:
         r = self.breakpoints.random()
         marks = 0 if r < 0.15 else 2 if r < 0.4 else 1
-        return [*self.history[: len(self.history) - marks], *map(with_breakpoint, self.history[len(self.history) - marks :])]
+        cut = len(self.history) - marks
+        return [*self.history[:cut], *map(with_breakpoint, self.history[cut:])]
 
     def change(self) -> None:
         r = self.rng.random()
@@ -326,10 +327,12 @@ def claude_turns(proxy: Any, upstream: Any) -> tuple[list[bytes], list[str]]:
         taken, resent = engine.fastpath.taken, engine.fastpath.resent
         reply = client.messages.create(model=CLAUDE_MODEL, max_tokens=1024, system=system, messages=messages,
                                        tools=TOOLS_MESSAGES)
-        ways.append("resent" if engine.fastpath.resent > resent else "extended" if engine.fastpath.taken > taken else "whole")
+        fast = engine.fastpath
+        ways.append("resent" if fast.resent > resent else "extended" if fast.taken > taken else "whole")
         history.append(as_params(reply))
         call = next(b for b in history[-1]["content"] if b["type"] == "tool_use")
-        history.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": call["id"], "content": f"ran {len(history)}"}]})
+        result = {"type": "tool_result", "tool_use_id": call["id"], "content": f"ran {len(history)}"}
+        history.append({"role": "user", "content": [result]})
 
     def newest(marks: int) -> list[dict[str, Any]]:
         return [*history[: len(history) - marks], *map(with_breakpoint, history[len(history) - marks :])]
@@ -352,7 +355,7 @@ def claude_turns(proxy: Any, upstream: Any) -> tuple[list[bytes], list[str]]:
     return sent, ways
 
 
-def test_claude_codes_moving_breakpoint_takes_the_fast_path_and_sends_what_the_whole_path_sends(make_proxy, upstream, tmp_path):
+def test_claude_codes_moving_breakpoint_takes_the_fast_path_with_the_same_bytes(make_proxy, upstream, tmp_path):
     """Last messages sent again with their breakpoint moved (or a string become a block) take
     the fast path; one whose content changed besides is another message: the whole path. Either
     way, and when the proxy has to take a breakpoint off, the upstream gets the same bytes as

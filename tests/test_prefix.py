@@ -187,7 +187,8 @@ def test_a_claude_code_client_is_parsed_only_where_its_body_changed_turn_after_t
         else:
             assert edit != 0 and parsed.body == json.loads(raw), turn
             assert parsed.reused >= len(history) - (7 if edit else 4), turn
-            assert all(a is b for a, b in zip(parsed.body["messages"][: parsed.reused], parsed.origin.raws, strict=False))
+            reused = parsed.body["messages"][: parsed.reused]
+            assert all(a is b for a, b in zip(reused, parsed.origin.raws, strict=False))
             resent += parsed.reused < len(parsed.origin.raws)
         cache.remember(KEY, parsed, [f"h{i}" for i in range(len(parsed.body["messages"]))])
     assert 1 < whole < 15 and resent > 30, (whole, resent)
@@ -196,7 +197,8 @@ def test_a_claude_code_client_is_parsed_only_where_its_body_changed_turn_after_t
 def test_a_separator_is_proven_not_guessed():
     """A full parse proves the separator it found with the transcript's end, in one parse with an
     item inserted at each: one inside a string or a block list is refused."""
-    raw = body([{"role": "user", "content": "a"}, {"role": "user", "content": [{"type": "text", "text": "x, {y}"}, {"type": "text"}]}])
+    blocks = [{"type": "text", "text": "x, {y}"}, {"type": "text"}]
+    raw = body([{"role": "user", "content": "a"}, {"role": "user", "content": blocks}])
     parsed = orjson.loads(raw)
     end = raw.rindex(b"]")  # the transcript is the body's last key
     top = raw.index(b", {", raw.index(b'"a"'))

@@ -17,9 +17,12 @@ compaction summary) are appended to it as text blocks after the client's. An inb
 into the newest `tool_result` when the prompt ends in tool results, else as a user message of
 its own right before the client's newest. Claude Code re-sends a message as blocks that
 was a string, and moves its `cache_control` breakpoint to the newest message each turn: the
-canonical hash compares messages by meaning, so neither looks new. Breakpoints stay valid:
-never more than four in the body (the oldest messages' go first, e.g. stored messages replayed
-in proxy-history mode), and a dropped block takes its own with it.
+canonical hash compares messages by meaning, so neither looks new (and the fast path parses and
+rewrites only the messages that came back changed: proxy/prefix.py, proxy/engine/fastpath.py;
+its upstream body makes again only the messages they, and the new ones, are in:
+`upstream_elements`). Breakpoints stay valid: never more than four in the body (the oldest
+messages' go first, e.g. stored messages replayed in proxy-history mode), and a dropped block
+takes its own with it.
 """
 
 from __future__ import annotations

@@ -368,9 +368,8 @@ class FastTurn:
             made, elements = dialect.upstream_body_elements(body, items, tools)  # type: ignore[attr-defined]
             if elements is None:
                 return made
-        self.wire = wire_of(
-            made, dialect.transcript_key, names, *((elements.firsts, elements.breakpoints, elements.room) if elements else ()),
-        )
+        marked = (elements.firsts, elements.breakpoints, elements.room) if elements is not None else ()
+        self.wire = wire_of(made, dialect.transcript_key, names, *marked)
         return self.wire.body() if self.wire is not None else made
 
     @staticmethod

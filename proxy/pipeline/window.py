@@ -108,7 +108,9 @@ class TokenWindow:
         before them: the same window without them (a shorter history fits the same limit), their
         tokens taken off. A window that starts among them would start elsewhere without them."""
         stepped = run.note
-        if not isinstance(stepped, Stepped) or stepped.mark != turn.marks.get(WINDOW_MARK) or turn.report.tokens_sent is None:
+        if not isinstance(stepped, Stepped) or stepped.mark != turn.marks.get(WINDOW_MARK):
+            return None
+        if turn.report.tokens_sent is None:
             return None
         removed = run.before[keep:]
         shorter = passed_through(run, keep)
