@@ -191,7 +191,7 @@ def build_app(settings: Settings) -> web.Application:
     app[PIPELINE] = build_pipeline(settings)
     app[COUNTER] = TokenCounter(windows=window_overrides(settings.models), aliases=counting_aliases(settings.models))
     app[METRICS] = Metrics()
-    app[PREFIXES] = PrefixCache()
+    app[PREFIXES] = PrefixCache(int(settings.server.cache_mb * 2**20 * 3 / 4))
     app.cleanup_ctx.append(_resources)
 
     app.router.add_get("/healthz", healthz)
