@@ -304,8 +304,19 @@ def encoding_name(model: str) -> str | None:
     return "o200k_base" if name.startswith("o200k") else FALLBACK_ENCODING
 
 
-@cache  # one per encoding name: at most two
+_LOADING = threading.Lock()
+
+
 def tiktoken_encoder(name: str) -> Encode:
+    """The encoding's counter, loaded once. Two first requests at once (each loading it in a
+    thread) wait for one load: building an encoding takes ~0.2 s and, while it does, 40 MB for
+    cl100k_base (25 MB once built), so two at once set the process's peak resident set."""
+    with _LOADING:
+        return _tiktoken_encoder(name)
+
+
+@cache  # one per encoding name: at most two
+def _tiktoken_encoder(name: str) -> Encode:
     use_bundled_encodings()
     import tiktoken
 
