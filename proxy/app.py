@@ -20,6 +20,7 @@ from .engine import Engine
 from .errors import error_body, error_boundary
 from .identity import ConversationKey
 from .logs import monotonic_ms
+from .memory import Trimmer
 from .metrics import Metrics
 from .pipeline import build_pipeline
 from .prefix import PrefixCache
@@ -123,6 +124,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         settings, app[STORE], app[PIPELINE], app[COUNTER], app[REFS], app[SUMMARIZER], app[COMPACTION], router,
         app[PREFIXES], app[METRICS], telemetry,
     )
+    trimmer = Trimmer(settings.server.malloc_trim_interval_s)
+    trimming = asyncio.create_task(trimmer.run()) if trimmer.enabled else None
     log.info(
         "started",
         extra={
@@ -135,8 +138,9 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        if second_look is not None:
-            second_look.cancel()
+        for task in (second_look, trimming):
+            if task is not None:
+                task.cancel()
         await app[COMPACTION].close()
         await trajectories.close()  # after compaction (a summary marks its file due), before the store
         await telemetry.close()  # after the compactions: their spans go too
@@ -191,7 +195,7 @@ def build_app(settings: Settings) -> web.Application:
     app[PIPELINE] = build_pipeline(settings)
     app[COUNTER] = TokenCounter(windows=window_overrides(settings.models), aliases=counting_aliases(settings.models))
     app[METRICS] = Metrics()
-    app[PREFIXES] = PrefixCache()
+    app[PREFIXES] = PrefixCache(int(settings.server.cache_mb * 2**20 * 3 / 4))
     app.cleanup_ctx.append(_resources)
 
     app.router.add_get("/healthz", healthz)

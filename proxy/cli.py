@@ -21,6 +21,7 @@ from .config import ConfigError, Settings, load_settings
 from .connections import start_site
 from .errors import ProxyError
 from .logs import configure_logging
+from .memory import tune_malloc
 from .settings_doc import reference
 from .store import ConversationExists, open_store
 from .transfer import InvalidExport, dump_from_json, dump_to_json, read_dump
@@ -63,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "serve":
         configure_logging(settings.logging.level)
+        # Before any thread starts (the store's, the executor's): arenas made before it stay.
+        tuned = tune_malloc(settings.server.malloc_arena_max, settings.server.malloc_mmap_threshold_kb)
+        log.info("malloc", extra=tuned)
         try:
             app = build_app(settings)
         except ConfigError as exc:

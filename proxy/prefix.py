@@ -7,8 +7,8 @@ hash and no token counting again: their results are reused. Only the new tail is
 turn's cost grows with its new messages, not with the conversation.
 
 Safe by construction: equal messages have equal hashes, so a stale or missing entry only costs
-time, never correctness. Bounded by the size of the request bodies held (the least recently used
-conversation goes first).
+time, never correctness. Bounded by the memory its parsed messages and hashes take (the least
+recently used conversation goes first).
 """
 
 from __future__ import annotations
@@ -25,20 +25,24 @@ from .identity import ConversationKey
 from .messages import Message
 from .request_limits import OFFLOAD_BYTES, off_loop
 
-# Parsed messages take about as much memory as their JSON text, a little more.
-MAX_BYTES = 16 * 2**20
+# Memory for parsed messages and their hashes (PARSED and HASH_BYTES below), for conversations whose
+# bodies the BodyCache does not hold (the engine drops a conversation's entry here when its body
+# extends the last one): a client whose bodies never do (Claude Code's) takes ~0.5 MB for a
+# 200-message transcript, so 15 MB holds the bench's 20 such conversations.
+MAX_BYTES = 15 * 2**20  # server.cache_mb * 3/4
+MAX_ENTRIES = 256  # as the BodyCache's MAX_BODIES
 
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     messages: list[Message]
     hashes: list[str]
-    size: int  # bytes of the request body they came from
+    size: int  # the memory they take: PARSED per byte of the request body they came from, and the hashes
 
 
 class PrefixCache:
-    def __init__(self, max_bytes: int = MAX_BYTES) -> None:
-        self.max_bytes = max_bytes
+    def __init__(self, max_bytes: int = MAX_BYTES, max_entries: int = MAX_ENTRIES) -> None:
+        self.max_bytes, self.max_entries = max_bytes, max_entries
         self._entries: OrderedDict[ConversationKey, Snapshot] = OrderedDict()
         self._held = 0
 
@@ -56,28 +60,42 @@ class PrefixCache:
         return snapshot.hashes[:same]
 
     def remember(self, key: ConversationKey, messages: list[Message], hashes: list[str], size: int) -> None:
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self._held -= old.size
+        """Keep `messages` (parsed from a body of `size` bytes) and their hashes for the next request."""
+        self.forget(key)
+        size = size * PARSED + HASH_BYTES * len(hashes)
         if size > self.max_bytes // 2:  # one huge transcript must not push out everyone else
             return
         self._entries[key] = Snapshot(messages, hashes, size)
         self._held += size
-        while self._held > self.max_bytes:
+        while self._held > self.max_bytes or len(self._entries) > self.max_entries:
             _, evicted = self._entries.popitem(last=False)
             self._held -= evicted.size
+
+    def forget(self, key: ConversationKey) -> None:
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._held -= old.size
+
+    @property
+    def held(self) -> int:
+        """The memory its entries take (`Snapshot.size`), at most `max_bytes`."""
+        return self._held
 
 
 # -- the request body, by bytes ----------------------------------------------------------------
 
 JSON_SPACE = b" \t\r\n"  # JSON's whitespace (bytes.strip()'s default strips \x0b and \x0c too)
 MAX_CANDIDATES = 64  # closing brackets tried, from the end, to find where the transcript ends
-# Memory for request bodies, one per recent conversation: its bytes and its parsed objects, which
-# take about twice its bytes again (measured with tracemalloc): ~10 MB of bodies, the bench's 36
-# agents of 220 KB and more.
-BODY_BYTES = 32 * 2**20
+# Memory for request bodies, one per recent conversation: its bytes, its parsed objects and its
+# items' hashes. Measured (bench/memory_breakdown.py): parsed objects take twice the JSON's bytes
+# (a string with one non-ASCII character takes 2-4 bytes a character, and keeps its UTF-8 form
+# once serialized), a hash ~100 bytes with its place in the list; the bench's agents take 0.9 MB
+# (220 KB bodies) to 1.2 MB (400 KB) each: 20 MB holds the 16-20 it takes turns on.
+BODY_BYTES = 20 * 2**20  # server.cache_mb
 PARSED = 2  # bytes of parsed objects per byte of JSON
-MAX_BODIES = 512
+HASH_BYTES = 120  # an item's hash: its string and its place in the list
+MAX_BODIES = 256  # small conversations: more than this many taking turns at once rarely come back in time
+LARGEST = 2  # one body may take 1/LARGEST of the budget (turn 1,000 of the bench's agent: 2.5 MB, 7.7 MB held)
 SKIP_AFTER, RETRY_EVERY = 2, 8  # full parses in a row before a client's bodies are no longer split, and retries
 # Separators of a body's transcript kept (the newest): where a request that sends its last items
 # again, changed, may part from the previous one. A full parse finds one before the last RESENT
@@ -133,8 +151,8 @@ class BodyEntry:
 
     @property
     def size(self) -> int:
-        """Its memory: the bytes kept and the parsed objects."""
-        return (len(self.head) + len(self.tail)) * (1 + PARSED)
+        """Its memory: the bytes kept, the parsed objects and the items' hashes."""
+        return (len(self.head) + len(self.tail)) * (1 + PARSED) + HASH_BYTES * len(self.raws)
 
 
 class BodyCache:
@@ -186,7 +204,7 @@ class BodyCache:
         self, key: Any, raw: bytes, body: dict[str, Any], transcript_key: str, parts: Parts | None = None
     ) -> ParsedBody:
         """`body`, parsed whole from `raw`, with what the next request under `key` is compared with."""
-        if not self.enabled or len(raw) * (1 + PARSED) > self.max_bytes // 4:
+        if not self.enabled or len(raw) * (1 + PARSED) > self.max_bytes // LARGEST:
             return ParsedBody(body)
         misses = self._misses.pop(key, -1) + 1  # the first full parse under a key is no miss
         self._misses[key] = misses

@@ -101,3 +101,25 @@ def test_bench_smoke_speaks_every_wire_format(tmp_path: Path, wire: str) -> None
     assert data["wire"] == wire
     assert f"- workload ({WIRE_NAMES[wire]})" in proc.stdout
     assert all(p["errors"] == 0 for p in data["blocks"] if isinstance(p, dict) and "errors" in p)
+
+
+def test_memory_breakdown_smoke_and_the_caches_count_what_they_hold(tmp_path: Path) -> None:
+    """`python -m bench.memory_breakdown --smoke`: every checkpoint written, and the caches that
+    bound themselves by bytes believe within a third of what their objects really take (the
+    budgets in proxy/prefix.py and proxy/engine/fastpath.py are only as good as that)."""
+    out = tmp_path / "mb.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.memory_breakdown", "--smoke", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, f"breakdown failed\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
+    result = json.loads(out.read_text())
+    assert list(result["checkpoints"]) == ["idle after start", "after the side-by-side load", "after 40 more conversations"]
+    end = result["checkpoints"]["after 40 more conversations"]
+    assert end["status_mb"]["VmHWM"] >= end["status_mb"]["VmRSS"] > 0
+    assert end["tiktoken_loaded"] == ["cl100k_base"] and end["threads"]["os"] >= 2
+    for name in ("BodyCache (request bodies, parsed)", "FastPath memos (items, stage runs, upstream bodies)"):
+        cache = end["caches"][name]
+        assert cache["entries"] > 0 and cache["real_mb"] > 0, name
+        assert 0.75 < cache["believed_mb"] / cache["real_mb"] < 1.33, f"{name}: {cache}"
+    assert "| mapping | resident MB |" in proc.stdout and "fast path taken" in proc.stdout

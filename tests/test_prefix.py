@@ -21,14 +21,26 @@ def test_known_prefix_is_the_equal_leading_part_of_the_last_request():
 
 
 def test_the_bound_evicts_least_recently_used_and_refuses_giants():
+    # An entry takes PARSED bytes per byte of its body and HASH_BYTES per hash: 2 * 140 + 120 = 400.
     cache = PrefixCache(max_bytes=1_000)
-    cache.remember(A, msgs("a"), ["ha"], size=400)
-    cache.remember(B, msgs("b"), ["hb"], size=400)
+    cache.remember(A, msgs("a"), ["ha"], size=140)
+    cache.remember(B, msgs("b"), ["hb"], size=140)
+    assert cache.held == 800
     cache.known_prefix(A, msgs("a"))  # A is now the most recently used
-    cache.remember(ConversationKey("t", "c"), msgs("c"), ["hc"], size=400)
+    cache.remember(ConversationKey("t", "c"), msgs("c"), ["hc"], size=140)
     assert cache.known_prefix(B, msgs("b")) == [] and cache.known_prefix(A, msgs("a")) == ["ha"]
-    cache.remember(A, msgs("huge"), ["hh"], size=900)  # over half the bound: not kept, old entry dropped
+    assert cache.held == 800
+    cache.remember(A, msgs("huge"), ["hh"], size=250)  # over half the bound: not kept, old entry dropped
     assert cache.known_prefix(A, msgs("a")) == [] and cache.known_prefix(A, msgs("huge")) == []
+    assert cache.held == 400
+
+
+def test_the_bound_counts_conversations_too():
+    cache = PrefixCache(max_bytes=10**9, max_entries=2)
+    for name in ("a", "b", "c"):
+        cache.remember(ConversationKey("t", name), msgs(name), ["h"], size=10)
+    assert cache.known_prefix(ConversationKey("t", "a"), msgs("a")) == []  # the least recently used went
+    assert cache.known_prefix(ConversationKey("t", "c"), msgs("c")) == ["h"]
 
 
 # -- the body cache: a request that appends items is parsed only where it is new ------------------

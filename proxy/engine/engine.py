@@ -101,8 +101,9 @@ class Engine:
         )
         self.telemetry = telemetry
         # Requests that extend the previous one: parsed (bodies) and rewritten (fastpath) only where new.
-        self.fastpath = FastPath(enabled=settings.server.fast_path)
-        self.bodies = BodyCache(enabled=settings.server.fast_path, on_evict=self.fastpath.let_go)
+        cache = int(settings.server.cache_mb * 2**20)
+        self.fastpath = FastPath(enabled=settings.server.fast_path, max_bytes=cache // 4)
+        self.bodies = BodyCache(cache, enabled=settings.server.fast_path, on_evict=self.fastpath.let_go)
 
     async def conversation_key(self, request: TurnRequest) -> ConversationKey:
         """The conversation a request belongs to, in this order: the one it names; the one that
@@ -182,6 +183,8 @@ class Engine:
             self.bodies.remember(parsed.key, parsed, hashes)  # type: ignore[union-attr]
         if not extended:
             self.prefixes.remember(key, raws, hashes, size=request.size)
+        else:  # the body cache holds this conversation: a snapshot would outlive its body there, in memory of its own
+            self.prefixes.forget(key)
         model = dialect.model(body)
         profile = request.profile
         await self.counter.ready(model)  # its tokenizer, on its first use, in a thread

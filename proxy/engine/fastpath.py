@@ -52,10 +52,13 @@ from ..upstream import EncodedBody
 from .report import TurnReport
 
 # Memory for memos: their upstream bodies and items (the transcript they hold is the BodyCache's:
-# a memo goes when its body does, see FastPath.let_go).
-MAX_BYTES = 8 * 2**20
-MAX_CONVERSATIONS = 512
-ITEM_BYTES = 300  # an Item, and its place in each stage's lists
+# a memo goes when its body does, see FastPath.let_go). Measured (bench/memory_breakdown.py):
+# 120-250 KB for the bench's agents of 220-400 KB, ~12 KB for its small conversations; 2 MB at
+# turn 1,000 of one conversation.
+MAX_BYTES = 5 * 2**20  # server.cache_mb / 4
+MAX_CONVERSATIONS = 256  # as the BodyCache's MAX_BODIES
+ITEM_BYTES = 350  # an Item, its place in each stage's lists, a shortened copy's share
+LARGEST = 2  # one memo may take 1/LARGEST of the budget
 
 # What the pipeline's stages fill in of a turn's report: carried from one turn to the next.
 # (Not what is the turn's own: the cuts it moved, inbox deliveries, the knowledge shown, repairs
@@ -182,7 +185,7 @@ class FastPath:
 
     def keep(self, key: ConversationKey, memo: Memo) -> None:
         self.forget(key)
-        if memo.size > self.max_bytes // 4:
+        if memo.size > self.max_bytes // LARGEST:
             return
         self._memos[key] = memo
         self._keys[id(memo.origin)] = key

@@ -57,7 +57,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import diskcache
 
@@ -93,6 +93,7 @@ from .base import (
 log = logging.getLogger("proxy.store.disk")
 
 T = TypeVar("T")
+V = TypeVar("V")
 SEP = "\0"
 TENANTS = "tenants"
 SECRET = "ref-secret"
@@ -106,6 +107,10 @@ FAILED_SCOPE = "\x02failed:"  # + a scope: the index of that scope's conversatio
 INDEX_PAGE = 1000  # conversations per index page: registering one rewrites one page, not an index
 MAX_SNAPSHOTS = 1024  # conversation records kept in memory (the active ones)
 MAX_RECORDS = 256  # of those, the stored form kept for the next write (with their whole index)
+# ... and the per-seq entries (live, first-forwarded, rewritten, batch starts) each kind holds in
+# all: ~85 bytes apiece as measured (bench/memory_breakdown.py), so a few MB however long the
+# conversations get (1,024 snapshots of 2,000 messages would be ~170 MB).
+MAX_HELD_ENTRIES = 64_000
 INDEX_CHUNK = 128  # seqs per index chunk: a save pickles the newest chunk's entries, not the index
 BATCH_MAX = 256  # messages per batch row: a bigger write (an import) is split
 INLINE_PART = 8192  # bytes of a write's pickled messages kept in its batch row; more get a row of their own
@@ -160,7 +165,7 @@ def _open_cache(path: str) -> diskcache.Cache:
         statistics=False,
         disk_min_file_size=2**22,  # records up to 4 MB stay in SQLite: no file churn per turn
         sqlite_mmap_size=0,  # reads through SQLite's own cache: no 64 MB map in our resident set
-        sqlite_cache_size=2**11,  # pages (8 MB)
+        sqlite_cache_size=2**9,  # pages (2 MB): the pages a turn touches (the B-tree's upper levels, the newest rows) fit
     )
 
 
@@ -399,6 +404,11 @@ class _Record:
     def live(self) -> list[tuple[int, str]]:
         return list(self._live)
 
+    @property
+    def entries(self) -> int:
+        """Its per-seq entries (what its memory grows with), as `_Held` counts them."""
+        return len(self._live) + len(self._forwarded) + len(self._rewritten) + len(self._starts)
+
     def live_seqs(self, after: int | None, limit: int | None) -> list[int]:
         """The live seqs after `after` (all if None), at most `limit`."""
         start = 0 if after is None else bisect.bisect_left(self._live, (after + 1,))
@@ -476,6 +486,44 @@ class _Record:
         """The index chunks of seqs first ... end - 1 changed."""
         if end > first:
             self.changed.update(range(first // INDEX_CHUNK, (end - 1) // INDEX_CHUNK + 1))
+
+
+class _Held(Generic[V]):
+    """What the store keeps in memory of recent conversations (snapshots, records), the least
+    recently kept let go first: at most `most` of them, holding `entries` per-seq entries in all
+    (a 2,000-message conversation holds a hundred times what a 20-message one does). Written by
+    the store thread only; `get` is safe from the event loop (one dict look-up)."""
+
+    def __init__(self, most: int, entries: int = MAX_HELD_ENTRIES) -> None:
+        self.most, self.entries = most, entries
+        self._kept: OrderedDict[ConversationKey, tuple[V, int]] = OrderedDict()
+        self.held = 0  # entries of everything kept
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def get(self, key: ConversationKey) -> V | None:
+        kept = self._kept.get(key)
+        return kept[0] if kept is not None else None
+
+    def put(self, key: ConversationKey, value: V, entries: int) -> None:
+        self.pop(key)
+        if entries > self.entries:  # past the whole budget: read again when needed
+            return
+        self._kept[key] = (value, entries)
+        self.held += entries
+        while len(self._kept) > self.most or self.held > self.entries:
+            _, (_, dropped) = self._kept.popitem(last=False)
+            self.held -= dropped
+
+    def pop(self, key: ConversationKey) -> None:
+        kept = self._kept.pop(key, None)
+        if kept is not None:
+            self.held -= kept[1]
+
+    def clear(self) -> None:
+        self._kept.clear()
+        self.held = 0
 
 
 class _PendingFlags:
@@ -577,11 +625,11 @@ class DiskStore:
         self._reserve = _Reserve(self._path / RESERVE_FILE, reserve_bytes)
         self._reserve.make()
         self._health = WriteHealth()
-        self._snapshots: dict[ConversationKey, Conversation] = {}  # written by the store thread only
+        self._snapshots: _Held[Conversation] = _Held(MAX_SNAPSHOTS)  # written by the store thread only
         # The latest saved record of recent conversations, with their whole index (store thread
         # only): a turn's write updates it instead of reading it again. Safe because this process
         # is the store's only writer.
-        self._records: OrderedDict[ConversationKey, _Record] = OrderedDict()
+        self._records: _Held[_Record] = _Held(MAX_RECORDS)
         self._pending = _PendingFlags(self._cache)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diskstore")
         self._locks: weakref.WeakValueDictionary[ConversationKey, asyncio.Lock] = weakref.WeakValueDictionary()
@@ -683,16 +731,12 @@ class DiskStore:
         if snapshot:
             self._snapshot(key, record)
         else:
-            self._snapshots.pop(key, None)
-        self._records[key] = record
-        self._records.move_to_end(key)
-        if len(self._records) > MAX_RECORDS:
-            self._records.popitem(last=False)
+            self._snapshots.pop(key)
+        self._records.put(key, record, record.entries)
 
     def _snapshot(self, key: ConversationKey, record: _Record) -> Conversation:
-        conversation = self._snapshots[key] = _conversation(key, record)
-        if len(self._snapshots) > MAX_SNAPSHOTS:
-            del self._snapshots[next(iter(self._snapshots))]  # the oldest inserted
+        conversation = _conversation(key, record)
+        self._snapshots.put(key, conversation, record.entries)
         return conversation
 
     async def list_conversations(
@@ -768,8 +812,8 @@ class DiskStore:
                     self._cache.delete(_response_key(key.tenant, turn_record["response_id"]))
                 self._cache.delete(_turn_key(key, turn))
             self._cache.delete(_conv_key(key))
-            self._snapshots.pop(key, None)
-            self._records.pop(key, None)
+            self._snapshots.pop(key)
+            self._records.pop(key)
             self._pending.drop([key])
             scopes = (key.tenant, ALL_TENANTS)
             if fields.get("failures"):
