@@ -266,7 +266,7 @@ def caches(app: Any) -> dict[str, Any]:
     fast = getattr(engine, "fastpath", None)
     if fast is not None:
         memos = list(fast._memos.values())
-        parts = {"upstream bytes": [(m.wire.head, m.wire.items, m.wire.tail) for m in memos if m.wire],
+        parts = {"upstream bytes": [m.wire.encoded for m in memos if m.wire],
                  "upstream sendable": [m.wire.sendable for m in memos if m.wire], "items": [m.items for m in memos],
                  "runs": [m.runs for m in memos]}
         known = set(seen)  # what the BodyCache holds is not the memos'
