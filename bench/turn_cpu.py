@@ -1,10 +1,13 @@
 """One turn's CPU in the proxy process, A/B between source trees, and with traces on.
 
     python -m bench.turn_cpu --proxy-src /path/to/before --proxy-src . [--traces] [--rounds 5]
+        [--wire messages] [--at-turn 1000 --conversations 1 --requests 28]
 
 Each tree runs as `python -m proxy serve` with its own shipped config.yaml on the target core;
 one load generator (bench/loadgen.py) sends full-history later turns of the bench's 200-message
-agent transcript, one at a time (the seq phase of bench/run.py). The trees take turns, round by
+agent transcript, one at a time (the seq phase of bench/run.py), in any wire format the bench
+speaks (bench/wires.py); `--at-turn N` measures turns N+1... of a conversation that started
+empty instead (the scaling phase's, without its other targets in between). The trees take turns, round by
 round, so drift on a busy machine hits them alike. The figure is the proxy process's CPU
 (utime+stime, every thread) per request: the median over rounds, and each round's ratio to the
 first tree. `--traces` adds the last tree again with telemetry on, exporting to an OTLP/HTTP sink
@@ -56,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--requests", type=int, default=200, help="measured requests per tree and round")
     p.add_argument("--conversations", type=int, default=20)
+    p.add_argument("--wire", choices=["chat", "messages", "responses"], default="chat")
+    p.add_argument("--at-turn", type=int, default=0, help="measure from this turn of an empty conversation on")
     args = p.parse_args(argv)
 
     client_cpus, target_cpus = cores()
@@ -73,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         port = free_port()
         env = {
             "CONTEXT_PROXY_UPSTREAM__BASE_URL": f"http://127.0.0.1:{mock_port}/v1",
+            **({"CONTEXT_PROXY_UPSTREAM__ANTHROPIC_BASE_URL": f"http://127.0.0.1:{mock_port}"} if args.wire == "messages" else {}),
             "CONTEXT_PROXY_STORAGE__PATH": str(tmp / f"store-{n}"),
             **PROXY_ENV,
         }
@@ -84,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                     port, "/healthz", tmp / f"proxy-{n}.log", env=env, cwd=str(root), cpus=target_cpus).start()
         procs.append(proc)
         targets.append((name, proc))
-    lg = LoadGen(client_cpus, tmp / "loadgen.log")
+    lg = LoadGen(client_cpus, tmp / "loadgen.log", wire=args.wire)
+    kind, warm = ("empty", args.at_turn) if args.at_turn else ("agent200", 1)
     per_request: dict[str, list[float]] = {name: [] for name, _ in targets}
     try:
         mock.wait_ready(30)
@@ -94,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             for name, proc in targets:
                 pool = f"r{r}-{proc.port}"
                 ids = [f"{pool}-{i}" for i in range(args.conversations)]
-                lg(op="open", pool=pool, kind="agent200", ids=ids, url=f"http://127.0.0.1:{proc.port}/v1")
-                lg(op="run", pool=pool, requests=args.conversations)  # first turns: the stored prefix exists
+                lg(op="open", pool=pool, kind=kind, ids=ids, url=f"http://127.0.0.1:{proc.port}/v1")
+                lg(op="run", pool=pool, requests=args.conversations * warm)  # first turns: the stored prefix exists
                 before = cpu_seconds(proc.pid)
                 result = lg(op="run", pool=pool, requests=args.requests)
                 per_request[name].append((cpu_seconds(proc.pid) - before) / result["sent"] * 1000)
