@@ -10,7 +10,7 @@ defaults kept ~35 MB of freed memory resident out of ~180 MB:
 - A heap gives memory back to the system from its top only: what a burst freed in its middle (a
   turn's request and upstream bodies, copies of them, a first turn's parsed messages) stays
   resident under the objects allocated after it. `Trimmer` hands those pages back (malloc_trim)
-  once resident memory grew: 9 MB off the bench's peak, 24 MB off what stays after it.
+  once resident memory grew or the caches let go: 9 MB off the bench's peak, 24 MB off what stays after it.
 - glibc's mmap threshold is dynamic: freeing a large block raises it to that block's size, so
   later bodies come from the heap, where they leave those holes. A fixed threshold keeps every
   large block mapped on its own, back with the system once freed: 7 MB more off the peak, but
@@ -86,21 +86,33 @@ def resident_bytes() -> int:
         return int(statm.read().split()[1]) * PAGE
 
 
+class MallInfo2(ctypes.Structure):
+    """glibc's struct mallinfo2 (2.33 and later): every field a size_t."""
+
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
 class Trimmer:
-    """malloc_trim(0) in a thread once resident memory grew, at most every `interval_s` seconds.
+    """malloc_trim(0) in a thread once memory was taken or given back, at most every `interval_s` s.
 
     glibc returns free memory to the system from the top of a heap only: what a burst freed in
     its middle (a turn's request and upstream bodies, a first turn's 200 parsed messages) stays
     resident until reused. malloc_trim hands back every free page, in any arena. It costs ~1.5 ms
     on an 80 MB heap that has nothing to give back and ~0.2 ms per MB it does, off the event loop
-    (ctypes lets go of the GIL); it runs only when the resident set grew by TRIM_GROWTH since the
-    last one, so a steady process is not trimmed again and again.
+    (ctypes lets go of the GIL); so it runs only when there is something to give: the resident set
+    grew by TRIM_GROWTH since the last one (a burst), or the heap's free bytes did (caches letting
+    go of what they held: that shrinks nothing by itself, so resident memory alone never tells).
+    A steady process is not trimmed again and again.
     """
 
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
         self._libc = glibc() if interval_s > 0 else None
-        self._after = 0  # resident bytes after the last trim
+        self._mallinfo2 = getattr(self._libc, "mallinfo2", None)  # glibc 2.33+; without it, growth alone
+        if self._mallinfo2 is not None:
+            self._mallinfo2.restype = MallInfo2
+        self._resident_after = self._free_after = 0  # after the last trim
 
     @property
     def enabled(self) -> bool:
@@ -110,9 +122,23 @@ class Trimmer:
         """Until cancelled."""
         if self._libc is None:
             return
-        self._after = resident_bytes()
+        self._resident_after, self._free_after = resident_bytes(), self._free_bytes()
         while True:
             await asyncio.sleep(self.interval_s)
-            if resident_bytes() >= self._after + TRIM_GROWTH:
-                await asyncio.to_thread(self._libc.malloc_trim, 0)
-                self._after = resident_bytes()
+            await asyncio.to_thread(self.trim_if_worth_it)  # mallinfo2 takes each arena's lock
+
+    def trim_if_worth_it(self) -> bool:
+        """Trim if memory grew or was freed by TRIM_GROWTH since the last trim; True if it did."""
+        assert self._libc is not None
+        resident, free = resident_bytes(), self._free_bytes()
+        if resident < self._resident_after + TRIM_GROWTH and free < self._free_after + TRIM_GROWTH:
+            # Free memory reused since: what is freed next counts from here.
+            self._free_after = min(self._free_after, free)
+            return False
+        self._libc.malloc_trim(0)
+        self._resident_after, self._free_after = resident_bytes(), self._free_bytes()
+        return True
+
+    def _free_bytes(self) -> int:
+        """Free bytes in the heaps (pages already handed back included: trimming keeps the chunks)."""
+        return self._mallinfo2().fordblks if self._mallinfo2 is not None else 0
