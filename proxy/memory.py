@@ -125,7 +125,8 @@ class Trimmer:
         self._resident_after, self._free_after = resident_bytes(), self._free_bytes()
         while True:
             await asyncio.sleep(self.interval_s)
-            await asyncio.to_thread(self.trim_if_worth_it)  # mallinfo2 takes each arena's lock
+            # In a thread: mallinfo2 walks the free lists under each arena's lock (~0.3 ms for 15,000 free chunks).
+            await asyncio.to_thread(self.trim_if_worth_it)
 
     def trim_if_worth_it(self) -> bool:
         """Trim if memory grew or was freed by TRIM_GROWTH since the last trim; True if it did."""
