@@ -8,13 +8,13 @@ import gzip
 import json
 import socket
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import redis as redis_sync
 
+from proxy.messages import MAX_DEPTH, too_deep
 from tests.conftest import ALICE, BOB
 from tests.fake_upstream import FakeUpstream, Reply, default_responder
 from tests.harness import ProxyProcess, chat, peak_rss_kb, stored_form
@@ -464,6 +464,16 @@ def hostile_bodies() -> dict[str, bytes]:
             tools='[{"type":"function","function":{"name":"f","parameters":' + inner + "}}]"
         )
     return bodies
+
+
+def test_nesting_is_counted_level_by_level_dicts_and_lists_alike():
+    for limit in (1, 2, MAX_DEPTH - 2, MAX_DEPTH):
+        for kind in ("list", "object"):
+            assert not too_deep(json.loads(nested(limit, kind)), limit)
+            assert too_deep(json.loads(nested(limit + 1, kind)), limit)
+        mixed = [{"a": [{"b": 1}, "x"]}, 2]  # four levels, the deepest not the first child
+        assert too_deep(mixed, 3) and not too_deep(mixed, 4)
+    assert not too_deep("a string", 1) and too_deep("a string", 0)
 
 
 @pytest.mark.parametrize("backend", ["diskcache", "redis"])
