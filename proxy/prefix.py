@@ -140,7 +140,8 @@ class BodyEntry:
     """One request body, split where its transcript array closes: `head` (everything before the
     closing bracket, the items included) and `tail` (the bracket and everything after it).
     `head` is a view of the body's bytes, not a copy: a 2 MB body is not copied again each turn.
-    `separators`: some of its transcript's separators, proven, in order (the newest few)."""
+    `separators`: some of its transcript's separators, in order (the newest few), proven with
+    the split (`proven`)."""
 
     head: memoryview
     tail: bytes
@@ -148,6 +149,10 @@ class BodyEntry:
     raws: list[Any]  # the transcript's items: the body's array, or its parts (see Parts)
     hashes: list[str] = field(default_factory=list)  # set once the request was checked
     separators: tuple[Separator, ...] = ()
+    # Where the transcript closes (and the separator) is proven when a request first extends this
+    # body, not when it is parsed: a body no request extends (a conversation's only turn, a
+    # client that rewrites its history) costs no second parse. Entries made from one are proven.
+    proven: bool = True
 
     @property
     def size(self) -> int:
@@ -169,8 +174,8 @@ class BodyCache:
     ones before are the previous request's (`reused` says how many). Anything else (an edited
     byte further back, a changed parameter) is parsed whole. Where the transcript closes, and a
     separator before its last items, are found once per full parse, and proven by parsing the
-    body with an item inserted at each; later separators are read off bytes known to be
-    elements (`_separators`).
+    body with an item inserted at each once a request would extend it (`_prove`); later
+    separators are read off bytes known to be elements (`_separators`).
 
     Keyed by what names a client's conversation before the body is read (tenant, wire format,
     the conversation id it names); bounded by the bytes held, least recently used out first.
@@ -183,11 +188,11 @@ class BodyCache:
         self._entries: OrderedDict[Any, BodyEntry] = OrderedDict()
         self._held = 0
         # Full parses in a row under a key: a client whose bodies never extend the last one (one
-        # that rewrites its history further back than RESENT items every turn) gets no entry to
-        # prove (a second parse) but every RETRY_EVERY-th time.
+        # that rewrites its history further back than RESENT items every turn) gets no entry (its
+        # memory, and finding where each transcript closes) but every RETRY_EVERY-th time.
         self._misses: OrderedDict[Any, int] = OrderedDict()
 
-    def extend(self, key: Any, raw: bytes, transcript_key: str, parts: Parts | None = None) -> ParsedBody | None:
+    async def extend(self, key: Any, raw: bytes, transcript_key: str, parts: Parts | None = None) -> ParsedBody | None:
         """`raw` read as the previous request under `key` plus new transcript items, its last
         ones perhaps sent again changed (parsed here, on the loop: at most OFFLOAD_BYTES of
         them), or None: it must be parsed whole."""
@@ -195,6 +200,17 @@ class BodyCache:
         if previous is None or len(raw) - len(previous.head) - len(previous.tail) > OFFLOAD_BYTES:
             return None
         extended = _extend(previous, raw, transcript_key, key, parts)
+        if extended is not None and not previous.proven:
+            split = await off_loop(len(previous.head), _prove, previous, transcript_key)
+            if self._entries.get(key) is not previous:  # let go of meanwhile
+                return None
+            if split is None:
+                self.forget(key)
+                return None
+            if split[0] is not previous.head or split[2] != previous.separators:  # it splits elsewhere
+                previous.head, previous.tail, previous.separators = split
+                extended = _extend(previous, raw, transcript_key, key, parts)
+            previous.proven = True
         if extended is not None:
             self._entries.move_to_end(key)
             self._misses.pop(key, None)
@@ -343,12 +359,13 @@ def _separators(data: Any, start: int, end: int, index: int) -> list[Separator]:
 
 
 def _entry(raw: bytes, body: Any, transcript_key: str, parts: Parts | None = None) -> BodyEntry | None:
-    """Where `raw`'s transcript array closes, proven: None when it can't be found or isn't a
-    non-empty array of the body (or what follows it is nested too deeply to compare)."""
+    """Where `raw`'s transcript array likely closes, to be proven (`_prove`): None when it can't
+    be found or isn't a non-empty array of the body (or what follows it is nested too deeply to
+    compare)."""
     if not isinstance(body, dict) or not isinstance(raws := body.get(transcript_key), list) or not raws:
         return None
     try:
-        entry = _closed_at(raw, body, transcript_key, raws)
+        entry = _closed_at(raw, body, transcript_key, raws, prove=False)
     except RecursionError:
         return None
     if entry is not None and parts is not None:
@@ -356,7 +373,28 @@ def _entry(raw: bytes, body: Any, transcript_key: str, parts: Parts | None = Non
     return entry
 
 
-def _closed_at(raw: bytes, body: dict[str, Any], transcript_key: str, raws: list[Any]) -> BodyEntry | None:
+def _prove(entry: BodyEntry, transcript_key: str) -> tuple[memoryview, bytes, tuple[Separator, ...]] | None:
+    """Where `entry`'s body really splits (head, tail, separators): its own split if proven (its
+    separator dropped if that alone is not), else where the transcript proves to close, or None.
+    One parse; more only for a body made to mislead (a later key's array that looks like the
+    transcript's end). Pure, for a thread: the caller applies it."""
+    raw = bytes(entry.head) + entry.tail
+    end, body = len(entry.head), entry.body
+    if entry.separators and _proven(raw, end, body, transcript_key, entry.separators[-1]):
+        return entry.head, entry.tail, entry.separators
+    if _proven(raw, end, body, transcript_key):
+        return entry.head, entry.tail, ()
+    try:
+        found = _closed_at(raw, body, transcript_key, body[transcript_key], prove=True)
+    except RecursionError:
+        return None
+    return (found.head, found.tail, found.separators) if found is not None else None
+
+
+def _closed_at(raw: bytes, body: dict[str, Any], transcript_key: str, raws: list[Any], prove: bool) -> BodyEntry | None:
+    """The body split where its transcript array closes: the first candidate from the end whose
+    rest reads as the body's later keys, with a separator before its last items; `prove`: the
+    first candidate that proves to be it (see `_proven`)."""
     keys = list(body)
     after = {k: body[k] for k in keys[keys.index(transcript_key) + 1 :]}
     end = len(raw)
@@ -367,10 +405,13 @@ def _closed_at(raw: bytes, body: dict[str, Any], transcript_key: str, raws: list
         rest = raw[end + 1 :].lstrip(JSON_SPACE)
         if not _closes_transcript(rest, after):
             continue
-        # One parse proves both where the array closes and a separator before its last items.
         separator = _separator_before_last(raw, end, raws)
+        separators = (separator,) if separator is not None else ()
+        if not prove:
+            return BodyEntry(memoryview(raw)[:end], raw[end:], body, raws, separators=separators, proven=False)
+        # One parse proves both where the array closes and a separator before its last items.
         if separator is not None and _proven(raw, end, body, transcript_key, separator):
-            return BodyEntry(memoryview(raw)[:end], raw[end:], body, raws, separators=(separator,))
+            return BodyEntry(memoryview(raw)[:end], raw[end:], body, raws, separators=separators)
         if _proven(raw, end, body, transcript_key):
             return BodyEntry(memoryview(raw)[:end], raw[end:], body, raws)
     return None

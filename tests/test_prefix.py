@@ -47,12 +47,17 @@ def test_the_bound_counts_conversations_too():
 
 import asyncio  # noqa: E402
 import json  # noqa: E402
+from typing import Any  # noqa: E402
 
 import orjson  # noqa: E402
 
 from proxy.prefix import BodyCache, ParsedBody, _proven  # noqa: E402
 
 KEY = ("tenant", "chat", "conversation")
+
+
+def extend(cache: BodyCache, *args: Any) -> ParsedBody | None:
+    return asyncio.run(cache.extend(*args))
 
 
 def first(cache: BodyCache, raw: bytes) -> None:
@@ -72,7 +77,7 @@ def test_appended_items_are_parsed_alone_and_the_rest_is_the_last_requests():
     old = msgs("a", "b")
     first(cache, body(old, tools=[{"type": "function"}], stream=False))
     new = body([*old, *msgs("c", "d")], tools=[{"type": "function"}], stream=False)
-    parsed = cache.extend(KEY, new, "messages")
+    parsed = extend(cache, KEY, new, "messages")
     assert parsed is not None and parsed.reused == 2 and parsed.hashes == ["h0", "h1"]
     assert parsed.body == json.loads(new)  # what a full parse gives
     assert parsed.body["messages"][0] is parsed.origin.raws[0]  # the previous request's own objects
@@ -90,20 +95,47 @@ def test_anything_but_an_append_or_a_resent_tail_is_parsed_whole():
         "two arrays": body(old, stream=False).replace(b"}], ", b"}], [1], "),
     }
     for what, raw in refused.items():
-        assert cache.extend(KEY, raw, "messages") is None, what
-    assert cache.extend(("other", "chat", "conversation"), body([*old, *msgs("c")], stream=False), "messages") is None
+        assert extend(cache, KEY, raw, "messages") is None, what
+    assert extend(cache, ("other", "chat", "conversation"), body([*old, *msgs("c")], stream=False), "messages") is None
 
 
 def test_the_transcript_end_is_proven_not_guessed():
-    """A `]` that looks like the transcript's end but is inside a later value is not taken for it."""
+    """A `]` that looks like the transcript's end but is inside a later value is not taken for it.
+    A full parse only guesses where the transcript closes; the first request that would extend
+    the body at that guess has it proven first (one more parse), and the real end found."""
     cache = BodyCache()
     raw = b'{"messages": [{"role": "user", "content": "a"}], "stream": [1], "stream": true}'
     parsed = asyncio.run(cache.full(KEY, raw, orjson.loads(raw), "messages"))
-    assert parsed.entry is not None and parsed.entry.tail.startswith(b'], "stream": [1]')
+    cache.remember(KEY, parsed, ["h0"])
+    guessed = parsed.entry
+    assert guessed is not None and not guessed.proven and guessed.tail == b'], "stream": true}'  # the `]` of [1]
+    at_the_guess = raw[: len(guessed.head)] + b', {"role": "user", "content": "b"}' + raw[len(guessed.head) :]
+    assert extend(cache, KEY, at_the_guess, "messages") is None  # no message was added: parsed whole
+    assert guessed.proven and guessed.tail.startswith(b'], "stream": [1]')  # the transcript's own end
+    appended = raw.replace(b'"a"}]', b'"a"}, {"role": "user", "content": "b"}]')
+    extended = extend(cache, KEY, appended, "messages")
+    assert extended is not None and extended.reused == 1 and extended.body == orjson.loads(appended)
     # Proven without comparing the bodies (no recursion however deep: validation refuses it later).
     deep = b'{"messages": [' + b"[" * 990 + b"]" * 990 + b"]}"
-    entry = asyncio.run(cache.full(KEY, deep, orjson.loads(deep), "messages")).entry
-    assert entry is not None and entry.tail == b"]}"
+    parsed = asyncio.run(cache.full(KEY, deep, orjson.loads(deep), "messages"))
+    cache.remember(KEY, parsed, ["h0"])
+    assert parsed.entry is not None and parsed.entry.tail == b"]}"
+    deeper = deep[:-2] + b", [[1]]]}"
+    extended = extend(cache, KEY, deeper, "messages")
+    assert extended is not None and parsed.entry.proven and extended.body["messages"][-1] == [[1]]
+
+
+def test_a_body_no_request_extends_is_parsed_once():
+    """What a full parse keeps costs no second parse until a request would extend it."""
+    cache = BodyCache()
+    raw = body(msgs("a", "b", "c"), stream=False)
+    parsed = asyncio.run(cache.full(KEY, raw, orjson.loads(raw), "messages"))
+    cache.remember(KEY, parsed, ["h0", "h1", "h2"])
+    assert parsed.entry is not None and not parsed.entry.proven and parsed.entry.separators  # guessed, unproven
+    assert extend(cache, KEY, body(msgs("A", "b", "c", "d"), stream=False), "messages") is None  # no extension: no proof
+    assert not parsed.entry.proven
+    extended = extend(cache, KEY, body(msgs("a", "b", "c", "d"), stream=False), "messages")
+    assert extended is not None and extended.reused == 3 and parsed.entry.proven
 
 
 def test_the_cache_is_bounded_and_says_what_it_let_go():
@@ -115,21 +147,21 @@ def test_the_cache_is_bounded_and_says_what_it_let_go():
         parsed = asyncio.run(cache.full(key, raw, orjson.loads(raw), "messages"))
         cache.remember(key, parsed, ["h"])
     assert 0 < len(gone) < 6 and cache.held <= 30_000
-    assert cache.extend(("t", "chat", "c0"), body([*msgs("x" * 2000), *msgs("y")]), "messages") is None  # evicted first
+    assert extend(cache, ("t", "chat", "c0"), body([*msgs("x" * 2000), *msgs("y")]), "messages") is None  # evicted first
 
 
 def send(cache: BodyCache, raw: bytes) -> ParsedBody:
     """`raw` read as the handler reads it, and kept (its items' hashes made up)."""
-    parsed = cache.extend(KEY, raw, "messages") or asyncio.run(cache.full(KEY, raw, orjson.loads(raw), "messages"))
+    parsed = extend(cache, KEY, raw, "messages") or asyncio.run(cache.full(KEY, raw, orjson.loads(raw), "messages"))
     cache.remember(KEY, parsed, ["h"] * len(parsed.body["messages"]))
     return parsed
 
 
 def test_a_client_whose_bodies_never_extend_the_last_one_stops_being_split():
     """A client that rewrites the start of its history every turn (say, a clock in its first
-    message): no body extends the last one, so proving where each transcript closes (a second
-    parse) would buy nothing. After two such bodies in a row only every eighth is split; one
-    that extends starts it over."""
+    message): no body extends the last one, so keeping each (its memory, and finding where its
+    transcript closes) would buy nothing. After two such bodies in a row only every eighth is
+    split; one that extends starts it over."""
     cache = BodyCache()
     history = msgs("task")
     split = []
@@ -163,7 +195,7 @@ def test_last_messages_sent_again_changed_are_parsed_from_a_separator_on():
     old = msgs("a", "b", "c")
     first(cache, body([*old[:-1], marked(old[-1])], stream=True))
     raw = body([*old, *msgs("d"), marked(msgs("e")[0])], stream=True)  # "c" lost its breakpoint, two new
-    parsed = cache.extend(KEY, raw, "messages")
+    parsed = extend(cache, KEY, raw, "messages")
     assert parsed is not None and parsed.body == json.loads(raw)
     assert parsed.reused == 2 and parsed.hashes == ["h0", "h1"]  # "c" is parsed again, from its new bytes
     assert parsed.body["messages"][1] is parsed.origin.raws[1]
@@ -191,7 +223,7 @@ def test_a_claude_code_client_is_parsed_only_where_its_body_changed_turn_after_t
         marks = rng.choice([0, 1, 1, 2])
         sent = [*history[: len(history) - marks], *map(marked, history[len(history) - marks :])]
         raw = body(sent, tools=[{"name": "run"}], stream=True)
-        parsed = cache.extend(KEY, raw, "messages")
+        parsed = extend(cache, KEY, raw, "messages")
         if parsed is None:
             whole += 1
             assert edit == 0 or turn == 0, turn
@@ -207,7 +239,7 @@ def test_a_claude_code_client_is_parsed_only_where_its_body_changed_turn_after_t
 
 
 def test_a_separator_is_proven_not_guessed():
-    """A full parse proves the separator it found with the transcript's end, in one parse with an
+    """The separator a full parse found is proven with the transcript's end, in one parse with an
     item inserted at each: one inside a string or a block list is refused."""
     blocks = [{"type": "text", "text": "x, {y}"}, {"type": "text"}]
     raw = body([{"role": "user", "content": "a"}, {"role": "user", "content": blocks}])

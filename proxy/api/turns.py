@@ -42,7 +42,7 @@ async def read_turn_body(request: web.Request, dialect: Dialect, cache_key: Any)
     raw = await request.read()
     bodies = request.app[ENGINE].bodies
     parts = getattr(dialect, "transcript_parts", None)  # a transcript that is not the body's array as it is
-    parsed = bodies.extend(cache_key, raw, dialect.transcript_key, parts) if cache_key is not None else None
+    parsed = await bodies.extend(cache_key, raw, dialect.transcript_key, parts) if cache_key is not None else None
     if parsed is not None:
         return parsed
     body = await read_json_object(request, dialect.transcript_key)
