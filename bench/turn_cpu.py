@@ -1,15 +1,16 @@
 """One turn's CPU in the proxy process, A/B between source trees, and with traces on.
 
     python -m bench.turn_cpu --proxy-src /path/to/before --proxy-src . [--traces] [--rounds 5]
-        [--wire messages] [--at-turn 1000 --conversations 1 --requests 28]
+        [--wire messages] [--at-turn 1000 --conversations 1 --requests 28] [--first]
 
 Each tree runs as `python -m proxy serve` with its own shipped config.yaml on the target core;
 one load generator (bench/loadgen.py) sends full-history later turns of the bench's 200-message
 agent transcript, one at a time (the seq phase of bench/run.py), in any wire format the bench
 speaks (bench/wires.py); `--at-turn N` measures turns N+1... of a conversation that started
-empty instead (the scaling phase's, without its other targets in between). The trees take turns, round by
+empty instead (the scaling phase's, without its other targets in between); `--first` measures
+first turns instead: `--requests` new conversations, each storing the whole transcript. The trees take turns, round by
 round, so drift on a busy machine hits them alike. The figure is the proxy process's CPU
-(utime+stime, every thread) per request: the median over rounds, and each round's ratio to the
+(schedstat: on-CPU nanoseconds of every thread; utime+stime counts 10 ms ticks) per request: the median over rounds, and each round's ratio to the
 first tree. `--traces` adds the last tree again with telemetry on, exporting to an OTLP/HTTP sink
 run here (it accepts and drops the spans), so the cost of tracing on shows beside it.
 """
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from .procs import Proc, cores, cpu_seconds, free_port, pin_self
+from .procs import Proc, cores, cpu_ns, free_port, pin_self
 from .run import PROXY_ENV, REPO, LoadGen
 
 
@@ -61,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--conversations", type=int, default=20)
     p.add_argument("--wire", choices=["chat", "messages", "responses"], default="chat")
     p.add_argument("--at-turn", type=int, default=0, help="measure from this turn of an empty conversation on")
+    p.add_argument("--first", action="store_true", help="measure new conversations' first turns")
     args = p.parse_args(argv)
 
     client_cpus, target_cpus = cores()
@@ -100,12 +102,13 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             for name, proc in targets:
                 pool = f"r{r}-{proc.port}"
-                ids = [f"{pool}-{i}" for i in range(args.conversations)]
+                ids = [f"{pool}-{i}" for i in range(args.requests if args.first else args.conversations)]
                 lg(op="open", pool=pool, kind=kind, ids=ids, url=f"http://127.0.0.1:{proc.port}/v1")
-                lg(op="run", pool=pool, requests=args.conversations * warm)  # first turns: the stored prefix exists
-                before = cpu_seconds(proc.pid)
+                if not args.first:
+                    lg(op="run", pool=pool, requests=args.conversations * warm)  # first turns: the stored prefix exists
+                before = cpu_ns(proc.pid)
                 result = lg(op="run", pool=pool, requests=args.requests)
-                per_request[name].append((cpu_seconds(proc.pid) - before) / result["sent"] * 1000)
+                per_request[name].append((cpu_ns(proc.pid) - before) / result["sent"] / 1e6)
                 lg(op="close", pool=pool)
                 if result["errors"]:
                     raise RuntimeError(f"{name}: {result['errors']} errors, e.g. {result['error_samples'][:1]}")
