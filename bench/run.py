@@ -13,7 +13,8 @@ figures are medians over repeats):
   first   new conversations: the first request stores the whole 200-message transcript
   seq     one request at a time, later turns (stored prefix + the reply + a new tool result)
   stream  the same, streamed, short replies (time to first byte), then long replies (the CPU
-          per forwarded chunk is the slope between the two: per-request costs cancel out)
+          per forwarded chunk is the slope between the two: per-request costs cancel out); each
+          conversation's first streamed turn goes unmeasured, as a client keeps to one
   conc    16 concurrent clients, one conversation each: throughput
 Then, for direct, forwarder and both proxies: scaling (turns 10, 100, 1,000 of one conversation)
 and, for the proxies, memory over 10,000 conversations. `--profile` adds py-spy runs of the proxy.
@@ -368,6 +369,10 @@ class Bench:
         try:
             out["first"] = self.measured(t, pool=seq, requests=s.seq_conversations, concurrency=1)
             out["seq"] = self.measured(t, pool=seq, requests=s.seq_requests, concurrency=1, warmup=2)
+            # Each conversation turns to streaming first, unmeasured: a client keeps to one (Codex and
+            # Claude Code stream every turn), and the turn that changes the body's `stream` field is no
+            # extension of the last (the whole pipeline): counted, half the 16-event turns were such.
+            lg(op="run", pool=seq, requests=s.seq_conversations, concurrency=1, stream=True, model=stream_model(s.stream_chunks))
             out["stream"] = self.measured(
                 t, pool=seq, requests=s.stream_requests, concurrency=1, warmup=1, stream=True,
                 model=stream_model(s.stream_chunks),
