@@ -14,7 +14,8 @@ figures are medians over repeats):
   seq     one request at a time, later turns (stored prefix + the reply + a new tool result)
   stream  the same, streamed, short replies (time to first byte), then long replies (the CPU
           per forwarded chunk is the slope between the two: per-request costs cancel out); each
-          conversation's first streamed turn goes unmeasured, as a client keeps to one
+          conversation's first streamed turn, and first long one, goes unmeasured (a client keeps
+          to one; the long replies' model name changes the body)
   conc    16 concurrent clients, one conversation each: throughput
 Then, for direct, forwarder and both proxies: scaling (turns 10, 100, 1,000 of one conversation)
 and, for the proxies, memory over 10,000 conversations. `--profile` adds py-spy runs of the proxy.
@@ -377,9 +378,13 @@ class Bench:
                 t, pool=seq, requests=s.stream_requests, concurrency=1, warmup=1, stream=True,
                 model=stream_model(s.stream_chunks),
             )
+            # Long replies: the mock reads their length from the model's name, which the body carries:
+            # the same conversations once more first, unmeasured, so that the measured turns extend
+            # their last body as the short ones do (else the slope gains a whole pipeline's cost).
+            long_model = stream_model(s.stream_long_chunks)
+            lg(op="run", pool=seq, requests=s.stream_long_requests, concurrency=1, stream=True, model=long_model)
             out["stream_long"] = self.measured(
-                t, pool=seq, requests=s.stream_long_requests, concurrency=1, stream=True,
-                model=stream_model(s.stream_long_chunks),
+                t, pool=seq, requests=s.stream_long_requests, concurrency=1, stream=True, model=long_model,
             )
         finally:
             lg(op="close", pool=seq)
