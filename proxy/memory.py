@@ -10,7 +10,7 @@ defaults kept ~35 MB of freed memory resident out of ~180 MB:
 - A heap gives memory back to the system from its top only: what a burst freed in its middle (a
   turn's request and upstream bodies, copies of them, a first turn's parsed messages) stays
   resident under the objects allocated after it. `Trimmer` hands those pages back (malloc_trim)
-  once resident memory grew or the caches let go: 9 MB off the bench's peak, 24 MB off what stays after it.
+  once resident memory grew, or once idle the caches let go: 9 MB off the bench's peak, 24 MB off what stays after it.
 - glibc's mmap threshold is dynamic: freeing a large block raises it to that block's size, so
   later bodies come from the heap, where they leave those holes. A fixed threshold keeps every
   large block mapped on its own, back with the system once freed: 7 MB more off the peak, but
@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import os
+import time
 
 # mallopt parameters (glibc's malloc.h)
 M_TRIM_THRESHOLD = -1
@@ -77,6 +78,7 @@ def _set_by_environment(param: int) -> bool:
 # -- giving freed memory back -------------------------------------------------------------------
 
 TRIM_GROWTH = 2 * 2**20  # resident bytes grown since the last trim that make the next one worth it
+QUIET_SHARE = 0.05  # of a core: a process using less is not under load
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -101,9 +103,12 @@ class Trimmer:
     resident until reused. malloc_trim hands back every free page, in any arena. It costs ~1.5 ms
     on an 80 MB heap that has nothing to give back and ~0.2 ms per MB it does, off the event loop
     (ctypes lets go of the GIL); so it runs only when there is something to give: the resident set
-    grew by TRIM_GROWTH since the last one (a burst), or the heap's free bytes did (caches letting
-    go of what they held: that shrinks nothing by itself, so resident memory alone never tells).
-    A steady process is not trimmed again and again.
+    grew by TRIM_GROWTH since the last one (a burst), or the heap's free bytes did while the
+    process was quiet (caches letting go of what they held: that shrinks nothing by itself, so
+    resident memory alone never tells). Not under load: there the free bytes come and go with
+    every turn's bodies, and trimming on them each second made the next turns fault the pages
+    back in (8% more CPU a turn in one A/B, bench/turn_cpu.py, 4 x 1,000 turns); what is freed
+    then is reused anyway. A steady process is not trimmed again and again.
     """
 
     def __init__(self, interval_s: float) -> None:
@@ -123,19 +128,27 @@ class Trimmer:
         if self._libc is None:
             return
         self._resident_after, self._free_after = resident_bytes(), self._free_bytes()
+        cpu, wall = time.process_time(), time.monotonic()
         while True:
             await asyncio.sleep(self.interval_s)
-            # In a thread: mallinfo2 walks the free lists under each arena's lock (~0.3 ms for 15,000 free chunks).
-            await asyncio.to_thread(self.trim_if_worth_it)
+            # Quiet: the process (every thread) used under QUIET_SHARE of a core since the last look.
+            quiet = time.process_time() - cpu < QUIET_SHARE * (time.monotonic() - wall)
+            if quiet or resident_bytes() >= self._resident_after + TRIM_GROWTH:  # under load: nothing more
+                await asyncio.to_thread(self.trim_if_worth_it, quiet)
+            cpu, wall = time.process_time(), time.monotonic()
 
-    def trim_if_worth_it(self) -> bool:
-        """Trim if memory grew or was freed by TRIM_GROWTH since the last trim; True if it did."""
+    def trim_if_worth_it(self, quiet: bool) -> bool:
+        """Trim if memory grew by TRIM_GROWTH since the last trim, or, `quiet`, as much was freed;
+        True if it did. In a thread: mallinfo2 walks the free lists under each arena's lock (~0.3 ms
+        for 15,000 free chunks), so the free bytes are looked at only once quiet."""
         assert self._libc is not None
-        resident, free = resident_bytes(), self._free_bytes()
-        if resident < self._resident_after + TRIM_GROWTH and free < self._free_after + TRIM_GROWTH:
-            # Free memory reused since: what is freed next counts from here.
-            self._free_after = min(self._free_after, free)
-            return False
+        if resident_bytes() < self._resident_after + TRIM_GROWTH:
+            if not quiet:
+                return False
+            free = self._free_bytes()
+            if free < self._free_after + TRIM_GROWTH:
+                self._free_after = min(self._free_after, free)  # reused since: what is freed next counts from here
+                return False
         self._libc.malloc_trim(0)
         self._resident_after, self._free_after = resident_bytes(), self._free_bytes()
         return True
