@@ -10,7 +10,8 @@ defaults kept ~35 MB of freed memory resident out of ~180 MB:
 - A heap gives memory back to the system from its top only: what a burst freed in its middle (a
   turn's request and upstream bodies, copies of them, a first turn's parsed messages) stays
   resident under the objects allocated after it. `Trimmer` hands those pages back (malloc_trim)
-  once resident memory grew, or once idle the caches let go: 9 MB off the bench's peak, 24 MB off what stays after it.
+  once resident memory grew, or, once idle, what the caches let go: 9 MB off the bench's peak,
+  24 MB off what stays after it.
 - glibc's mmap threshold is dynamic: freeing a large block raises it to that block's size, so
   later bodies come from the heap, where they leave those holes. A fixed threshold keeps every
   large block mapped on its own, back with the system once freed: 7 MB more off the peak, but
