@@ -15,9 +15,10 @@ import openai
 import pytest
 
 from proxy.config import ConfigError
-from proxy.state import TELEMETRY
+from proxy.identity import tenant_of
+from proxy.state import STORE, TELEMETRY
 from proxy.telemetry import NO_TELEMETRY
-from tests.conftest import openai_client
+from tests.conftest import ALICE, openai_client
 from tests.fake_upstream import Reply, default_responder
 from tests.harness import ROOT, proxy_settings
 from tests.messages_helpers import MODEL as CLAUDE_MODEL
@@ -91,6 +92,7 @@ def test_a_turn_is_one_genai_span_with_a_child_per_upstream_call(make_proxy, ups
     assert a["context_proxy.messages.sent"] == 2 and a["context_proxy.messages.left_out"] == 0
     assert a["context_proxy.summary.used"] is False and a["context_proxy.upstream_calls"] == 1
     assert a["context_proxy.client"].startswith("OpenAI Python SDK ")
+    assert a["gen_ai.response.id"] == reply.id  # the upstream's chatcmpl-...
     assert turn.status == "UNSET" and turn.resource["service.name"] == "context-proxy"
     assert not any(key.startswith(("gen_ai.input", "gen_ai.output")) for key in a)  # no content unless asked
 
@@ -100,6 +102,32 @@ def test_a_turn_is_one_genai_span_with_a_child_per_upstream_call(make_proxy, ups
     assert call.attributes["context_proxy.usage.input_tokens"] == reply.usage.prompt_tokens
     assert not any(key.startswith("gen_ai.") for key in call.attributes)  # a GenAI tool counts the turn once
     assert turn.start_ns <= call.start_ns and call.end_ns <= turn.end_ns
+
+
+def test_every_format_names_its_reply_in_the_span_and_only_responses_in_the_store(make_proxy, upstream, otlp, servers):
+    """gen_ai.response.id is the upstream's id for the reply the client saw, streamed or not;
+    only a Responses reply, which a later request may name (previous_response_id), is one whose
+    owner the store keeps (an index entry per turn the other formats would never read)."""
+    proxy = make_proxy(telemetry={"otlp_endpoint": otlp.endpoint}, upstream={"anthropic_base_url": upstream.anthropic.base_url})
+    chat = openai_client(proxy, headers={"X-Conversation-ID": "named-chat"})
+    messages = [{"role": "user", "content": TASK}]
+    replies = [chat.chat.completions.create(model="gpt-4o-mini", messages=messages)]
+    streamed = chat.chat.completions.create(model="gpt-4o-mini", messages=messages, stream=True)
+    replies.append(next(chunk for chunk in streamed))
+    for _ in streamed:
+        pass
+    claude = claude_client(proxy, headers={"X-Conversation-ID": "named-claude"})
+    replies.append(claude.messages.create(model=CLAUDE_MODEL, max_tokens=50, messages=messages))
+    with claude.messages.stream(model=CLAUDE_MODEL, max_tokens=50, messages=messages) as stream:
+        replies.append(stream.get_final_message())
+    replies.append(openai_client(proxy, headers={"X-Conversation-ID": "named-responses"}).responses.create(
+        model="gpt-4o-mini", input=TASK))
+    spans = otlp.wait_for(has_turns(5))
+    ids = [turn.attributes.get("gen_ai.response.id") for turn in sorted(turns(spans), key=lambda s: s.start_ns)]
+    assert ids == [reply.id for reply in replies] and all(ids) and len(set(ids)) == 5
+    store, tenant = proxy.app[STORE], tenant_of(ALICE)
+    owners = [servers.run(store.response_owner(tenant, reply.id)) for reply in replies]
+    assert owners[:4] == [None] * 4 and owners[4] is not None and owners[4][0] == "named-responses"
 
 
 def test_the_clients_traceparent_is_continued_and_upstream_gets_the_calls(make_proxy, upstream, otlp):
@@ -253,6 +281,7 @@ def test_messages_turns_are_anthropic_chat_spans_with_the_cache_the_upstream_rep
         assert a["gen_ai.usage.cache_read.input_tokens"] == read
         assert a.get("gen_ai.usage.cache_creation.input_tokens", 0) == written
         assert a["gen_ai.usage.output_tokens"] == usage.output_tokens
+        assert a["gen_ai.response.id"] == reply.id  # the upstream's msg_...
         [call] = children(spans, turn)
         assert call.kind == "CLIENT" and call.end_ns <= turn.end_ns
         assert call.attributes["context_proxy.usage.output_tokens"] == usage.output_tokens

@@ -21,6 +21,8 @@ from ..transcript import Call, Codec, Item, Raw
 class JSONBody:
     """What every managed wire format reads the same way from its request body."""
 
+    names_replies = False  # see Dialect
+
     def model(self, body: dict[str, Any]) -> str:
         return str(body.get("model") or "")
 
@@ -93,7 +95,7 @@ class ReplyRead:
     items: list[Raw]  # what joins the transcript (the assistant message; Responses: its output items)
     calls: list[Call]  # the tool calls it makes, in order
     usage: dict[str, Any] | None = None
-    response_id: str | None = None  # the upstream's id for this reply (Responses: resp_...)
+    response_id: str | None = None  # the upstream's id for this reply (chatcmpl-..., msg_..., resp_...)
     complete: bool = True  # the reply came to its end (finish/stop reason, completed event)
 
 
@@ -143,7 +145,7 @@ class StreamRelay(Protocol):
 
     @property
     def response_id(self) -> str | None:
-        """The reply's id as the client saw it (Responses), else None."""
+        """The reply's id as the client saw it (the upstream's: chatcmpl-..., msg_..., resp_...)."""
 
     @property
     def upstream_error(self) -> str | None:
@@ -156,7 +158,8 @@ class StreamRelay(Protocol):
 class OneMessageRelay:
     """What a relay whose reply is one assembled message (chat, Messages) says of it, from its
     assemblers: `_seen` of what the client saw, `_round` of the round under way; `_usage` sums
-    the rounds before it. Neither format names a reply a later request can point back at."""
+    the rounds before it. Neither format names a reply a later request can point back at: its id
+    is the upstream's, for the turn's trace (see Dialect.names_replies)."""
 
     _seen: Any
     _round: Any
@@ -175,13 +178,16 @@ class OneMessageRelay:
 
     @property
     def response_id(self) -> str | None:
-        return None
+        return self._seen.id
 
 
 class Dialect(Protocol):
     name: str  # "chat", "responses", "messages": also the conversation's stored format
     codec: Codec
     transcript_key: str  # the body field that holds the transcript ("messages", "input")
+    # Whether a later request may name a reply by its id (Responses' previous_response_id): the
+    # store then keeps which conversation owns it (`response_owner`).
+    names_replies: bool
 
     def transcript(self, body: dict[str, Any]) -> list[Raw]:
         """The request's transcript items (raises InvalidRequest if absent or malformed at the top)."""

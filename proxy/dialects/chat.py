@@ -142,7 +142,10 @@ class ChatDialect(JSONBody):
             log.warning("upstream 2xx reply without choices[0].message; nothing to persist")
             return None
         usage = parsed.get("usage") if isinstance(parsed.get("usage"), dict) else None
-        return ReplyRead([message], list(message_calls(message)), usage, complete=bool(choice.get("finish_reason")))
+        reply_id = parsed.get("id") if isinstance(parsed.get("id"), str) else None
+        return ReplyRead(
+            [message], list(message_calls(message)), usage, reply_id, complete=bool(choice.get("finish_reason"))
+        )
 
     def without_calls(self, data: bytes, reply: ReplyRead, keep: Sequence[Call]) -> tuple[bytes, ReplyRead]:
         parsed = orjson.loads(data)
@@ -157,7 +160,7 @@ class ChatDialect(JSONBody):
             if choice.get("finish_reason") == "tool_calls":
                 choice["finish_reason"] = "stop"
         message = reply_message(raw_message)
-        return orjson.dumps(parsed), ReplyRead([message], list(message_calls(message)), reply.usage)
+        return orjson.dumps(parsed), ReplyRead([message], list(message_calls(message)), reply.usage, reply.response_id)
 
     def relay(self) -> ChatRelay:
         return ChatRelay()

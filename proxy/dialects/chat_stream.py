@@ -69,7 +69,7 @@ class ChatRelay(OneMessageRelay):
         self._usage = self._round.usage or self._usage
         message = self._round.message()
         calls = list(message_calls(message))
-        reply = ReplyRead([message], calls, self._round.usage, complete=self._round.complete)
+        reply = ReplyRead([message], calls, self._round.usage, response_id=self._round.id, complete=self._round.complete)
         ours = self._filter.ours if self._filter is not None else frozenset()
         return RoundEnd(reply, [c for c in calls if c.name in ours], [c for c in calls if c.name not in ours])
 

@@ -32,6 +32,7 @@ class ResponsesDialect(JSONBody):
     name = "responses"
     transcript_key = "input"
     items_sent_alone = True  # upstream_body sends each item as it alone says: bodies can be spliced (fastpath.py)
+    names_replies = True  # previous_response_id
 
     def __init__(self) -> None:
         self.codec = CODEC

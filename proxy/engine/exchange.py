@@ -189,6 +189,12 @@ class Exchange:
 
     # -- relaying --------------------------------------------------------------------------------
 
+    def _name_reply(self, reply_id: str | None) -> None:
+        """The upstream's id for the reply goes to the turn's trace; where a later request may
+        name the reply by it (Responses), to its record too, for the store to know its owner."""
+        self.report.reply_id = reply_id
+        self.report.response_id = reply_id if self.dialect.names_replies else None
+
     def _headers(self, reply: UpstreamReply) -> dict[str, str]:
         return {**forwardable(reply.headers), **self.report.headers()}
 
@@ -230,7 +236,7 @@ class Exchange:
             self.report.failed_by(exc)
             await self.writer.fail()
             raise
-        self.report.response_id = read.response_id if read is not None else None
+        self._name_reply(read.response_id if read is not None else None)
         headers = self._headers(reply)
         self.trace.reply(read.items if read is not None else [])
         try:
@@ -270,7 +276,7 @@ class Exchange:
             # accept the turn, so the request stays; the reply is kept whole if it was, else incomplete.
             if not relay.finished:
                 self.report.failed("The client went away before the reply was complete", status=None, source="client")
-            self.report.response_id = relay.response_id  # a reply kept whole is still named by it
+            self._name_reply(relay.response_id)  # a reply kept whole is still named by it
             await self.writer.accept(relay.seen(), LIVE if relay.finished else INCOMPLETE)
             if not relay.finished:
                 log.info("client went away mid-stream", extra={"conversation": str(self.turn.key)})
@@ -281,7 +287,7 @@ class Exchange:
             broken = UpstreamStreamBroken(f"Upstream ended the stream with an error: {relay.upstream_error}")
         if broken is None and not relay.finished:
             broken = UpstreamStreamBroken("Upstream stream ended before the reply was complete")
-        self.report.response_id = relay.response_id
+        self._name_reply(relay.response_id)
         if broken is not None:  # one way for every broken stream: logged, counted, kept as incomplete
             self.report.stream_error = broken.message
             self.report.failed_by(broken)

@@ -49,7 +49,8 @@ class TurnReport:
     usage: dict[str, Any] | None = None  # what the upstream reported for the last call
     usage_total: TokenUsage = field(default_factory=TokenUsage)  # every call of the turn, in one shape
     reported: dict[str, int] = field(default_factory=dict)  # REPORTED_KINDS, every call of the turn
-    response_id: str | None = None  # the reply's id as the client saw it (Responses)
+    reply_id: str | None = None  # the upstream's id for the reply the client saw (chatcmpl-..., msg_..., resp_...)
+    response_id: str | None = None  # the same, where a later request may name the reply by it (Responses)
     marks: dict[str, int] = field(default_factory=dict)  # cuts a stage moved this turn, to keep
     stream_error: str | None = None  # why a streamed reply broke off, if it did
     # Why the turn failed or ended incomplete: {"status": HTTP status or None, "message",

@@ -270,8 +270,8 @@ class OtelTurnTrace(TurnTrace):
             attributes["context_proxy.client"] = r.client
         if r.usage is not None:  # the upstream reported usage: every call of the turn, summed
             attributes.update(_usage("gen_ai.usage", r.usage_total))
-        if r.response_id:
-            attributes["gen_ai.response.id"] = r.response_id
+        if r.reply_id:
+            attributes["gen_ai.response.id"] = r.reply_id
         self.span.set_attributes(attributes)
         if r.error is not None:
             status = r.error.get("status")

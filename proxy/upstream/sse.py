@@ -50,6 +50,7 @@ class ReplyAssembler:
         # index -> id, and the pieces of its name and arguments (joined once, in message(): adding
         # each delta to one string would copy the arguments again at every delta).
         self.tool_calls: dict[int, _CallPieces] = {}
+        self.id: str | None = None  # the completion's (chatcmpl-...), from its first chunk
         self.finish_reason: str | None = None
         self.done = False
         self.usage: dict[str, Any] | None = None
@@ -71,6 +72,8 @@ class ReplyAssembler:
         return None
 
     def feed_chunk(self, chunk: dict[str, Any]) -> None:
+        if self.id is None and isinstance(chunk.get("id"), str):
+            self.id = chunk["id"]
         if isinstance(chunk.get("error"), dict):
             self.error = str(chunk["error"].get("message") or "upstream error")
         if chunk.get("usage"):
