@@ -66,10 +66,12 @@ async def test_lock_excludes_across_replicas(replica: MakeReplica):
 
 
 async def test_lock_is_renewed_while_a_long_turn_holds_it(replica: MakeReplica):
-    one, two = replica(lock_ttl_s=0.3), replica(lock_ttl_s=0.3)
+    # Renewed every third of the TTL: the loop may stall for two thirds of it (0.4 s on a loaded
+    # machine) and the lock still holds (a TTL of 0.3 s let a 0.2 s stall lose it under load).
+    one, two = replica(lock_ttl_s=0.6), replica(lock_ttl_s=0.6)
     async with one.lock(A):
         with pytest.raises(TimeoutError):
-            async with asyncio.timeout(1.0):  # over three TTLs
+            async with asyncio.timeout(2.0):  # over three TTLs
                 async with two.lock(A):
                     pytest.fail("the lock expired while its holder was alive")
 
