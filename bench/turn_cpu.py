@@ -2,17 +2,20 @@
 
     python -m bench.turn_cpu --proxy-src /path/to/before --proxy-src . [--traces] [--rounds 5]
         [--wire messages] [--at-turn 1000 --conversations 1 --requests 28] [--first]
+        [--variant CONTEXT_PROXY_SERVER__FAST_PATH=false]
 
 Each tree runs as `python -m proxy serve` with its own shipped config.yaml on the target core;
 one load generator (bench/loadgen.py) sends full-history later turns of the bench's 200-message
 agent transcript, one at a time (the seq phase of bench/run.py), in any wire format the bench
 speaks (bench/wires.py); `--at-turn N` measures turns N+1... of a conversation that started
 empty instead (the scaling phase's, without its other targets in between); `--first` measures
-first turns instead: `--requests` new conversations, each storing the whole transcript. The trees take turns, round by
-round, so drift on a busy machine hits them alike. The figure is the proxy process's CPU
-(schedstat: on-CPU nanoseconds of every thread; utime+stime counts 10 ms ticks) per request: the median over rounds, and each round's ratio to the
-first tree. `--traces` adds the last tree again with telemetry on, exporting to an OTLP/HTTP sink
-run here (it accepts and drops the spans), so the cost of tracing on shows beside it.
+first turns instead: `--requests` new conversations, each storing the whole transcript. The
+trees take turns, round by round, so drift on a busy machine hits them alike. The figure is the
+proxy process's CPU (schedstat: on-CPU nanoseconds of every thread; utime+stime counts 10 ms
+ticks) per request: the median over rounds, and each round's ratio to the first tree.
+`--variant NAME=VALUE` adds the last tree again with that variable in its environment (a
+setting's A/B). `--traces` adds the last tree again with telemetry on, exporting to an OTLP/HTTP
+sink run here (it accepts and drops the spans), so the cost of tracing on shows beside it.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--proxy-src", action="append", required=True, help="a source tree (repeat: the first is the baseline)")
     p.add_argument("--traces", action="store_true", help="also run the last tree with traces on")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=VALUE",
+                   help="also run the last tree with this variable in its environment (repeatable)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--requests", type=int, default=200, help="measured requests per tree and round")
     p.add_argument("--conversations", type=int, default=20)
@@ -75,8 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     procs.append(mock)
     sink = OtlpSink() if args.traces else None
     targets: list[tuple[str, Proc]] = []
-    runs = [(src, False) for src in args.proxy_src] + ([(args.proxy_src[-1], True)] if args.traces else [])
-    for n, (src, traced) in enumerate(runs):
+    # (tree, traced, its environment's extra variable): the trees, then the last one again per --variant
+    runs: list[tuple[str, bool, str | None]] = [(src, False, None) for src in args.proxy_src]
+    runs += [(args.proxy_src[-1], False, variant) for variant in args.variant]
+    runs += [(args.proxy_src[-1], True, None)] if args.traces else []
+    for n, (src, traced, variant) in enumerate(runs):
         port = free_port()
         env = {
             "CONTEXT_PROXY_UPSTREAM__BASE_URL": f"http://127.0.0.1:{mock_port}/v1",
@@ -86,8 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         }
         if traced and sink is not None:
             env["CONTEXT_PROXY_TELEMETRY__OTLP_ENDPOINT"] = f"http://127.0.0.1:{sink.port}"
+        if variant is not None:
+            variable, _, value = variant.partition("=")
+            env[variable] = value
         root = Path(src).resolve()
-        name = f"{root.name or root}{' +traces' if traced else ''}"
+        name = f"{root.name or root}{' +traces' if traced else ''}{f' {variant}' if variant else ''}"
         proc = Proc(name, [sys.executable, "-m", "proxy", "serve", "--config", str(root / "config.yaml"), "--port", str(port)],
                     port, "/healthz", tmp / f"proxy-{n}.log", env=env, cwd=str(root), cpus=target_cpus).start()
         procs.append(proc)
