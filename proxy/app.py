@@ -122,7 +122,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     )
     app[ENGINE] = Engine(
         settings, app[STORE], app[PIPELINE], app[COUNTER], app[REFS], app[SUMMARIZER], app[COMPACTION], router,
-        app[PREFIXES], app[METRICS], telemetry,
+        app[PREFIXES], app[METRICS], telemetry, on_turn_end=trajectories.after_turn,
     )
     trimmer = Trimmer(settings.server.malloc_trim_interval_s)
     trimming = asyncio.create_task(trimmer.run()) if trimmer.enabled else None

@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from proxy.state import COMPACTION
+from proxy.state import COMPACTION, ENGINE
 from proxy.store import StoredMessage
 from tests.conftest import ALICE
 from tests.fake_upstream import Reply, default_responder
@@ -186,7 +186,7 @@ def test_force_and_skip_per_request(make_proxy, upstream, servers):
     agent.say("task")
     agent.say("b")
     agent.say("c", **{"X-Compaction": "skip"})  # due, but skipped
-    servers.run(proxy.app[COMPACTION].idle())
+    servers.run(proxy.app[ENGINE].idle())
     assert summary_requests(upstream) == []
     forced = agent.say("d", **{"X-Compaction": "force"})
     assert len(summary_requests(upstream)) == 1
@@ -220,7 +220,7 @@ def test_background_compaction_does_not_hold_the_reply(make_proxy, upstream, ser
     assert "SUMMARY" not in json.dumps(agent_requests(upstream)[-1]["messages"])
     assert fourth.status_code == 200
     gate.release()
-    servers.run(proxy.app[COMPACTION].idle())
+    servers.run(proxy.app[ENGINE].idle())
     agent.say("fifth")
     assert "SUMMARY in the background" in json.dumps(agent_requests(upstream)[-1]["messages"])
 

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from proxy.config import StorageSettings
-from proxy.state import COMPACTION
+from proxy.state import COMPACTION, ENGINE
 from tests.conftest import ALICE
 from tests.fake_upstream import FakeUpstream, Reply, default_responder
 from tests.harness import (
@@ -640,14 +640,14 @@ def test_a_summarizer_answering_500_leaves_replies_alone_and_loses_nothing(make_
     agent = Agent(proxy, "sum-500")
     for text in ("task: fix issue 12", "two", "three", "four"):
         agent.say(text)  # from "three" on, a compaction is due after each reply
-    servers.run(runner.idle())
+    servers.run(proxy.app[ENGINE].idle())
     assert len(failures) == 1 and runner.failures == 1  # failed after "three"; after "four" it backed off
     agent.assert_nothing_lost(summaries=0)
     assert "SUMMARY" not in json.dumps(agent_requests(upstream)[-1]["messages"])
 
     healthy.set()
     agent.say("five")  # retried after this reply, and it works now
-    servers.run(runner.idle())
+    servers.run(proxy.app[ENGINE].idle())
     agent.assert_nothing_lost(summaries=1)
     agent.say("six")
     assert "SUMMARY: the agent is working on the task." in json.dumps(agent_requests(upstream)[-1]["messages"])
@@ -669,14 +669,14 @@ def test_a_hanging_summarizer_leaves_replies_alone_and_loses_nothing(make_proxy,
         assert not hangs[0].client_gone.is_set(), "the reply waited for the summarizer"
     assert len(hangs) == 1  # one compaction at a time: the others found it running
     assert hangs[0].client_gone.wait(10)  # the summarizer's timeout gave up on it
-    servers.run(runner.idle())
+    servers.run(proxy.app[ENGINE].idle())
     assert runner.failures >= 1
     agent.assert_nothing_lost(summaries=0)
 
     healthy.set()
     agent.say("six")  # the first turn since the failure: backing off
     agent.say("seven")
-    servers.run(runner.idle())
+    servers.run(proxy.app[ENGINE].idle())
     agent.assert_nothing_lost(summaries=1)
 
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from proxy.identity import tenant_of
-from proxy.state import TRAJECTORIES
+from proxy.state import ENGINE, TRAJECTORIES
 from tests.conftest import ALICE, BOB, openai_client, trajectory
 from tests.fake_upstream import Reply
 from tests.harness import chat
@@ -322,6 +322,7 @@ def test_the_trajectory_file_holds_the_inbox_as_the_api_does(make_proxy, upstrea
         post(http, "filed", STEER)
         history.append({"role": "user", "content": "on"})
         client.chat.completions.create(model="m", messages=history)
+        servers.run(proxy.app[ENGINE].idle())  # the turn's end marks the file due
         servers.run(proxy.app[TRAJECTORIES].idle())
         api = http.get("/v1/conversations/filed/trajectory", params={"limit": 1000}).json()
     written = json.loads((root / tenant_of(ALICE) / "filed.json").read_text())

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import httpx
 
 from proxy.identity import tenant_of
-from proxy.state import COMPACTION, TRAJECTORIES
+from proxy.state import ENGINE, TRAJECTORIES
 from tests.conftest import ALICE, openai_client
 from tests.fake_upstream import Reply, default_responder
 from tests.responders import SUMMARIZER_MARK
@@ -118,7 +118,7 @@ def test_a_responses_trajectory_marks_outputs_and_compaction_like_chat(make_prox
         assert items[1]["content"][0]["text"] == TASK and items[1]["status"] == "live"  # the pinned task
         # A ref of a message that is no tool output is no tool output.
         assert http.get(f"/v1/conversations/{run.conversation_id}/tool_outputs/out_1_{'0' * 24}").status_code == 404
-    servers.run(proxy.app[COMPACTION].idle())
+    servers.run(proxy.app[ENGINE].idle())
     servers.run(proxy.app[TRAJECTORIES].idle())
     on_file = json.loads((root / tenant_of(ALICE) / f"{run.conversation_id}.json").read_text())
     assert on_file["data"] == items  # the incremental file reads the items with the same codec

@@ -9,7 +9,7 @@ import json
 from proxy.compaction.quotes import quote
 from proxy.compaction.render import QUOTES_HEADER, SUMMARY_HEADER, render_summary
 from proxy.config import CompactionSettings
-from proxy.state import COMPACTION
+from proxy.state import ENGINE
 from proxy.store import KeyFact, QuotedMessage, Summary
 from proxy.tokens import TokenCounter
 from tests.fake_upstream import Reply, default_responder
@@ -160,12 +160,12 @@ def test_budget_summary_plus_kept_history_does_not_trigger_the_next_compaction(m
     n = 0
     while not summary_requests(upstream):
         agent.tool_round(n, f"result {n} " + "x" * 500)
-        servers.run(proxy.app[COMPACTION].idle())  # after each reply, in the background
+        servers.run(proxy.app[ENGINE].idle())  # after each reply, in the background
         n += 1
     agent.say("and now?")
     message = summary_message(agent_requests(upstream)[-1])
     assert len(message) < 1500
-    servers.run(proxy.app[COMPACTION].idle())
+    servers.run(proxy.app[ENGINE].idle())
     # The summary and the history after it are under the limit: no compaction right after one.
     assert len(summary_requests(upstream)) == 1
 

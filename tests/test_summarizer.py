@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from proxy.config import ConfigError, load_settings
-from proxy.state import COMPACTION, SUMMARIZER
+from proxy.state import COMPACTION, ENGINE, SUMMARIZER
 from proxy.tokens import TokenCounter
 from tests.conftest import ALICE
 from tests.fake_upstream import Reply, default_responder
@@ -127,7 +127,7 @@ def test_with_yield_to_agent_a_summary_waits_for_the_agents_request_in_flight(ma
         assert summary_requests(upstream) == []
         held.release()
         assert other.result(10).status_code == 200
-    servers.run(proxy.app[COMPACTION].idle())
+    servers.run(proxy.app[ENGINE].idle())
     assert len(summary_requests(upstream)) == 1 and len(agent.trajectory()["summaries"]) == 1
 
 
@@ -146,7 +146,7 @@ def test_with_yield_to_agent_an_agents_request_stops_a_running_summary(make_prox
     assert first_summary.reached.wait(10)  # the summary is being written ...
     agent.say("four")  # ... when the agent asks: the summary is stopped, the agent answered at once
     assert first_summary.client_gone.wait(10)
-    servers.run(proxy.app[COMPACTION].idle())
+    servers.run(proxy.app[ENGINE].idle())
     assert proxy.app[SUMMARIZER].inflight.preemptions == 1
     [summary] = agent.trajectory()["summaries"]
     assert summary["text"] == "SUMMARY made once the upstream was free"

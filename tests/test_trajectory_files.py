@@ -15,7 +15,7 @@ import pytest
 from proxy.identity import ConversationKey, tenant_of
 from proxy.messages import message_hash
 from proxy.refs import RefSigner
-from proxy.state import COMPACTION, TRAJECTORIES
+from proxy.state import ENGINE, TRAJECTORIES
 from proxy.store import FAILED, INTERNAL, LIVE, PENDING, SUPERSEDED, Summary
 from proxy.store.disk import DiskStore
 from proxy.trajectory import build_trajectory
@@ -36,7 +36,7 @@ def api_trajectory(http: httpx.Client, cid: str) -> dict:
 
 def settle(servers, proxy) -> None:
     """Wait for background work: compactions (each marks the file due), then the files."""
-    servers.run(proxy.app[COMPACTION].idle())
+    servers.run(proxy.app[ENGINE].idle())
     servers.run(proxy.app[TRAJECTORIES].idle())
 
 

@@ -24,7 +24,7 @@ from ..identity import ConversationKey, explicit_conversation_id, request_tenant
 from ..messages import MAX_DEPTH, too_deep
 from ..prefix import ParsedBody
 from ..request_limits import check_message_count, parse_json
-from ..state import CONVERSATION, ENGINE, LOG_FIELDS, METRICS, SETTINGS, TRAJECTORIES
+from ..state import CONVERSATION, ENGINE, LOG_FIELDS, METRICS, SETTINGS
 from ..titles import TITLE_HEADER, check_title
 from ..upstream import forwardable
 
@@ -190,7 +190,6 @@ def managed(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamRes
         finally:  # failed turns are measured and logged too
             report.observe(app[METRICS])
             request[LOG_FIELDS].update(report.log_fields())
-            await app[TRAJECTORIES].after_turn(key)  # the trajectory file, in the background
         if outcome.body is None:
             assert sink.response is not None
             return sink.response

@@ -134,6 +134,10 @@ class CompactionRunner:
     async def _background(self, job: CompactionJob) -> None:
         await self.run_now(job)
 
+    @property
+    def busy(self) -> bool:
+        return bool(self._tasks)
+
     async def idle(self) -> None:
         """Wait for every compaction running now (shutdown, and tests)."""
         while self._tasks:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 import orjson
 
@@ -94,16 +94,20 @@ class Engine:
         prefixes: PrefixCache,
         metrics: Metrics,
         telemetry: Telemetry = NO_TELEMETRY,
+        on_turn_end: Callable[[ConversationKey], Awaitable[None]] | None = None,
     ) -> None:
         self.settings, self.store, self.pipeline, self.counter, self.refs = settings, store, pipeline, counter, refs
         self.summarizer, self.compaction, self.router, self.prefixes, self.metrics = (
             summarizer, compaction, router, prefixes, metrics,
         )
         self.telemetry = telemetry
+        self.on_turn_end = on_turn_end  # told of every turn that ran its exchange (the trajectory file shows it)
         # Requests that extend the previous one: parsed (bodies) and rewritten (fastpath) only where new.
         cache = int(settings.server.cache_mb * 2**20)
         self.fastpath = FastPath(enabled=settings.server.fast_path, max_bytes=cache // 4)
         self.bodies = BodyCache(cache, enabled=settings.server.fast_path, on_evict=self.fastpath.let_go)
+        # Turns past their reply, still writing: the client may already hold the whole response.
+        self._ending: set[asyncio.Future[None]] = set()
 
     async def conversation_key(self, request: TurnRequest) -> ConversationKey:
         """The conversation a request belongs to, in this order: the one it names; the one that
@@ -223,7 +227,10 @@ class Engine:
                 # the openai client closes a stream at its [DONE], while we still wait for the
                 # body's end): a cut's mark lost would make the next turn's window start elsewhere.
                 compact = request.compaction is None and profile.compaction.background
-                await whole(self._end_turn(key, turn, report, writer, fast, job if compact else None))
+                ending = asyncio.ensure_future(self._end_turn(key, turn, report, writer, fast, job if compact else None))
+                self._ending.add(ending)
+                ending.add_done_callback(self._ending.discard)
+                await whole(ending)
 
     async def _end_turn(
         self, key: ConversationKey, turn: Turn, report: TurnReport, writer: TurnWriter, fast: FastTurn | None,
@@ -232,16 +239,29 @@ class Engine:
         """After the exchange: every write of the turn landed (the next turn of this conversation
         must see them), the cuts it moved kept, what the next turn reuses, and the background
         `compaction` scheduled. A turn ended well when its items and its whole reply joined the
-        live transcript, whether or not its client stayed to the end of the response."""
-        await writer.settled()
-        if report.marks and writer.ended is None:  # a cut moved, and no end of the turn kept it
-            await self.store.set_marks(key, report.marks)
-        ended_well = writer.ended == (LIVE, LIVE) and report.stream_error is None
-        if fast is not None:
-            fast.done(turn, report, ended_well)
-            self.metrics.fast_path.labels(fast.outcome).inc()
-        if compaction is not None and ended_well:
-            self.compaction.schedule(compaction)  # after the reply: never on the request's critical path
+        live transcript, whether or not its client stayed to the end of the response. Then
+        `on_turn_end` is told, whatever happened."""
+        try:
+            await writer.settled()
+            if report.marks and writer.ended is None:  # a cut moved, and no end of the turn kept it
+                await self.store.set_marks(key, report.marks)
+            ended_well = writer.ended == (LIVE, LIVE) and report.stream_error is None
+            if fast is not None:
+                fast.done(turn, report, ended_well)
+                self.metrics.fast_path.labels(fast.outcome).inc()
+            if compaction is not None and ended_well:
+                self.compaction.schedule(compaction)  # after the reply: never on the request's critical path
+        finally:
+            if self.on_turn_end is not None:
+                await self.on_turn_end(key)
+
+    async def idle(self) -> None:
+        """Wait for every turn still ending and every compaction it scheduled (shutdown, and
+        tests: a client holds its reply before the turn's writes, its compaction's scheduling and
+        `on_turn_end`)."""
+        while self._ending or self.compaction.busy:
+            await asyncio.gather(*list(self._ending), return_exceptions=True)
+            await self.compaction.idle()
 
     async def dry_run(self, request: TurnRequest, key: ConversationKey, report: TurnReport) -> dict:
         """The body a turn of `request` would send upstream first, worked out without writing
