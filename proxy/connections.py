@@ -233,13 +233,31 @@ async def middleware(request: web.Request, handler: web.Handler) -> web.StreamRe
         if request.body_exists:
             try:
                 async with asyncio.timeout(tracker.settings.body_timeout_s):
-                    await request.read()  # kept by aiohttp: the handler's read() gets these bytes
+                    await read_body(request, int(tracker.settings.max_body_mb * 2**20))
             except TimeoutError:
                 message = f"The request body took longer than {tracker.settings.body_timeout_s:g}s to arrive"
                 return await _answer_and_close(request, RequestTimeout(message))
         return await handler(request)
     finally:
         tracker.request_ended(conn)
+
+
+async def read_body(request: web.Request, max_bytes: int) -> bytes:
+    """The request's body, kept where aiohttp's own `read()` returns it from (the handlers call
+    that), refused past `max_bytes` as `read()` refuses it. `read()` grows a bytearray and copies
+    it into bytes at the end: a 2.5 MB body was copied three times, in blocks the allocator maps
+    afresh (page faults); joined once here, a body that came in one piece is not copied at all."""
+    content = request.content
+    content.set_read_chunk_size(max_bytes)  # as read() does: no pause of the socket every 64 KB
+    parts: list[bytes] = []
+    size = 0
+    while chunk := await content.readany():
+        size += len(chunk)
+        if size > max_bytes:
+            raise web.HTTPRequestEntityTooLarge(max_size=max_bytes, actual_size=size)
+        parts.append(chunk)
+    body = request._read_bytes = b"".join(parts)  # one of aiohttp's declared request attributes
+    return body
 
 
 async def _answer_and_close(request: web.Request, error: ProxyError) -> web.StreamResponse:

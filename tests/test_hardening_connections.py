@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import ALICE
+from tests.conftest import ALICE, live_messages
 from tests.fake_upstream import Reply
 from tests.harness import ProxyProcess, merge_sections, wait_until, write_config
 
@@ -106,6 +106,28 @@ def test_a_body_that_never_arrives_is_a_408_at_body_timeout_s(make_proxy, upstre
     assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
     assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"]["code"] == "request_timeout"
     assert upstream.requests == []
+
+
+def test_a_body_that_comes_in_many_pieces_is_read_whole(make_proxy, upstream):
+    """The middleware reads the body itself (joined once, see read_body): every piece of a chunked
+    upload is in what the handler parses, stores and forwards."""
+    proxy = make_proxy()
+    task = "".join(f"line {i}: {'é' * (i % 7)}\n" for i in range(20_000))  # ~300 KB, multi-byte characters across piece edges
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": task}]}).encode()
+
+    def pieces() -> Iterator[bytes]:
+        for i in range(0, len(body), 4_099):
+            yield body[i : i + 4_099]
+
+    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+        answer = http.post(
+            "/v1/chat/completions", content=pieces(),
+            headers={**AUTH, "Content-Type": "application/json", "X-Conversation-ID": "pieces"},
+        )
+        assert answer.status_code == 200, answer.text
+        stored = live_messages(http, "pieces", ALICE)
+    assert stored[0] == {"role": "user", "content": task}
+    assert upstream.chat_requests()[-1]["messages"][0]["content"] == task
 
 
 def test_past_max_connections_busy_ones_are_kept_and_the_newcomer_gets_a_503(make_proxy, upstream):
