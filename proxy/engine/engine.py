@@ -248,6 +248,7 @@ class Engine:
             ended_well = writer.ended == (LIVE, LIVE) and report.stream_error is None
             if fast is not None:
                 fast.done(turn, report, ended_well)
+                report.fast_path = fast.outcome
                 self.metrics.fast_path.labels(fast.outcome).inc()
             if compaction is not None and ended_well:
                 self.compaction.schedule(compaction)  # after the reply: never on the request's critical path
