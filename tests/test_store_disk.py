@@ -4,8 +4,10 @@ written before batches and index chunks read and go on; crash recovery finds eve
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import pickle
+import secrets
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ import pytest
 from proxy.identity import ConversationKey
 from proxy.messages import message_hash
 from proxy.store import FAILED, LIVE, PENDING, SUPERSEDED, Summary
+from proxy.store.checkpoints import BACKSTOP_PAGES, EVERY_WRITES
 from proxy.store.disk import BATCH_MAX, INDEX_CHUNK, SETTLED_FLAGS, DiskStore, _open_cache
 from proxy.transfer import read_dump
 
@@ -196,6 +199,30 @@ async def test_delete_leaves_no_row_of_the_conversation(reopen):
     assert await store.delete(A)
     assert rows_of(store, A) == []
     assert (A.tenant, A.id) not in flagged(store) and (await store.get(B)).next_seq == 3
+
+
+# -- SQLite checkpoints: never inside a turn's write ------------------------------------------------
+
+
+async def test_a_thread_of_its_own_copies_the_writes_into_the_database(reopen, tmp_path: Path):
+    store = await reopen()
+    database = tmp_path / "store" / "cache.db"
+    empty = database.stat().st_size
+    turns = 3 * EVERY_WRITES // 2  # two writes each
+    for i in range(turns):
+        await turn(store, A, [secrets.token_hex(15_000)])  # 30 KB that no page can share
+    # The store thread's connection checkpoints only past the backstop, far above what was written
+    # (by itself, the WAL would hold it all and the database file stay as it was)...
+    written = turns * 30_000
+    assert written < BACKSTOP_PAGES * 4096 // 4
+    autocheckpoint = await store._run(lambda: store._cache._con.execute("PRAGMA wal_autocheckpoint").fetchone()[0])
+    assert autocheckpoint == BACKSTOP_PAGES
+    # ... while the checkpoint thread, asked every EVERY_WRITES writes, copied it all there.
+    assert await asyncio.to_thread(store._checkpoints.wait, 3, 30)
+    assert database.stat().st_size - empty > written
+    reopened = await reopen()  # closes it first: its checkpoint thread ends with it
+    assert not store._checkpoints._thread.is_alive()
+    assert [m.message["role"] for m in await reopened.messages(A, live_only=True)] == ["user", "assistant"] * turns
 
 
 # -- crash recovery: pending flags ----------------------------------------------------------------------

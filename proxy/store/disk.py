@@ -89,6 +89,7 @@ from .base import (
     failed_health,
     now,
 )
+from .checkpoints import Checkpointer
 
 log = logging.getLogger("proxy.store.disk")
 
@@ -631,7 +632,12 @@ class DiskStore:
         # is the store's only writer.
         self._records: _Held[_Record] = _Held(MAX_RECORDS)
         self._pending = _PendingFlags(self._cache)
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diskstore")
+        # SQLite's checkpoints in a thread of their own (see checkpoints.py); the store thread's
+        # connection is made to leave them to it.
+        self._checkpoints = Checkpointer(os.path.join(path, diskcache.core.DBNAME))
+        self._thread = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="diskstore", initializer=lambda: self._checkpoints.writer(self._cache._con)
+        )
         self._locks: weakref.WeakValueDictionary[ConversationKey, asyncio.Lock] = weakref.WeakValueDictionary()
         self._leases: dict[str, tuple[str, float]] = {}  # name -> (token, monotonic expiry)
 
@@ -665,6 +671,7 @@ class DiskStore:
             raise
         if not self._reserve.held:  # let go of for a delete: made again once there is room
             self._reserve.make()
+        self._checkpoints.wrote()
         return result
 
     @asynccontextmanager
@@ -1452,6 +1459,7 @@ class DiskStore:
         self._thread.shutdown(wait=True)
 
     def _close(self) -> None:
+        self._checkpoints.close()  # before the cache's connection: the last to close checkpoints everything
         try:  # a clean stop leaves flags only where messages are pending: the next start reads no more
             if self._pending.any_settled:
                 with self._cache.transact():
