@@ -246,7 +246,7 @@ async def test_a_crash_after_many_turns_leaves_few_flags_and_every_pending_turn_
     assert flagged(restarted) == set()  # the write that failed them cleared every flag it looked at
     assert await restarted.fail_pending() == 0
     await restarted.close()
-    store._thread.shutdown(wait=True)  # the crashed one's thread, without a close (no sweep)
+    store._thread.shutdown()  # the crashed one's thread, without a close (no sweep)
 
 
 async def test_a_clean_stop_leaves_flags_only_where_messages_are_pending(reopen):

@@ -2,9 +2,10 @@
 
 diskcache is synchronous, so every write runs on one dedicated thread: the event loop never
 waits on SQLite, and the single writer thread means no SQLite lock contention between our own
-operations. Each store call is one executor hop and one diskcache transaction. Since this
-process is the store's only writer, it keeps the latest snapshot of recent conversation records
-in memory: `get()`, called on every turn, usually needs no hop at all.
+operations. Each store call is one hop to that thread (worker.py) and one diskcache transaction;
+SQLite's checkpoints run on a thread of their own (checkpoints.py). Since this process is the
+store's only writer, it keeps the latest snapshot of recent conversation records in memory:
+`get()`, called on every turn, usually needs no hop at all.
 
 diskcache is a cache by default; here it is a database: no eviction, no culling, ever.
 
@@ -53,7 +54,6 @@ import weakref
 import zlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -90,6 +90,7 @@ from .base import (
     now,
 )
 from .checkpoints import Checkpointer
+from .worker import StoreThread
 
 log = logging.getLogger("proxy.store.disk")
 
@@ -635,15 +636,13 @@ class DiskStore:
         # SQLite's checkpoints in a thread of their own (see checkpoints.py); the store thread's
         # connection is made to leave them to it.
         self._checkpoints = Checkpointer(os.path.join(path, diskcache.core.DBNAME))
-        self._thread = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="diskstore", initializer=lambda: self._checkpoints.writer(self._cache._con)
-        )
+        self._thread = StoreThread("diskstore", initializer=lambda: self._checkpoints.writer(self._cache._con))
         self._locks: weakref.WeakValueDictionary[ConversationKey, asyncio.Lock] = weakref.WeakValueDictionary()
         self._leases: dict[str, tuple[str, float]] = {}  # name -> (token, monotonic expiry)
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+            return await self._thread.run(fn, *args)
         except (sqlite3.Error, OSError, diskcache.Timeout) as exc:
             raise _store_error(exc, self._path) from exc
 
@@ -1456,7 +1455,7 @@ class DiskStore:
 
     async def close(self) -> None:
         await self._run(self._close)
-        self._thread.shutdown(wait=True)
+        self._thread.shutdown()
 
     def _close(self) -> None:
         self._checkpoints.close()  # before the cache's connection: the last to close checkpoints everything
