@@ -22,6 +22,8 @@ SYSTEM_ROLES = frozenset({"system", "developer"})
 # The fields that make two messages "the same" for dedupe. Anything else a client echoes back
 # (refusal: null, annotations: [], ...) must not make a resent message look new.
 HASHED_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id")
+_EMPTY = (None, "", [])  # values of those fields that count as absent
+_UNSHAPED = frozenset(HASHED_FIELDS) - {"tool_calls"}  # hashed as they are (tool calls are reshaped)
 
 
 # Deeper JSON parses, but breaks pickling and re-serializing (recursion): refuse it up front.
@@ -99,22 +101,25 @@ def canonical(msg: Message) -> Message:
     out: Message = {}
     for key in HASHED_FIELDS:
         value = msg.get(key)
-        if value in (None, "", []):
+        if not value and value in _EMPTY:  # a truthy value is never empty: most skip the comparisons
             continue
         if key == "tool_calls":
-            value = [
-                {
-                    "id": c.get("id"),
-                    "name": (c.get("function") or {}).get("name"),
-                    "arguments": (c.get("function") or {}).get("arguments"),
-                }
-                for c in value
-            ]
+            value = [_canonical_call(c) for c in value]
         out[key] = value
     return out
 
 
+def _canonical_call(call: dict[str, Any]) -> dict[str, Any]:
+    fn = call.get("function") or {}
+    return {"id": call.get("id"), "name": fn.get("name"), "arguments": fn.get("arguments")}
+
+
 def message_hash(msg: Message) -> str:
+    # A message that is its own canonical view (hashed fields only, none of them empty, no calls
+    # to reshape: user, system and tool messages as clients send them) is hashed as it is: the
+    # same bytes, without a copy.
+    if msg.keys() <= _UNSHAPED and all(msg.values()):
+        return canonical_digest(msg)
     return canonical_digest(canonical(msg))
 
 
