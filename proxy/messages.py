@@ -22,6 +22,8 @@ SYSTEM_ROLES = frozenset({"system", "developer"})
 # The fields that make two messages "the same" for dedupe. Anything else a client echoes back
 # (refusal: null, annotations: [], ...) must not make a resent message look new.
 HASHED_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id")
+_EMPTY = (None, "", [])  # values of those fields that count as absent
+_UNSHAPED = frozenset(HASHED_FIELDS) - {"tool_calls"}  # hashed as they are (tool calls are reshaped)
 
 
 # Deeper JSON parses, but breaks pickling and re-serializing (recursion): refuse it up front.
@@ -34,8 +36,9 @@ def validate_messages(messages: Any, start: int = 0) -> list[Message]:
     if not isinstance(messages, list):
         raise InvalidRequest("'messages' must be an array of message objects", param="messages")
     for i in range(start, len(messages)):
-        _validate_message(messages[i], f"messages[{i}]")
-        if too_deep(messages[i], MAX_DEPTH - 2):
+        message = messages[i]
+        _validate_message(message, i)
+        if too_deep(message, MAX_DEPTH - 2):
             raise InvalidRequest(f"messages[{i}] is nested too deeply", param=f"messages[{i}]", code="invalid_json")
     return messages
 
@@ -57,28 +60,34 @@ def _deeper_than(node: dict[str, Any] | list[Any], left: int) -> bool:
     return False
 
 
-def _validate_message(msg: Any, where: str) -> None:
+def _invalid(i: int, field: str, problem: str) -> InvalidRequest:
+    """The 400 for `field` of messages[i] (its path made only for a message refused, not for each one checked)."""
+    where = f"messages[{i}]{field}"
+    return InvalidRequest(f"{where} {problem}", param=where)
+
+
+def _validate_message(msg: Any, i: int) -> None:
     if not isinstance(msg, dict):
-        raise InvalidRequest(f"{where} must be an object", param=where)
+        raise _invalid(i, "", "must be an object")
     role = msg.get("role")
     if role not in ROLES:
-        raise InvalidRequest(f"{where}.role must be one of {sorted(ROLES)}, got {role!r}", param=f"{where}.role")
+        raise _invalid(i, ".role", f"must be one of {sorted(ROLES)}, got {role!r}")
     content = msg.get("content")
     if content is not None and not isinstance(content, (str, list)):
-        raise InvalidRequest(f"{where}.content must be a string or an array of content parts", param=f"{where}.content")
+        raise _invalid(i, ".content", "must be a string or an array of content parts")
     if isinstance(content, list) and not all(isinstance(p, dict) and isinstance(p.get("type"), str) for p in content):
-        raise InvalidRequest(f"{where}.content parts must be objects with a 'type'", param=f"{where}.content")
+        raise _invalid(i, ".content", "parts must be objects with a 'type'")
     if "name" in msg and not isinstance(msg["name"], str):
-        raise InvalidRequest(f"{where}.name must be a string", param=f"{where}.name")
+        raise _invalid(i, ".name", "must be a string")
     if role == "tool" and not isinstance(msg.get("tool_call_id"), str):
-        raise InvalidRequest(f"{where}.tool_call_id must be a string", param=f"{where}.tool_call_id")
+        raise _invalid(i, ".tool_call_id", "must be a string")
     if "tool_calls" in msg and msg["tool_calls"] is not None:
-        _validate_tool_calls(msg["tool_calls"], f"{where}.tool_calls")
+        _validate_tool_calls(msg["tool_calls"], i)
 
 
-def _validate_tool_calls(calls: Any, where: str) -> None:
+def _validate_tool_calls(calls: Any, i: int) -> None:
     if not isinstance(calls, list):
-        raise InvalidRequest(f"{where} must be an array", param=where)
+        raise _invalid(i, ".tool_calls", "must be an array")
     for j, call in enumerate(calls):
         fn = call.get("function") if isinstance(call, dict) else None
         if not (
@@ -88,10 +97,7 @@ def _validate_tool_calls(calls: Any, where: str) -> None:
             and isinstance(fn.get("name"), str)
             and isinstance(fn.get("arguments", ""), str)
         ):
-            raise InvalidRequest(
-                f"{where}[{j}] must have a string 'id' and 'function' with string 'name' and 'arguments'",
-                param=f"{where}[{j}]",
-            )
+            raise _invalid(i, f".tool_calls[{j}]", "must have a string 'id' and 'function' with string 'name' and 'arguments'")
 
 
 def canonical(msg: Message) -> Message:
@@ -99,22 +105,25 @@ def canonical(msg: Message) -> Message:
     out: Message = {}
     for key in HASHED_FIELDS:
         value = msg.get(key)
-        if value in (None, "", []):
+        if not value and value in _EMPTY:  # a truthy value is never empty: most skip the comparisons
             continue
         if key == "tool_calls":
-            value = [
-                {
-                    "id": c.get("id"),
-                    "name": (c.get("function") or {}).get("name"),
-                    "arguments": (c.get("function") or {}).get("arguments"),
-                }
-                for c in value
-            ]
+            value = [_canonical_call(c) for c in value]
         out[key] = value
     return out
 
 
+def _canonical_call(call: dict[str, Any]) -> dict[str, Any]:
+    fn = call.get("function") or {}
+    return {"id": call.get("id"), "name": fn.get("name"), "arguments": fn.get("arguments")}
+
+
 def message_hash(msg: Message) -> str:
+    # A message that is its own canonical view (hashed fields only, none of them empty, no calls
+    # to reshape: user, system and tool messages as clients send them) is hashed as it is: the
+    # same bytes, without a copy.
+    if msg.keys() <= _UNSHAPED and all(msg.values()):
+        return canonical_digest(msg)
     return canonical_digest(canonical(msg))
 
 

@@ -45,8 +45,13 @@ class Call:
     arguments: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Item:
+    """Never changed once made, like its `raw`: the fast path hands a turn's items to the next
+    one, so a stage makes a changed copy (`but`, the codec's `with_text`). Not a frozen
+    dataclass, whose __init__ sets each field through object.__setattr__: six times the cost of
+    plain slots, and a first turn makes an item for each of its hundreds of messages."""
+
     raw: Raw
     role: Role
     seq: int | None = None  # its place in the conversation log; None for what is not stored

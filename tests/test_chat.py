@@ -148,3 +148,36 @@ def test_every_message_type_is_persisted(proxy, upstream, http, stream):
     if stream:
         list(result)
     assert live_messages(http, f"types-{stream}") == [*messages, {"role": "assistant", "content": "done"}]
+
+
+def test_the_items_of_a_chat_transcript():
+    """What the stages read off each message: its role, the calls it makes, the call it answers,
+    and whether it goes in or out with the item before it (a call's results do)."""
+    from proxy.dialects.chat import CHAT
+    from proxy.transcript import Call, Item, Role
+
+    call = {"id": "c1", "type": "function", "function": {"name": "read", "arguments": '{"p": 1}'}}
+    raws = [
+        SYSTEM,
+        {"role": "developer", "content": "rules"},
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": [call, {"id": "c2", "function": {"name": "ls"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "one"},
+        {"role": "tool", "tool_call_id": "c2", "content": "two"},
+        {"role": "assistant", "content": "done"},
+        {"role": "tool", "tool_call_id": "c9", "content": "an orphan"},
+        {"role": "function", "name": "legacy", "content": "x"},
+    ]
+    items = CHAT.codec.items(raws, list(range(1, 10)), [f"h{i}" for i in range(9)])
+    calls = (Call("c1", "read", '{"p": 1}'), Call("c2", "ls", ""))
+    assert items == [
+        Item(raws[0], Role.SYSTEM, 1, "h0"),
+        Item(raws[1], Role.SYSTEM, 2, "h1"),
+        Item(raws[2], Role.USER, 3, "h2"),
+        Item(raws[3], Role.ASSISTANT, 4, "h3", calls=calls),
+        Item(raws[4], Role.TOOL, 5, "h4", answers="c1", joins=True),
+        Item(raws[5], Role.TOOL, 6, "h5", answers="c2", joins=True),
+        Item(raws[6], Role.ASSISTANT, 7, "h6"),
+        Item(raws[7], Role.TOOL, 8, "h7", answers="c9"),
+        Item(raws[8], Role.OTHER, 9, "h8"),
+    ]

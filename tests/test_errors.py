@@ -54,6 +54,32 @@ def test_bad_body_is_a_400_and_changes_nothing(proxy, upstream, http, name):
     assert_nothing_stored(http)
 
 
+# A bad message (second in the request) and the error that names it: (message, its message, its param).
+BAD_MESSAGES = [
+    ("hi", "messages[1] must be an object", "messages[1]"),
+    ({"role": "wizard"}, ("messages[1].role must be one of ['assistant', 'developer', 'function', 'system', 'tool', "
+                          "'user'], got 'wizard'"), "messages[1].role"),
+    ({"role": "user", "content": 42}, "messages[1].content must be a string or an array of content parts",
+     "messages[1].content"),
+    ({"role": "user", "content": [{"text": "x"}]}, "messages[1].content parts must be objects with a 'type'",
+     "messages[1].content"),
+    ({"role": "user", "content": "x", "name": 7}, "messages[1].name must be a string", "messages[1].name"),
+    ({"role": "tool", "content": "x"}, "messages[1].tool_call_id must be a string", "messages[1].tool_call_id"),
+    ({"role": "assistant", "tool_calls": "x"}, "messages[1].tool_calls must be an array", "messages[1].tool_calls"),
+    ({"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f"}}, {"id": "d", "function": {"name": 1}}]},
+     "messages[1].tool_calls[1] must have a string 'id' and 'function' with string 'name' and 'arguments'",
+     "messages[1].tool_calls[1]"),
+]
+
+
+@pytest.mark.parametrize(("message", "text", "param"), BAD_MESSAGES)
+def test_a_bad_message_is_named_in_the_error(proxy, upstream, http, message, text, param):
+    response = http.post("/v1/chat/completions", json={"model": "m", "messages": [OK_MESSAGES[0], message]}, headers=AUTH)
+    error = assert_openai_error(response, 400)
+    assert (error["message"], error["param"]) == (text, param)
+    assert upstream.chat_requests() == []
+
+
 BAD_IDS = ["x" * 129, "has space", "slash/inside", "../../etc/passwd", "..", "semi;colon", "ünïcode", ""]
 
 

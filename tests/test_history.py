@@ -118,19 +118,52 @@ def test_a_failed_turn_leaves_the_live_transcript_as_it_was(proxy, upstream, htt
     ]
 
 
+def _canonical_as_first_written(msg: dict) -> dict:
+    """The dedupe view stored hashes were made of: a copy of the first code, kept to hold
+    today's to it."""
+    out = {}
+    for key in ("role", "content", "name", "tool_calls", "tool_call_id"):
+        value = msg.get(key)
+        if value in (None, "", []):
+            continue
+        if key == "tool_calls":
+            value = [
+                {"id": c.get("id"), "name": (c.get("function") or {}).get("name"),
+                 "arguments": (c.get("function") or {}).get("arguments")}
+                for c in value
+            ]
+        out[key] = value
+    return out
+
+
 def test_the_canonical_hash_is_the_same_bytes_as_before_orjson():
-    """Stored conversations keep deduping across the switch to orjson: the same sha256 as the
-    json.dumps(sort_keys, compact, ensure_ascii=False) it replaced, including non-ASCII, escapes,
-    floats and integers past 64 bits."""
+    """Stored conversations keep deduping across the switch to orjson and the shortcuts since:
+    the same sha256 as json.dumps(sort_keys, compact, ensure_ascii=False) of the dedupe view as
+    first written, including non-ASCII, escapes, floats, integers past 64 bits, empty and falsy
+    values, keys that are not hashed, and a message that is its own canonical view."""
     import hashlib
     import json
 
-    from proxy.messages import canonical, message_hash
+    import orjson
 
-    for message in [
+    from bench.workload import base_parts
+    from proxy.messages import message_hash
+
+    messages = [
         {"role": "user", "content": "é ünicode ✓ \u2028 \u0000 \x7f 😀 \\ \" /"},
         {"role": "user", "content": [{"type": "text", "text": "x", "n": 2.5, "big": 2**70, "z": None}]},
         {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}]},
-    ]:
-        blob = json.dumps(canonical(message), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-        assert message_hash(message) == hashlib.sha256(blob.encode()).hexdigest()[:32]
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function"}, {"function": None}]},
+        {"role": "assistant", "content": "ok", "tool_calls": [], "refusal": None, "annotations": []},
+        {"role": "tool", "tool_call_id": "c", "content": "0", "name": ""},
+        {"role": "user", "content": [], "name": "bob"},
+        {"role": "user", "content": 0},  # falsy, not empty: hashed (validation refuses it first)
+        {"role": "user", "content": {}},
+        {"content": "no role"},
+        {"role": "user", "content": "big", "n": 2**70},  # a key not hashed, orjson would refuse
+        {"role": "developer", "content": "rules", "name": "x"},
+        *(orjson.loads(part) for part in base_parts("agent200")),
+    ]
+    for message in messages:
+        blob = json.dumps(_canonical_as_first_written(message), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        assert message_hash(message) == hashlib.sha256(blob.encode()).hexdigest()[:32], message

@@ -27,15 +27,19 @@ ROLES = {"system": Role.SYSTEM, "developer": Role.SYSTEM, "user": Role.USER, "as
 
 class ChatCodec:
     def items(self, raws: Sequence[Raw], seqs: Sequence[int | None], hashes: Sequence[str | None]) -> list[Item]:
+        # Called on the whole transcript of a first turn: names looked up once, Item's fields by
+        # position (calls, answers, joins; keywords cost a third more).
         out: list[Item] = []
+        append = out.append
+        tool, assistant, other = Role.TOOL, Role.ASSISTANT, Role.OTHER
         in_unit = False  # the previous item is an assistant's calls or one of their results
         for raw, seq, digest in zip(raws, seqs, hashes, strict=True):
-            role = ROLES.get(raw.get("role"), Role.OTHER)  # legacy `function` messages: kept as they are
-            if role is Role.TOOL:
-                out.append(Item(raw, role, seq, digest, answers=raw.get("tool_call_id"), joins=in_unit))
+            role = ROLES.get(raw.get("role"), other)  # legacy `function` messages: kept as they are
+            if role is tool:
+                append(Item(raw, role, seq, digest, (), raw.get("tool_call_id"), in_unit))
                 continue
-            calls = message_calls(raw) if role is Role.ASSISTANT else ()
-            out.append(Item(raw, role, seq, digest, calls=calls))
+            calls = message_calls(raw) if role is assistant else ()
+            append(Item(raw, role, seq, digest, calls))
             in_unit = bool(calls)
         return out
 

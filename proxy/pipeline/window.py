@@ -69,7 +69,7 @@ class TokenWindow:
         summary_tokens = sum(await self._count(turn, [summary])) if summary is not None else 0
         quoted_tokens = 0  # what the window's quotes add to the summary's note
         quote_budget: int | None = None
-        for _ in range(MAX_PASSES):
+        for done in range(1, MAX_PASSES + 1):
             kept, tokens, budget, limit = await self._choose(turn, items, quoted_tokens)
             if quote_budget is None:
                 quote_budget = min(turn.profile.compaction.user_messages_chars, int(limit * QUOTE_SHARE * CHARS_PER_TOKEN))
@@ -79,7 +79,9 @@ class TokenWindow:
             note = next((item for item in redone[: n_system + 1] if item.origin == SUMMARY), None)
             note_tokens = sum(await self._count(turn, [note])) if note is not None else 0
             quoted_tokens = max(note_tokens - summary_tokens, quoted_tokens)  # never less: it settles
-            items, kept, tokens = redone, *await self._carried_over(turn, items, kept, tokens, redone)
+            if done == MAX_PASSES:  # no pass chooses again: the window as it stands, with what is new in it
+                kept, tokens = await self._carried_over(turn, items, kept, tokens, redone)
+            items = redone
         else:
             turn.notes.pop(self.name, None)  # not settled: the next turn's window is the whole pipeline's
         turn.report.tokens_sent = tokens
