@@ -131,6 +131,8 @@ class ParsedBody:
         return self.origin.hashes[: self.reused] if self.origin is not None else []
 
 
+_NO_BYTES = memoryview(b"")  # what an entry out of the cache holds instead of its body (BodyEntry.let_go)
+
 # A separator of a transcript array: (the offset of its comma in the body, the index of the element after it).
 Separator = tuple[int, int]
 
@@ -158,6 +160,12 @@ class BodyEntry:
     def size(self) -> int:
         """Its memory: the bytes kept, the parsed objects and the items' hashes."""
         return (len(self.head) + len(self.tail)) * (1 + PARSED) + HASH_BYTES * len(self.raws)
+
+    def let_go(self) -> None:
+        """Out of the cache: its body's bytes are never compared again, so they go now rather than
+        with the last object that still names this entry (the turn that extended it, and the fast
+        path's memo of that turn, until the turn's end: a whole body per turn in flight)."""
+        self.head, self.tail = _NO_BYTES, b""
 
 
 class BodyCache:
@@ -237,6 +245,8 @@ class BodyCache:
         old = self._entries.pop(key, None)
         if old is not None:
             self._held -= old.size
+            if old is not entry:
+                old.let_go()
         if entry is None or len(hashes) != len(entry.raws) or not self.enabled:
             return
         entry.hashes = hashes
@@ -247,6 +257,7 @@ class BodyCache:
             self._held -= evicted.size
             if self.on_evict is not None:
                 self.on_evict(evicted)
+            evicted.let_go()
 
     @property
     def held(self) -> int:
@@ -257,6 +268,7 @@ class BodyCache:
         old = self._entries.pop(key, None)
         if old is not None:
             self._held -= old.size
+            old.let_go()
 
 
 def _extend(previous: BodyEntry, raw: bytes, transcript_key: str, key: Any, parts: Parts | None) -> ParsedBody | None:

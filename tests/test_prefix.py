@@ -150,6 +150,39 @@ def test_the_cache_is_bounded_and_says_what_it_let_go():
     assert extend(cache, ("t", "chat", "c0"), body([*msgs("x" * 2000), *msgs("y")]), "messages") is None  # evicted first
 
 
+def test_a_body_out_of_the_cache_is_freed_though_its_turn_still_runs():
+    """The turn that extended a body, and the fast path's memo of the turn before, name the
+    previous entry until that turn ends; its bytes must not live as long (a whole body per turn
+    in flight: 16 of the bench's 330 KB bodies at once). Replaced or evicted, an entry keeps its
+    parsed objects (the turn reuses them) but not its body's bytes."""
+    import tracemalloc
+
+    filler = "x" * 1_000_000  # one large item: the body's bytes are ~1 MB
+    cache = BodyCache()
+    tracemalloc.start()
+    try:
+        first(cache, body(msgs(filler)))
+        held = tracemalloc.get_traced_memory()[0]
+        parsed = extend(cache, KEY, body(msgs(filler, "next")), "messages")
+        assert parsed is not None and parsed.origin is not None
+        cache.remember(KEY, parsed, ["h0", "h1"])
+        # The previous body (1 MB) is gone though `parsed.origin`, its entry, is still named here;
+        # what is held is the new body and the one parsed item both share.
+        assert tracemalloc.get_traced_memory()[0] < held + 100_000
+        assert len(parsed.origin.head) == 0 and parsed.origin.raws[0] is parsed.entry.raws[0]
+    finally:
+        tracemalloc.stop()
+    # Evicted: its bytes go too, and nothing can be extended from it any more.
+    small = BodyCache(max_bytes=6_000)  # an entry takes 3 bytes per byte of its body: room for two of these
+    kept = []
+    for name in ("one", "two", "three"):
+        raw = body(msgs((name * 300)[:700]))
+        kept.append(asyncio.run(small.full(("t", "chat", name), raw, orjson.loads(raw), "messages")))
+        small.remember(("t", "chat", name), kept[-1], ["h"])
+    assert [len(parsed.entry.head) == 0 for parsed in kept] == [True, False, False]
+    assert extend(small, ("t", "chat", "one"), body(msgs(("one" * 300)[:700], "next")), "messages") is None
+
+
 def send(cache: BodyCache, raw: bytes) -> ParsedBody:
     """`raw` read as the handler reads it, and kept (its items' hashes made up)."""
     parsed = extend(cache, KEY, raw, "messages") or asyncio.run(cache.full(KEY, raw, orjson.loads(raw), "messages"))

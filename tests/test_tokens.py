@@ -11,7 +11,17 @@ from pathlib import Path
 import pytest
 import tiktoken
 
-from proxy.tokens import PER_MESSAGE, PER_NAME, TokenCounter, encoding_name, lookup_names, use_bundled_encodings
+from proxy.tokens import (
+    MODEL_PRICES_FILE,
+    PER_MESSAGE,
+    PER_NAME,
+    TokenCounter,
+    context_windows,
+    encoding_name,
+    litellm_dir,
+    lookup_names,
+    use_bundled_encodings,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -154,6 +164,19 @@ def test_context_windows_from_litellms_table() -> None:
     assert counter.context_window("gpt-4") == 8192
     assert counter.context_window("no-such-model-anywhere") is None
     assert counter.context_window("") is None
+
+
+def test_the_windows_read_while_parsing_are_the_whole_tables() -> None:
+    """context_windows drops each model's entry as the table is parsed (for memory): what it
+    keeps must be what reading the whole table gives, every model with a positive window."""
+    path = litellm_dir() / MODEL_PRICES_FILE
+    table = json.loads(path.read_bytes())
+    whole = {
+        name: entry["max_input_tokens"] for name, entry in table.items()
+        if isinstance(entry, dict) and type(entry.get("max_input_tokens")) is int and entry["max_input_tokens"] > 0
+    }
+    assert len(whole) > 1000  # the bundled table, not an empty one
+    assert context_windows() == whole
 
 
 def test_lookup_names() -> None:
