@@ -108,9 +108,9 @@ class ServerSettings(Section):
         1.0,
         ge=0,
         le=3600,
-        description="glibc malloc: at most this often, once resident memory grew by 2 MB (or, while the process "
-        "is idle, as much was freed), hand the free pages in the middle of the heap back to the system "
-        "(malloc_trim, in a thread; ~1-5 ms). 0 = never.",
+        description="glibc malloc: once resident memory grew by 2 MB (looked at 4 times in this many seconds), "
+        "or, the process idle over them, as much was freed, hand the free pages in the middle of the heap back "
+        "to the system (malloc_trim, in a thread; ~1-5 ms). 0 = never.",
     )
 
 

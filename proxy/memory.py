@@ -79,6 +79,13 @@ def _set_by_environment(param: int) -> bool:
 # -- giving freed memory back -------------------------------------------------------------------
 
 TRIM_GROWTH = 2 * 2**20  # resident bytes grown since the last trim that make the next one worth it
+# Resident memory is looked at this many times an interval (a read of /proc/self/statm, ~5 µs).
+# Under the bench's 16 clients it grows back ~5 MB a second after a trim (freed chunks reused),
+# and a new workload's first second (small conversations pushing big ones out of the caches)
+# grew it 3.5 MB: looked at once a second, the peak overshot by that much (python -m bench.run
+# --skip-scaling, peak 121.2 / 119.9 -> 118.0 / 119.1 MB; CPU a turn, bench/turn_cpu.py, median
+# ratios 0.989 at 16 clients, 0.996 and 1.028 one at a time: within the noise).
+GROWTH_LOOKS = 4
 QUIET_SHARE = 0.05  # of a core: a process using less is not under load
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -97,7 +104,8 @@ class MallInfo2(ctypes.Structure):
 
 
 class Trimmer:
-    """malloc_trim(0) in a thread once memory was taken or given back, at most every `interval_s` s.
+    """malloc_trim(0) in a thread once memory was taken (looked at GROWTH_LOOKS times every
+    `interval_s` s) or, the process quiet over an interval, given back.
 
     glibc returns free memory to the system from the top of a heap only: what a burst freed in
     its middle (a turn's request and upstream bodies, a first turn's 200 parsed messages) stays
@@ -131,12 +139,14 @@ class Trimmer:
         self._resident_after, self._free_after = resident_bytes(), self._free_bytes()
         cpu, wall = time.process_time(), time.monotonic()
         while True:
-            await asyncio.sleep(self.interval_s)
-            # Quiet: the process (every thread) used under QUIET_SHARE of a core since the last look.
-            quiet = time.process_time() - cpu < QUIET_SHARE * (time.monotonic() - wall)
+            await asyncio.sleep(self.interval_s / GROWTH_LOOKS)
+            whole = time.monotonic() - wall >= self.interval_s  # quiet or not is told over a whole interval
+            # Quiet: the process (every thread) used under QUIET_SHARE of a core over the interval.
+            quiet = whole and time.process_time() - cpu < QUIET_SHARE * (time.monotonic() - wall)
             if quiet or resident_bytes() >= self._resident_after + TRIM_GROWTH:  # under load: nothing more
                 await asyncio.to_thread(self.trim_if_worth_it, quiet)
-            cpu, wall = time.process_time(), time.monotonic()
+            if whole:
+                cpu, wall = time.process_time(), time.monotonic()
 
     def trim_if_worth_it(self, quiet: bool) -> bool:
         """Trim if memory grew by TRIM_GROWTH since the last trim, or, `quiet`, as much was freed;
