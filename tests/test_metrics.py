@@ -94,8 +94,7 @@ def test_one_json_log_line_per_request_without_secrets(proxy, upstream, caplog):
 
 
 def test_full_history_turns_are_counted_by_how_their_prompt_was_made(make_proxy, upstream, caplog):
-    """A second turn has nothing kept to reuse (a conversation's first turn is not counted: it has
-    no history to reuse); turns that extend the previous request byte for byte take the fast path;
+    """A conversation's first turn has nothing kept to reuse, and keeps what the second reuses; turns that extend the previous request byte for byte take the fast path;
     one with an inbox note to deliver is declined (the previous work was kept, but the note must be
     placed by the whole pipeline); an edit of an old message leaves nothing to reuse."""
     caplog.set_level(logging.INFO, logger="proxy.access")
@@ -117,10 +116,10 @@ def test_full_history_turns_are_counted_by_how_their_prompt_was_made(make_proxy,
     turn(5)
     samples = scrape(proxy)
     counted = {o: value(samples, "context_proxy_fast_path_turns_total", outcome=o) for o in ("taken", "declined", "none")}
-    assert counted == {"none": 2.0, "taken": 2.0, "declined": 1.0}
-    # And each turn's log line says it (the first: no history to reuse, no outcome).
+    assert counted == {"none": 2.0, "taken": 3.0, "declined": 1.0}
+    # And each turn's log line says it.
     logged = [r.fast_path for r in caplog.records if r.name == "proxy.access" and r.path == "/v1/chat/completions"]
-    assert logged == [None, "none", "taken", "taken", "declined", "none"]
+    assert logged == ["none", "taken", "taken", "taken", "declined", "none"]
 
 
 

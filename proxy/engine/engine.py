@@ -207,7 +207,7 @@ class Engine:
             if request.anchor_seq is not None:
                 body = dialect.detach_anchor(body)  # the history goes from our store: the upstream needs none
             fast = None  # the previous turn's work reused (see fastpath.py): full-history turns only
-            if conversation is not None and request.history == "full" and request.anchor_seq is None and request.compaction is None:
+            if request.history == "full" and request.anchor_seq is None and request.compaction is None:
                 standing_tools = tuple(spec.name for spec in standing(profile) if not dialect.has_tool(body, spec.name))
                 fixed = (turn.reply_reserve, turn.fixed_tokens, turn.proxy_tool_tokens, standing_tools, request.knowledge_namespace)
                 fast = self.fastpath.turn(

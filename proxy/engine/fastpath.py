@@ -122,15 +122,18 @@ def wire_of(
     envelope = {**body, key: _SPLICE}
     try:
         encoded = orjson.dumps(envelope)
-        items = orjson.dumps(sendable)
+        whole = orjson.dumps(body)  # the envelope's bytes with the transcript's in the placeholder's place
     except TypeError:
         return None
     mark = orjson.dumps(_SPLICE)
     at = encoded.find(mark)
     if at < 0 or encoded.find(mark, at + 1) >= 0:
         return None
-    whole = b"".join((encoded[:at], items, encoded[at + len(mark) :]))
-    return Wire(whole, at + 1, at + len(items) - 1, sendable, firsts, envelope, tools, key, breakpoints, room)
+    after = len(encoded) - at - len(mark)
+    end = len(whole) - after  # where the transcript's bytes end
+    if not (whole.startswith(encoded[:at]) and whole.endswith(encoded[at + len(mark) :]) and whole[end - 1 : end] == b"]"):
+        return None
+    return Wire(whole, at + 1, end - 1, sendable, firsts, envelope, tools, key, breakpoints, room)
 
 
 @dataclass(slots=True)
