@@ -187,6 +187,25 @@ async def test_a_failed_write_leaves_nothing_of_it_held_in_memory(reopen):
     assert [(m.seq, m.status) for m in await store.messages(A, live_only=False)] == [(1, LIVE), (2, LIVE)]
 
 
+async def test_the_index_pages_held_in_memory_are_the_stored_ones_even_after_a_failed_write(reopen):
+    store = await reopen()
+    keys = [ConversationKey("t" * 24, f"listed-{i}") for i in range(5)]
+    for key in keys[:3]:
+        await turn(store, key, ["hello"])
+    with pytest.raises(ValueError):  # refused after the conversation was registered: the write rolls back
+        await store.append(keys[3], [msg("a"), msg("b")], [message_hash(msg("a"))], PENDING)
+    assert all(store._cache.get(page_key) == page for page_key, page in store._pages.items())
+    await turn(store, keys[4], ["hello"])
+    await store.delete(keys[1])
+    expected = [keys[4].id, keys[2].id, keys[0].id]  # newest first; the failed one and the deleted one not there
+    listed, _ = await store.list_conversations(tenant=keys[0].tenant, after=None, limit=10)
+    assert [c.key.id for c in listed] == expected
+    store = await reopen()  # what was written, read back
+    listed, _ = await store.list_conversations(tenant=keys[0].tenant, after=None, limit=10)
+    assert [c.key.id for c in listed] == expected
+    assert [c.key.id for c in await store.find(keys[4].id)] == [keys[4].id]
+
+
 async def test_delete_leaves_no_row_of_the_conversation(reopen):
     store = await reopen()
     for i in range(INDEX_CHUNK):

@@ -109,6 +109,10 @@ FAILED_SCOPE = "\x02failed:"  # + a scope: the index of that scope's conversatio
 INDEX_PAGE = 1000  # conversations per index page: registering one rewrites one page, not an index
 MAX_SNAPSHOTS = 1024  # conversation records kept in memory (the active ones)
 MAX_RECORDS = 256  # of those, the stored form kept for the next write (with their whole index)
+# Index pages kept as last written (the store thread's): registering a conversation rewrote the
+# newest page of its tenant's index and of the all-tenants one after reading them back, and a
+# full page (1,000 conversations) took ~0.2 ms to unpickle; the newest ones are all a turn needs.
+MAX_PAGES = 8
 # ... and the per-seq entries (live, first-forwarded, rewritten, batch starts) each kind holds in
 # all: ~85 bytes apiece as measured (bench/memory_breakdown.py), so a few MB however long the
 # conversations get (1,024 snapshots of 2,000 messages would be ~170 MB).
@@ -632,6 +636,8 @@ class DiskStore:
         # only): a turn's write updates it instead of reading it again. Safe because this process
         # is the store's only writer.
         self._records: _Held[_Record] = _Held(MAX_RECORDS)
+        self._pages: OrderedDict[str, dict[int, Any]] = OrderedDict()  # index pages as last written (store thread)
+        self._tenants: set[str] | None = None  # the TENANTS row as last written (store thread)
         self._pending = _PendingFlags(self._cache)
         # SQLite's checkpoints in a thread of their own (see checkpoints.py); the store thread's
         # connection is made to leave them to it.
@@ -666,6 +672,8 @@ class DiskStore:
             # The transaction was rolled back, but what is held in memory may have been changed in it.
             self._snapshots.clear()
             self._records.clear()
+            self._pages.clear()
+            self._tenants = None
             self._pending.forget()
             raise
         if not self._reserve.held:  # let go of for a delete: made again once there is room
@@ -763,8 +771,8 @@ class DiskStore:
             start = max(orders)
         keys: list[ConversationKey] = []
         for page_no in range((start - 1) // INDEX_PAGE, -1, -1):
-            page = self._cache.get(_index_page(index, page_no))
-            for order in sorted((o for o in page or () if o < start), reverse=True):
+            page = self._page(_index_page(index, page_no))
+            for order in sorted((o for o in page if o < start), reverse=True):
                 keys.append(_index_entry(scope, page[order]))
             if len(keys) > limit:
                 break
@@ -776,7 +784,7 @@ class DiskStore:
 
     def _find(self, conversation_id: str) -> list[Conversation]:
         found = []
-        for tenant in sorted(self._cache.get(TENANTS, set())):
+        for tenant in sorted(self._known_tenants()):
             conv = self._current(ConversationKey(tenant, conversation_id))
             if conv is not None:
                 found.append(conv)
@@ -826,9 +834,9 @@ class DiskStore:
                 scopes += (FAILED_SCOPE + key.tenant, FAILED_SCOPE + ALL_TENANTS)
             for scope in scopes:
                 page_key = _index_page(scope, fields["order"] // INDEX_PAGE)
-                page = self._cache.get(page_key, {})
+                page = self._page(page_key)
                 page.pop(fields["order"], None)
-                self._cache.set(page_key, page)
+                self._set_page(page_key, page)
             return True
 
     async def set_title(self, key: ConversationKey, title: str | None) -> Conversation | None:
@@ -926,18 +934,41 @@ class DiskStore:
         microsecond still list in order; one index page per 1,000 conversations is rewritten."""
         record.fields["order"] = self._cache.incr(CREATED, default=0)
         self._index(key, record.fields["order"], key.tenant, ALL_TENANTS)
-        tenants = self._cache.get(TENANTS, set())
+        tenants = self._known_tenants()
         if key.tenant not in tenants:
-            self._cache.set(TENANTS, tenants | {key.tenant})
+            self._tenants = tenants | {key.tenant}
+            self._cache.set(TENANTS, self._tenants)
         return record
 
     def _index(self, key: ConversationKey, order: int, tenant_scope: str, all_scope: str) -> None:
         """List the conversation, at its creation order, in a tenant's index and the all-tenants one."""
         for scope, entry in ((tenant_scope, key.id), (all_scope, (key.tenant, key.id))):
             page_key = _index_page(scope, order // INDEX_PAGE)
-            page = self._cache.get(page_key, {})
+            page = self._page(page_key)
             page[order] = entry
-            self._cache.set(page_key, page)
+            self._set_page(page_key, page)
+
+    def _page(self, page_key: str) -> dict[int, Any]:
+        """An index page as stored (empty if there is none): the one held if it is, else read.
+        The caller changes it only to write it back (`_set_page`) in the same transaction."""
+        page = self._pages.get(page_key)
+        if page is not None:
+            self._pages.move_to_end(page_key)
+            return page
+        return self._cache.get(page_key) or {}
+
+    def _set_page(self, page_key: str, page: dict[int, Any]) -> None:
+        self._cache.set(page_key, page)
+        self._pages[page_key] = page
+        self._pages.move_to_end(page_key)
+        while len(self._pages) > MAX_PAGES:
+            self._pages.popitem(last=False)
+
+    def _known_tenants(self) -> set[str]:
+        """The tenants that have conversations (the TENANTS row): held once read."""
+        if self._tenants is None:
+            self._tenants = set(self._cache.get(TENANTS, set()))
+        return self._tenants
 
     async def set_statuses(self, key: ConversationKey, changes: Mapping[int, str]) -> None:
         if not set(changes.values()) <= STATUSES:
