@@ -132,8 +132,11 @@ class ResponseSink:
             await self.response.write_eof()
 
 
-async def turn_request(request: web.Request, dialect: Dialect, parsed: ParsedBody) -> TurnRequest:
-    """The engine's view of a managed request (its transcript already checked at the top)."""
+async def turn_request(
+    request: web.Request, dialect: Dialect, parsed: ParsedBody, tenant: str, conversation_id: str | None
+) -> TurnRequest:
+    """The engine's view of a managed request (its transcript already checked at the top), of
+    `tenant` (request_tenant) naming `conversation_id` (explicit_conversation_id)."""
     settings = request.app[SETTINGS]
     body = parsed.body
     profile = request_profile(request, settings, dialect.model(body))
@@ -141,8 +144,8 @@ async def turn_request(request: web.Request, dialect: Dialect, parsed: ParsedBod
         dialect=dialect,
         body=body,
         size=len(await request.read()),  # aiohttp keeps the bytes read
-        tenant=request_tenant(request, settings.conversation),
-        conversation_id=explicit_conversation_id(request, settings.conversation),
+        tenant=tenant,
+        conversation_id=conversation_id,
         session_id=dialect.session_id(body, request.headers),
         history=history_mode(request, settings.conversation.history),
         profile=profile,
@@ -159,8 +162,8 @@ async def read_turn(request: web.Request, dialect: Dialect) -> tuple[TurnRequest
     settings = request.app[SETTINGS]
     # A body that extends the previous request of the conversation the client names is parsed
     # only where it is new (the fast path's first step).
-    named = (explicit_conversation_id(request, settings.conversation) or request.headers.get("session-id")
-             or request.headers.get("x-claude-code-session-id"))
+    explicit = explicit_conversation_id(request, settings.conversation)
+    named = explicit or request.headers.get("session-id") or request.headers.get("x-claude-code-session-id")
     tenant = request_tenant(request, settings.conversation)
     parsed = await read_turn_body(request, dialect, (tenant, dialect.name, named) if named else None)
     body = parsed.body
@@ -169,7 +172,7 @@ async def read_turn(request: web.Request, dialect: Dialect) -> tuple[TurnRequest
     transcript = parsed.entry.raws if parsed.entry is not None else dialect.transcript(body)
     check_message_count(transcript, settings.server.max_messages, dialect.transcript_key)
     title = check_title(request.headers.get(TITLE_HEADER), TITLE_HEADER)
-    turn = await turn_request(request, dialect, parsed)
+    turn = await turn_request(request, dialect, parsed, tenant, explicit)
     key = await request.app[ENGINE].conversation_key(turn)
     request[CONVERSATION] = key
     report = TurnReport(
