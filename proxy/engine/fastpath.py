@@ -17,12 +17,14 @@ the new bytes and the new items. Retract and extend together are exact whatever 
 
 The upstream body reuses the previous one's bytes (`Wire`): its elements made of the items
 taken out, or that new items may join (Messages: a user message is made of its tool_result
-parts), are encoded again, the rest is the previous bytes. Any doubt (a stage that can't tell:
-a cut, a new summary, an inbox note, masking, knowledge, a failed summary, a repair; or an
-edit of the request further back) means the whole pipeline, as on the conversation's first
-turn. A summary in force is no doubt: new items come after its boundary. The result is the same
-either way, only its cost differs: tests/test_fastpath.py proves it byte for byte in every wire
-format, streamed turns and moving breakpoints included.
+parts), are encoded again, the rest is the previous bytes. A stage that can't tell (a cut, a
+new summary, an inbox note, masking, knowledge, a failed summary, a repair) runs whole, and so
+do the stages after it, on what the stages before it made of the new items: their runs, and the
+report's figures as they left it (kept on each StageRun), are reused. Any other doubt (an edit of
+the request further back) means the whole pipeline, as on the conversation's first turn. A
+summary in force is no doubt: new items come after its boundary. The result is the same either
+way, only its cost differs: tests/test_fastpath.py proves it byte for byte in every wire format,
+streamed turns and moving breakpoints included, with the turn records' figures.
 
 Kept per conversation (least recently used out first, bounded by the bytes of upstream bodies
 held), and only after a turn that ended well, once its writes and the marks it moved have
@@ -46,6 +48,7 @@ from ..dialects.base import ByElements, Dialect, ToolSpec
 from ..history import TurnPlan
 from ..identity import ConversationKey
 from ..pipeline import Pipeline, StageRun, Turn
+from ..pipeline.base import apply_figures, figures_of
 from ..prefix import BodyEntry, ParsedBody
 from ..transcript import Item, unit_start
 from ..upstream import EncodedBody
@@ -60,10 +63,6 @@ MAX_CONVERSATIONS = 256  # as the BodyCache's MAX_BODIES
 ITEM_BYTES = 350  # an Item, its place in each stage's lists, a shortened copy's share
 LARGEST = 2  # one memo may take 1/LARGEST of the budget
 
-# What the pipeline's stages fill in of a turn's report: carried from one turn to the next.
-# (Not what is the turn's own: the cuts it moved, inbox deliveries, the knowledge shown, repairs
-# and failed summaries; a turn with any of those leaves no memo, or takes the whole path.)
-PIPELINE_FIELDS = ("tokens_sent", "token_budget", "messages_left_out", "masked", "chars_saved", "summary_id")
 _SPLICE = "\x00context-proxy: the transcript goes here\x00"  # never in a JSON body: it has a raw NUL
 
 
@@ -166,7 +165,8 @@ class FastPath:
         self._keys: dict[int, ConversationKey] = {}  # id of a memo's body entry -> its conversation
         self._held = 0
         self.taken = 0  # turns that took the fast path (for tests and the bench)
-        self.declined = 0  # turns that had a memo and still ran the whole pipeline
+        self.declined = 0  # turns that had a memo and still ran the whole pipeline (or the stages from one that declined)
+        self.resumed = 0  # of those, the turns whose stages before the one that declined kept their runs
         self.resent = 0  # of the turns taken, those whose request sent its last items again changed
         self.spliced = 0  # upstream bodies made of the previous one's bytes
 
@@ -226,6 +226,7 @@ class FastTurn:
         self._tail: list[Item] = []
         self._items: list[Item] = []
         self._seqs: list[int | None] = []
+        self._resume: list[StageRun] | None = None  # a stage declined: the runs of those before it, extended
         # What the previous prompt is to this one (its items after `keep` taken back out, see _extend).
         self._base = (
             _Base(memo.sent_seqs, memo.shortened, memo.shortened_item, memo.wire, len(memo.runs[-1].after))
@@ -260,6 +261,9 @@ class FastTurn:
                 assert turn.runs is not None
                 return turn.runs[-1].after
             self.owner.declined += 1
+        if self._resume:  # the stages after the one that declined run on what those before it made
+            self.owner.resumed += 1
+            return await pipeline(turn, self._resume[-1].after, done=self._resume)
         if not self._items:  # else a stage declined once the new items were made: the memo's and them
             self._items = codec.items(plan.upstream, seqs, plan.upstream_hashes)
         return await pipeline(turn, self._items)
@@ -269,11 +273,19 @@ class FastTurn:
         if len(seqs) <= done or seqs[:done] != memo.seqs:
             return None  # a failed turn's items were sent again under new seqs, or nothing is new
         report = turn.report
-        before = _figures(report)
-        _apply(report, memo.figures)
+        before = figures_of(report)
+        apply_figures(report, memo.figures)
+        turn.runs = None
         tail = await (self._appended if self.reused >= done else self._resent)(turn, plan, seqs, pipeline, memo)
         if tail is None:
-            _apply(report, before)  # the whole pipeline fills the report from scratch
+            # A stage declined (a window cut...): the stages before it keep their extended runs,
+            # the report as they left it, and the rest run whole; else the whole pipeline, from scratch.
+            done_runs = turn.runs
+            if done_runs and done_runs[-1].figures is not None:
+                self._resume = done_runs
+                apply_figures(report, done_runs[-1].figures)
+            else:
+                apply_figures(report, before)
             turn.notes.clear()
         return tail
 
@@ -302,7 +314,11 @@ class FastTurn:
         from the new bytes with the new items. Everything before it is reused."""
         keep = unit_start(memo.items, self.reused)
         runs = await pipeline.retract_runs(turn, memo.runs, keep)
-        if runs is None:
+        new = turn.codec.items(plan.upstream[keep:], seqs[keep:], plan.upstream_hashes[keep:])
+        self._items = [*memo.items[:keep], *new]  # the whole input, as in _appended
+        if runs is None:  # a stage can't: those before it go on with the new items, the rest run whole
+            if turn.runs:
+                await pipeline.extend_runs(turn, turn.runs, new)
             return None
         base = self._base
         assert base is not None
@@ -310,9 +326,8 @@ class FastTurn:
         gone = memo.runs[-1].after[len(runs[-1].after) :]
         gone_seqs = [i.seq for i in gone if i.seq is not None]
         if gone_seqs and base.sent_seqs[-len(gone_seqs) :] != gone_seqs:
+            turn.runs = None  # the whole pipeline
             return None
-        new = turn.codec.items(plan.upstream[keep:], seqs[keep:], plan.upstream_hashes[keep:])
-        self._items = [*memo.items[:keep], *new]  # the whole input, as in _appended
         tail = await pipeline.extend_runs(turn, runs, new)
         if tail is None:
             return None
@@ -421,7 +436,7 @@ class FastTurn:
             held = next((i for i in out if i.ref is not None), None)
         self.owner.keep(self.key, Memo(
             origin=self.entry, settings=self.settings, marks={**turn.marks, **report.marks}, seqs=self._seqs,
-            items=self._items, runs=turn.runs, figures=_figures(report), sent_seqs=sent_seqs, shortened=shortened,
+            items=self._items, runs=turn.runs, figures=figures_of(report), sent_seqs=sent_seqs, shortened=shortened,
             shortened_item=held, wire=self.wire,
         ))
 
@@ -436,13 +451,3 @@ class _Base:
     wire: Wire | None
     prompt: int  # the prompt's items the wire's elements were made of (the rest: this turn's)
 
-
-def _figures(report: TurnReport) -> dict[str, Any]:
-    out = {name: getattr(report, name) for name in PIPELINE_FIELDS}
-    out["chars_saved"] = dict(out["chars_saved"])
-    return out
-
-
-def _apply(report: TurnReport, figures: dict[str, Any]) -> None:
-    for name, value in figures.items():
-        setattr(report, name, dict(value) if isinstance(value, dict) else value)

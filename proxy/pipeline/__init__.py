@@ -8,10 +8,11 @@ stage means adding it to `STAGES` below, never touching the server code.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from ..config import Settings
 from . import compaction, inbox, knowledge, pairing, quota, truncation, window
-from .base import Item, Stage, StageRun, Turn
+from .base import Item, Stage, StageRun, Turn, added, figures_of, moved
 
 __all__ = ["STAGES", "Item", "Pipeline", "Stage", "StageRun", "Turn", "build_pipeline"]
 
@@ -37,50 +38,83 @@ class Pipeline:
     def __init__(self, stages: Sequence[Stage]) -> None:
         self.stages = list(stages)
 
-    async def __call__(self, turn: Turn, items: list[Item]) -> list[Item]:
-        runs = []
-        for stage in self.stages:
+    async def __call__(self, turn: Turn, items: list[Item], done: Sequence[StageRun] = ()) -> list[Item]:
+        """Run the stages on `items`; with `done` (the runs of the first stages, which the report's
+        figures stand after: see `extend_runs`), the stages after them, on `items` as the last one's
+        output."""
+        runs = list(done)
+        for stage in self.stages[len(runs) :]:
             before, items = items, await stage(turn, items)
-            runs.append(StageRun(before, items, turn.notes.pop(stage.name, None)))
+            runs.append(StageRun(before, items, turn.notes.pop(stage.name, None), figures_of(turn.report)))
         turn.runs = runs
         return items
 
     async def extend_runs(self, turn: Turn, runs: list[StageRun], new: list[Item]) -> list[Item] | None:
         """The items to send after the previous turn's output, when the input is the previous
-        input plus `new` and every stage can tell (see `Extendable`); None: run the pipeline."""
-        if len(runs) != len(self.stages):
+        input plus `new` and every stage can tell (see `Extendable`); None: a stage can't (or
+        `runs` are those of the first stages only), and `turn.runs` holds the runs of the stages
+        before it, extended (what `__call__` may go on from, the report set to the last one's
+        figures). The report holds the previous turn's figures, and each stage adds what its new
+        items add."""
+        if len(runs) > len(self.stages):
             return None
-        extended = []
-        for stage, run in zip(self.stages, runs, strict=True):
-            extend = getattr(stage, "extend", None)
-            added = await extend(turn, run, new) if extend is not None else None
-            if added is None:
-                return None
-            before = run.before + new
-            after = before if run.after is run.before and added is new else run.after + added
-            extended.append(StageRun(before, after, turn.notes.pop(stage.name, run.note)))
-            new = added
+        extended: list[StageRun] = []
         turn.runs = extended
-        return new
+        amounts: dict | None = {}  # what the stages extended so far added to the report's figures
+        figures = figures_of(turn.report)
+        for stage, run in zip(self.stages, runs, strict=False):
+            extend = getattr(stage, "extend", None)
+            more = await extend(turn, run, new) if extend is not None else None
+            if more is None:
+                return None
+            figures, was = figures_of(turn.report), figures
+            amounts = _sum(amounts, moved(was, figures))
+            before = run.before + new
+            after = before if run.after is run.before and more is new else run.after + more
+            extended.append(StageRun(before, after, turn.notes.pop(stage.name, run.note), added(run.figures, amounts)))
+            new = more
+        return new if len(extended) == len(self.stages) else None
 
     async def retract_runs(self, turn: Turn, runs: list[StageRun], keep: int) -> list[StageRun] | None:
         """The previous turn's runs as they would be had its input been its first `keep` items
         (a unit boundary), the report's figures with them, when every stage can tell (see
-        `Retractable`); None: run the pipeline."""
+        `Retractable`); None: a stage can't, and `turn.runs` holds the runs of those before it,
+        retracted (to extend, then go on from)."""
         if len(runs) != len(self.stages):
             return None
-        retracted = []
+        retracted: list[StageRun] = []
+        turn.runs = retracted
+        amounts: dict | None = {}  # what the stages retracted so far took off the report's figures
+        figures = figures_of(turn.report)
         for stage, run in zip(self.stages, runs, strict=True):
             retract = getattr(stage, "retract", None)
             shorter = await retract(turn, run, keep) if retract is not None else None
             if shorter is None:
                 return None
-            retracted.append(shorter)
+            figures, was = figures_of(turn.report), figures
+            amounts = _sum(amounts, moved(was, figures))
+            retracted.append(replace(shorter, figures=added(run.figures, amounts)))
             keep = len(shorter.after)  # the next stage's input is this one's output
         return retracted
 
     def describe(self) -> list[str]:
         return [stage.name for stage in self.stages]
+
+
+def _sum(amounts: dict | None, more: dict | None) -> dict | None:
+    """Two sets of amounts (see `base.moved`) as one; None if either is not known."""
+    if amounts is None or more is None:
+        return None
+    out = dict(amounts)
+    for name, amount in more.items():
+        if name == "chars_saved":
+            saved = dict(out.get(name, {}))
+            for stage, chars in amount.items():
+                saved[stage] = saved.get(stage, 0) + chars
+            out[name] = saved
+        else:
+            out[name] = out.get(name, 0) + amount
+    return out
 
 
 def build_pipeline(settings: Settings) -> Pipeline:

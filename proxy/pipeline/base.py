@@ -17,17 +17,28 @@ if TYPE_CHECKING:
     from ..summarizer import Summarizer
     from ..tokens import TokenCounter
 
-__all__ = ["Item", "Stage", "StageRun", "Turn", "item_by_item", "passed_through"]
+__all__ = [
+    "PIPELINE_FIELDS", "Figures", "Item", "Stage", "StageRun", "Turn", "added", "apply_figures", "figures_of",
+    "item_by_item", "moved", "passed_through",
+]
+
+# What the pipeline's stages fill in of a turn's report (the rest of it is the turn's own: the
+# cuts it moved, inbox deliveries, the knowledge shown, repairs and failed summaries).
+PIPELINE_FIELDS = ("tokens_sent", "token_budget", "messages_left_out", "masked", "chars_saved", "summary_id")
+Figures = dict[str, Any]  # PIPELINE_FIELDS -> value, as a report holds them
 
 
 @dataclass(frozen=True, slots=True)
 class StageRun:
     """What one stage did on a turn, kept for the next turn of the conversation (see `Stage.extend`):
-    its input, its output and whatever the stage noted of its own (`Turn.notes`)."""
+    its input, its output, whatever the stage noted of its own (`Turn.notes`), and the report's
+    figures once it had run (those of the stages up to it: None when not known), so that a turn
+    whose later stage can't extend its run still reuses the runs before it."""
 
     before: list[Item]
     after: list[Item]
     note: Any = None
+    figures: Figures | None = None
 
 
 @dataclass(slots=True)
@@ -92,6 +103,55 @@ class Retractable(Stage, Protocol):
     made from the new bytes: retract and extend together are exact, whatever changed."""
 
     async def retract(self, turn: Turn, run: StageRun, keep: int) -> StageRun | None: ...
+
+
+def figures_of(report: TurnReport) -> Figures:
+    """The report's PIPELINE_FIELDS, as they stand (a copy)."""
+    out = {name: getattr(report, name) for name in PIPELINE_FIELDS}
+    out["chars_saved"] = dict(out["chars_saved"])
+    return out
+
+
+def apply_figures(report: TurnReport, figures: Figures) -> None:
+    for name, value in figures.items():
+        setattr(report, name, dict(value) if isinstance(value, dict) else value)
+
+
+def moved(before: Figures, after: Figures) -> Figures | None:
+    """What changed from `before` to `after`, as amounts to add (chars_saved: by stage); None
+    when a change is no amount (a figure set from or to None)."""
+    out: Figures = {}
+    for name in PIPELINE_FIELDS:
+        old, new = before[name], after[name]
+        if new == old:
+            continue
+        if name == "chars_saved":
+            out[name] = {k: new.get(k, 0) - old.get(k, 0) for k in {*old, *new} if new.get(k, 0) != old.get(k, 0)}
+        elif isinstance(old, int) and isinstance(new, int):
+            out[name] = new - old
+        else:
+            return None
+    return out
+
+
+def added(figures: Figures | None, amounts: Figures | None) -> Figures | None:
+    """`figures` with `amounts` (see `moved`) added; None if either is not known."""
+    if figures is None or amounts is None:
+        return None
+    if not amounts:
+        return figures
+    out = dict(figures)
+    for name, amount in amounts.items():
+        if name == "chars_saved":
+            saved = dict(out[name])
+            for stage, chars in amount.items():
+                saved[stage] = saved.get(stage, 0) + chars
+            out[name] = saved
+        elif isinstance(out[name], int):
+            out[name] += amount
+        else:
+            return None
+    return out
 
 
 def passed_through(run: StageRun, keep: int) -> StageRun | None:
