@@ -5,8 +5,10 @@ mallopt's own effect, a plain interpreter calling the same function)."""
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
+import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from proxy.engine.fastpath import wire_of
 from tests.conftest import ALICE
 from tests.fake_upstream import Reply
 from tests.harness import ProxyProcess, peak_rss_kb, wait_until
@@ -137,3 +140,24 @@ def test_two_first_requests_at_once_build_the_tokenizer_once(processes, upstream
         assert list(pool.map(first_turn, range(2))) == [200, 200]
     grown = peak_rss_kb(proc) / 1024 - before
     assert 20 < grown < 55, f"peak grew by {grown:.0f} MB"  # the tokenizer was built, and once
+
+
+def test_a_memos_upstream_body_holds_its_length_not_the_encoders_buffer():
+    """orjson's bytes keep the capacity its buffer grew to (~3x a 5 KB body's length); a Wire is
+    kept in a memo for the next turn, so it holds an exact copy (the FastPath's budget counts its
+    length)."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "x" * 1000 + str(i)} for i in range(5)]}
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        wire = wire_of(body, "messages", ())
+        assert wire is not None
+        encoded = wire.encoded
+        del wire  # what stays is the bytes alone (the body and its messages were there before)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(encoded) > 5000
+    assert held < 1.2 * len(encoded), (held, len(encoded))

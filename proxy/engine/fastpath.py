@@ -121,7 +121,9 @@ def wire_of(
     envelope = {**body, key: _SPLICE}
     try:
         encoded = orjson.dumps(envelope)
-        whole = orjson.dumps(body)  # the envelope's bytes with the transcript's in the placeholder's place
+        # The envelope's bytes with the transcript's in the placeholder's place. Copied: orjson's bytes
+        # keep the capacity its buffer grew to (a memo's small body took ~2.4x its length resident).
+        whole = bytes(memoryview(orjson.dumps(body)))
     except TypeError:
         return None
     mark = orjson.dumps(_SPLICE)
