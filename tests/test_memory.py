@@ -5,7 +5,6 @@ mallopt's own effect, a plain interpreter calling the same function)."""
 
 from __future__ import annotations
 
-import gc
 import subprocess
 import sys
 import tracemalloc
@@ -145,19 +144,15 @@ def test_two_first_requests_at_once_build_the_tokenizer_once(processes, upstream
 def test_a_memos_upstream_body_holds_its_length_not_the_encoders_buffer():
     """orjson's bytes keep the capacity its buffer grew to (~3x a 5 KB body's length); a Wire is
     kept in a memo for the next turn, so it holds an exact copy (the FastPath's budget counts its
-    length)."""
+    length). The block its bytes live in is found by where it was allocated."""
     body = {"model": "m", "messages": [{"role": "user", "content": "x" * 1000 + str(i)} for i in range(5)]}
-    gc.collect()
     tracemalloc.start()
     try:
-        before = tracemalloc.get_traced_memory()[0]
         wire = wire_of(body, "messages", ())
         assert wire is not None
-        encoded = wire.encoded
-        del wire  # what stays is the bytes alone (the body and its messages were there before)
-        gc.collect()
-        held = tracemalloc.get_traced_memory()[0] - before
+        where = tracemalloc.get_object_traceback(wire.encoded)
+        blocks = [trace.size for trace in tracemalloc.take_snapshot().traces if trace.traceback == where]
     finally:
         tracemalloc.stop()
-    assert len(encoded) > 5000
-    assert held < 1.2 * len(encoded), (held, len(encoded))
+    assert len(wire.encoded) > 5000 and blocks
+    assert max(blocks) < len(wire.encoded) + 100, (blocks, len(wire.encoded))  # a bytes object's header: 33
