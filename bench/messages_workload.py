@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field
 from functools import cache
 
-from .workload import SYSTEM_PROMPT, TOOL_POOL, TOOLS, Message, base_parts, dumps, task_message, tool_pool
+from .workload import SYSTEM_PROMPT, TOOL_POOL, TOOLS, Message, base_parts, dumps, own_ids, task_message, tool_pool
 
 BREAKPOINT = {"type": "ephemeral"}
 MAX_TOKENS = 4096
@@ -82,8 +82,8 @@ class MessagesConversation:
     def __post_init__(self) -> None:
         task = anthropic_message(json.loads(task_message(self.id)))
         parts = [dumps(task), *base_messages(self.kind)]
-        self._newest = json.loads(parts.pop())
-        self._joined = bytearray(b",".join(parts))
+        self._newest = json.loads(own_ids(parts.pop(), self.id))
+        self._joined = bytearray(own_ids(b",".join(parts), self.id))
         self._count = len(parts) + 1
         self._pool_offset = (self.index * 17) % TOOL_POOL
 

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from functools import cache
 
-from .workload import SYSTEM_PROMPT, TOOL_POOL, TOOLS, Message, base_parts, dumps, task_message, tool_pool
+from .workload import SYSTEM_PROMPT, TOOL_POOL, TOOLS, Message, base_parts, dumps, own_ids, task_message, tool_pool
 
 
 def response_items(message: Message) -> list[Message]:
@@ -62,7 +62,7 @@ class ResponsesConversation:
         system = response_items({"role": "system", "content": SYSTEM_PROMPT})
         task = response_items(json.loads(task_message(self.id)))
         parts = [*(dumps(i) for i in system + task), *base_items(self.kind)]
-        self._joined = bytearray(b",".join(parts))
+        self._joined = bytearray(own_ids(b",".join(parts), self.id))
         self._count = len(parts)
         self._pool_offset = (self.index * 17) % TOOL_POOL
 

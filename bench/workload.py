@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import random
+import zlib
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from typing import Any
@@ -110,7 +111,10 @@ def _tool_step(rng: random.Random, call_id: str, big: bool | None = None) -> tup
     say = rng.random() < 0.4  # agents often think aloud before a call
     assistant: Message = {
         "role": "assistant",
-        "content": " ".join(rng.choices(_WORDS, k=rng.randint(12, 40))).capitalize() + "." if say else None,
+        # The thought names its call, as the call's id is the conversation's own (own_ids): no two
+        # agents think the same thing, and in the Responses API a thought is an item of its own.
+        "content": " ".join(rng.choices(_WORDS, k=rng.randint(12, 40))).capitalize() + f". Next: {call_id}."
+        if say else None,
         "tool_calls": [
             {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
         ],
@@ -171,8 +175,18 @@ def tool_pool() -> tuple[str, ...]:
     return tuple(_tool_step(rng, "x", big=i % 16 == 5)[1]["content"] for i in range(TOOL_POOL))
 
 
+def own_ids(transcript: bytes, conversation_id: str) -> bytes:
+    """The opening transcript with tool-call ids of this conversation's own. Its messages are the
+    same in every conversation (one generated transcript); with the same ids too, a proxy that
+    keys a cache by message (token counts by canonical hash) would find a new conversation's 200
+    messages already counted by another's, and its first turn would look cheaper than a real new
+    conversation's. A real agent's call ids are unique; only the system prompt is shared."""
+    tag = b"%08x" % zlib.crc32(conversation_id.encode())
+    return transcript.replace(b"call_base", b"call_" + tag).replace(b"toolu_base", b"toolu_" + tag)
+
+
 def task_message(conversation_id: str) -> bytes:
-    # Distinct per conversation, so nothing can be shared across conversations by content.
+    # Distinct per conversation, as the tool-call ids after it are (own_ids).
     return dumps({"role": "user", "content": f"[{conversation_id}] The export job fails on big tenants: "
                   "find out why `store.append` gets slower with every turn, fix it, and add a regression test."})
 
@@ -198,7 +212,7 @@ class Conversation:
     def __post_init__(self) -> None:
         parts = list(base_parts(self.kind))
         parts[1] = task_message(self.id)
-        self._joined = bytearray(b",".join(parts))
+        self._joined = bytearray(own_ids(b",".join(parts), self.id))
         self._count = len(parts)
         self._pool_offset = (self.index * 17) % TOOL_POOL
 
