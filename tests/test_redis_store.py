@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -74,6 +75,26 @@ async def test_lock_is_renewed_while_a_long_turn_holds_it(replica: MakeReplica):
             async with asyncio.timeout(2.0):  # over three TTLs
                 async with two.lock(A):
                     pytest.fail("the lock expired while its holder was alive")
+
+
+async def test_a_lock_waiters_cancellation_is_never_lost_wherever_it_lands(replica: MakeReplica):
+    # A cancel landing inside redis-py's read could end as the SET's reply: the waiter polled on,
+    # and here, its holder waiting for it, forever (a full-suite run hung on the test above).
+    one, two = replica(), replica()
+    shuffle = random.Random(0)
+    async with one.lock(A):
+        for attempt in range(300):
+            try:
+                async with asyncio.timeout(2.0):  # fires only if the waiter's own cancellation was lost
+                    with pytest.raises(TimeoutError):
+                        async with asyncio.timeout(shuffle.uniform(0.0005, 0.02)):
+                            async with two.lock(A):
+                                pytest.fail("two replicas held one conversation's lock at once")
+            except TimeoutError:
+                pytest.fail(f"attempt {attempt}: the waiter went on polling after it was cancelled")
+    async with asyncio.timeout(2):
+        async with two.lock(A):
+            pass  # and nothing a cancelled waiter took is left held
 
 
 async def test_a_dead_holders_lock_frees_after_its_ttl_and_its_late_release_is_ignored(replica: MakeReplica):

@@ -145,6 +145,14 @@ def _available() -> Iterator[None]:
         raise
 
 
+def _raise_if_cancelled(task: asyncio.Task[Any] | None) -> None:
+    """Raise the cancellation a Redis call swallowed: a cancel that lands in redis-py's read can
+    end as the call's reply (about one in a hundred short timeouts on a lock wait, measured), and
+    a waiter whose cancellation is lost polls on, while its holder may be waiting for it."""
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 def _guarded(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
     """Redis's failures as StoreErrors; a write's outcome (a method named in WRITES) is the store's health."""
     writes = fn.__name__ in WRITES
@@ -801,11 +809,14 @@ class RedisStore:
     async def _take_lock(self, name: str) -> str:
         token = secrets.token_hex(16)
         delay = 0.005
+        task = asyncio.current_task()
         try:
             while not await self._redis.set(name, token, nx=True, px=self._lock_ttl_ms):
+                _raise_if_cancelled(task)
                 # Backoff with jitter, so waiting replicas neither hammer Redis nor poll in lockstep.
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
                 delay = min(delay * 2, 0.05)
+            _raise_if_cancelled(task)  # taken, but for a waiter that is gone
         except asyncio.CancelledError:
             # Cancelled mid-SET, the lock may be ours already: release it rather than block the
             # conversation for a whole TTL (a no-op if the SET did not land).
