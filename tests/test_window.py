@@ -423,3 +423,18 @@ def test_a_start_that_is_gone_is_cut_again() -> None:
     t = turn(limit=2000, refill=0.5, marks={"window_start": 10_000})  # beyond the transcript (a rewound branch)
     out = run(TokenWindow(), t, msgs)
     assert t.report.marks["window_start"] == history_of(out)[0].seq
+
+
+def test_a_first_turn_tokenizes_about_its_limit_not_its_transcript() -> None:
+    """Counting goes back from the newest message only until the limit is passed, in batches sized
+    from the tokens per message seen so far: a new conversation's first turn tokenizes little more
+    than `limit` tokens of its transcript (tokenizing is most of such a turn's CPU)."""
+    msgs = agent_run(100, "line of output\n" * 40)  # 402 messages, ~30,000 tokens
+    counter = TokenCounter()
+    t = turn(limit=3000)
+    t.counter = counter
+    run(TokenWindow(), t, msgs)
+    tokens = [COUNTER.count(m, "gpt-4o-mini") for m in msgs]
+    newest = counter.encodes - 2  # the system prompt and the task are counted too
+    assert sum(tokens[-newest:]) <= 1.3 * 3000
+    assert sum(tokens[-newest:]) > 3000  # as far back as the window could reach

@@ -241,18 +241,29 @@ class TokenWindow:
 
     async def _tail_counts(self, turn: Turn, items: list[Item], head: int, limit: int) -> tuple[list[int], int]:
         """Counts of the newest items only: as many as it takes to pass `limit` (and at least the
-        newest unit), doubling from 64. The window can't reach further back, so a long
-        conversation's turn costs its window, not its length. Returns counts (uncounted entries
-        hold a value over `limit`) and the unit boundary from which the window may be chosen."""
+        newest unit), counted back from the newest in batches sized from the tokens per item seen
+        so far (growing at most twofold). The window can't reach further back, so a long conversation's turn costs its
+        window, not its length, and a new one's first turn tokenizes about `limit` tokens, not its
+        whole transcript (tokenizing is most of a first turn's CPU). Returns counts (uncounted
+        entries hold a value over `limit`) and the unit boundary from which the window may be chosen."""
         n = len(items)
-        newest = unit_start(items, n - 1, head) if n > head else n
-        size = max(64, n - newest)
-        while True:
-            start = unit_start(items, max(head, n - size), head)  # never start inside a unit
-            tail = await self._count(turn, items[start:])
-            if start == head or sum(tail) > limit:
-                return [limit + 1] * start + tail, start
-            size *= 2
+        start = unit_start(items, n - 1, head) if n > head else n
+        tail = await self._count(turn, items[start:])
+        total = sum(tail)
+        while start > head and total <= limit:
+            # The items still wanted at the tokens per item seen so far, and a quarter more (one more
+            # batch is then rarely needed), but at most twice what is counted: a few items say little.
+            wanted = (limit - total) * len(tail) // max(total, 1) + 1
+            batch = max(TAIL_BATCH, min(wanted + wanted // 4, 2 * len(tail)))
+            earlier = unit_start(items, max(head, start - batch), head)  # never start inside a unit
+            counts = await self._count(turn, items[earlier:start])
+            tail = counts + tail
+            total += sum(counts)
+            start = earlier
+        return [limit + 1] * start + tail, start
+
+
+TAIL_BATCH = 16  # the fewest items `_tail_counts` counts at once
 
 
 WINDOW_MARK = "window_start"  # the seq the window starts at since its last cut
