@@ -242,7 +242,7 @@ class TokenWindow:
     async def _tail_counts(self, turn: Turn, items: list[Item], head: int, limit: int) -> tuple[list[int], int]:
         """Counts of the newest items only: as many as it takes to pass `limit` (and at least the
         newest unit), counted back from the newest in batches sized from the tokens per item seen
-        so far (growing at most twofold). The window can't reach further back, so a long conversation's turn costs its
+        so far. The window can't reach further back, so a long conversation's turn costs its
         window, not its length, and a new one's first turn tokenizes about `limit` tokens, not its
         whole transcript (tokenizing is most of a first turn's CPU). Returns counts (uncounted
         entries hold a value over `limit`) and the unit boundary from which the window may be chosen."""
@@ -251,10 +251,11 @@ class TokenWindow:
         tail = await self._count(turn, items[start:])
         total = sum(tail)
         while start > head and total <= limit:
-            # The items still wanted at the tokens per item seen so far, and a quarter more (one more
-            # batch is then rarely needed), but at most twice what is counted: a few items say little.
-            wanted = (limit - total) * len(tail) // max(total, 1) + 1
-            batch = max(TAIL_BATCH, min(wanted + wanted // 4, 2 * len(tail)))
+            # Four fifths of the items still wanted at the tokens per item seen so far (short of the
+            # limit rather than past it: a token past it is tokenized for nothing, one more batch
+            # costs only a lookup), and at most four times what is counted: a few items say little.
+            wanted = (limit - total) * len(tail) // max(total, 1)
+            batch = max(TAIL_BATCH, min(wanted * 4 // 5 + 1, 4 * len(tail)))
             earlier = unit_start(items, max(head, start - batch), head)  # never start inside a unit
             counts = await self._count(turn, items[earlier:start])
             tail = counts + tail
@@ -263,7 +264,7 @@ class TokenWindow:
         return [limit + 1] * start + tail, start
 
 
-TAIL_BATCH = 16  # the fewest items `_tail_counts` counts at once
+TAIL_BATCH = 4  # the fewest items `_tail_counts` counts at once
 
 
 WINDOW_MARK = "window_start"  # the seq the window starts at since its last cut
