@@ -65,7 +65,8 @@ def _row(blocks: list[dict[str, Any]], direct: dict[int, dict[str, Any]], chunks
         put("first_added_p50", _diff(_get(b, "first", "first", "p50"), _get(d, "first", "first", "p50")))
         put("cpu_ms", _get(b, "seq", "target_cpu_ms_per_req"))
         put("cpu_sched_ms", _get(b, "seq", "target_cpu_sched_ms_per_req"))
-        put("first_cpu_ms", _get(b, "first", "target_cpu_ms_per_req"))
+        # schedstat (ns): the first turns are too few (one per conversation) for 10 ms ticks.
+        put("first_cpu_ms", _get(b, "first", "target_cpu_sched_ms_per_req"))
         put("switches", _get(b, "seq", "target_switches_per_req"))
         put("sys_share", _get(b, "seq", "target_sys_share"))
         put("stream_sys_share", _get(b, "stream_long", "target_sys_share"))
@@ -344,7 +345,7 @@ def render(data: dict[str, Any], summary: dict[str, Any]) -> str:
         (
         "p50/p99: one request at a time, later turns (200+ messages, the stored prefix + 2 new); +: over direct, same repeat. "
         "1st turn: a new conversation's first request (stores all 200 messages). CPU: the target process's utime+stime "
-        f"(/proc/<pid>/stat) / requests. @{s['concurrency']}: {s['concurrency']} concurrent clients. "
+        f"(/proc/<pid>/stat) / requests; for the 1st turn, from schedstat (ns: too few turns for ticks). @{s['concurrency']}: {s['concurrency']} concurrent clients. "
         f"TTFB: time to the first streamed byte ({s['stream_chunks']}-event replies). CPU/chunk: (CPU of a "
         f"{s['stream_long_chunks']}-event streamed turn − CPU of a {s['stream_chunks']}-event one) / {s['stream_long_chunks'] - s['stream_chunks']}, "
         f"from schedstat. reads/stream: reads the client made per {s['stream_long_chunks']}-event stream (≈ events: nothing held back). "
