@@ -34,6 +34,7 @@ from prometheus_client import Counter
 from .dialects.formats import codec_for, format_of
 from .identity import CONVERSATION_ID, ConversationKey
 from .refs import RefSigner
+from .scheduling import run_behind_the_loop
 from .store import PENDING, Conversation, Store, StoredMessage, Summary
 from .trajectory import TrajectoryDocument, encode, first_live_user, inbox_parts, roles_of, shown_status, trajectory_message
 from .transcript import Role
@@ -150,7 +151,7 @@ class TrajectoryWriter:
         self._held = 0  # bytes in the mirrors
         self._due: set[ConversationKey] = set()
         self._tasks: dict[ConversationKey, asyncio.Task[None]] = {}
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajectory")
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajectory", initializer=run_behind_the_loop)
 
     def path(self, key: ConversationKey) -> Path:
         assert self.root is not None

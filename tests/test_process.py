@@ -110,6 +110,22 @@ def dockerfile() -> dict[str, list[str]]:
     return out
 
 
+def test_the_store_threads_wait_for_the_event_loops_core_and_the_loop_does_not(process):
+    """The diskcache store's thread and its checkpointer run under SCHED_BATCH (no preemption of
+    the loop when it wakes them); the event loop's thread and the executor's keep the default."""
+    proc = process()
+    client = openai_client(proc, headers={"X-Conversation-ID": "threads"})
+    # A model tiktoken knows: its tokenizer is loaded in an executor thread, which then exists.
+    client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "hello"}])
+    assert proc.proc is not None
+    pid = proc.proc.pid
+    policies = {int(tid): os.sched_getscheduler(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")}
+    assert policies.pop(pid) == os.SCHED_OTHER  # the event loop's
+    assert len(policies) >= 3  # the store's thread, the checkpointer, at least one executor thread
+    assert sorted(policies.values()).count(os.SCHED_BATCH) == 2
+    assert set(policies.values()) == {os.SCHED_BATCH, os.SCHED_OTHER}
+
+
 def test_dockerfile_installs_like_make_and_runs_as_non_root():
     steps = dockerfile()
     assert any("scripts/install.sh" in run for run in steps["RUN"])

@@ -20,6 +20,8 @@ import logging
 import sqlite3
 import threading
 
+from ..scheduling import run_behind_the_loop
+
 log = logging.getLogger("proxy.store.disk")
 
 EVERY_WRITES = 32  # the bench's agent: ~1.3 MB of WAL between checkpoints
@@ -65,6 +67,7 @@ class Checkpointer:
         self._thread.join()
 
     def _loop(self) -> None:
+        run_behind_the_loop()
         connection: sqlite3.Connection | None = None
         try:
             while True:

@@ -16,6 +16,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from ..scheduling import run_behind_the_loop
+
 T = TypeVar("T")
 
 _Job = tuple[Callable[..., Any], tuple[Any, ...], "asyncio.Future[Any]", asyncio.AbstractEventLoop]
@@ -48,6 +50,7 @@ class StoreThread:
         self._thread.join()
 
     def _work(self) -> None:
+        run_behind_the_loop()
         if self._initializer is not None:
             self._initializer()
         while (job := self._jobs.get()) is not None:
