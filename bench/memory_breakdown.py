@@ -68,7 +68,7 @@ def render(name: str, b: dict[str, Any]) -> str:
     lines = [
         f"## {name}",
         "",
-        f"- resident {s['VmRSS']:.1f} MB (anon {s['RssAnon']:.1f}, file {s['RssFile']:.1f}); peak so far (VmHWM) {s['VmHWM']:.1f} MB",
+        f"- resident {s['VmRSS']:.1f} MB (anon {s['RssAnon']:.1f}, file {s['RssFile']:.1f}); peak since the last checkpoint (VmHWM) {s['VmHWM']:.1f} MB",
         f"- threads: {b['threads']['os']} ({', '.join(b['threads']['python'])}); tokenizers loaded: {', '.join(b['tiktoken_loaded']) or 'none'}",
         f"- gc: {b['gc']['objects_tracked']:,} objects tracked, {b['gc']['frozen']:,} frozen",
         "",
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         measured = bench.measured
 
         def measured_and_noted(target: Target, **cmd: Any) -> dict[str, Any]:
-            """Each phase of the block: its resident set after it, the peak so far, the fast path's turns."""
+            """Each phase of the block: its resident set after it, the peak since the idle checkpoint, the fast path's turns."""
             before = fast_path_turns(target)
             r = measured(target, **cmd)
             after = fast_path_turns(target)
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(result, indent=1))
     text = [f"# memory breakdown ({', '.join(f'{k}={v}' for k, v in extra.items()) or 'no extra env'})", ""]
     text += [render(name, b) for name, b in result["checkpoints"].items()]
-    text += ["| side-by-side phase | resident MB | peak so far MB | fast path taken / declined / none |", "|---|---|---|---|"]
+    text += ["| side-by-side phase | resident MB | peak since idle MB | fast path taken / declined / none |", "|---|---|---|---|"]
     text += [
         f"| {p['phase']} | {p['rss']:.1f} | {p['hwm']:.1f} | "
         + " / ".join(str(int(p["fast_path"].get(k, 0))) for k in ("taken", "declined", "none")) + " |"

@@ -8,7 +8,8 @@ Side by side in one run, against one mock upstream on loopback:
   proxy-base the same from another source tree (`--base-src`, e.g. main's): before/after in one run
   litellm    LiteLLM's proxy (its own venv), same mock
 
-Phases, per target and per repeat (targets interleaved within a repeat so drift hits all alike;
+Phases, per target and per repeat (targets interleaved within a repeat so drift hits all alike,
+their order rotated from one repeat to the next because the place matters too: `in_turn`;
 figures are medians over repeats):
   first   new conversations: the first request stores the whole 200-message transcript
   seq     one request at a time, later turns (stored prefix + the reply + a new tool result)
@@ -84,7 +85,7 @@ class Settings:
     concurrency: int = 16
     conc_requests: int = 960
     scaling_turns: list[int] = field(default_factory=lambda: [10, 100, 1000])
-    scaling_window: int = 3  # turns measured on each side of a checkpoint
+    scaling_window: int = 8  # turns measured on each side of a checkpoint: 17 single turns (7 swung the ratio by 2x)
     memory_conversations: list[int] = field(default_factory=lambda: [1000, 10000])
     memory_batch: int = 1000
     memory_concurrency: int = 8
@@ -409,9 +410,22 @@ class Bench:
         finally:
             self.lg(op="close", pool=pool)
 
+    def in_turn(self, rep: int) -> list[Target]:
+        """The targets in the order repeat `rep` measures them: `direct` first, the others rotated
+        by one a repeat, so that each takes each place as often over as many repeats as there are
+        of them. The place matters: the same tree run as proxy and proxy-base took ~7% more CPU a
+        later turn and ~20% a first turn as whichever came right after `direct` (three runs of
+        three repeats, in a fixed order; four unmeasured first turns before each block did not
+        change it)."""
+        targets = list(self.targets.values())
+        lead = [t for t in targets[:1] if t.name == "direct"]
+        rest = targets[len(lead):]
+        shift = rep % len(rest) if rest else 0
+        return [*lead, *rest[shift:], *rest[:shift]]
+
     def comparison(self) -> None:
         for rep in range(self.s.repeats):
-            for t in self.targets.values():
+            for t in self.in_turn(rep):
                 if t.status != "ok":
                     continue
                 log(f"repeat {rep + 1}/{self.s.repeats}: {t.name}")
