@@ -125,7 +125,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         app[PREFIXES], app[METRICS], telemetry, on_turn_end=trajectories.after_turn,
     )
     trimmer = Trimmer(settings.server.malloc_trim_interval_s)
-    trimming = asyncio.create_task(trimmer.run()) if trimmer.enabled else None
+    trimming = asyncio.create_task(trimmer.run(app[connections.CONNECTIONS].activity)) if trimmer.enabled else None
     log.info(
         "started",
         extra={

@@ -110,7 +110,7 @@ class ServerSettings(Section):
         le=3600,
         description="glibc malloc: once resident memory grew by 2 MB (looked at 4 times in this many seconds), "
         "or, the process idle over them, as much was freed, hand the free pages in the middle of the heap back "
-        "to the system (malloc_trim, in a thread; ~1-5 ms). 0 = never.",
+        "to the system (malloc_trim, in a thread; ~1-5 ms); then wait for the next client. 0 = never.",
     )
 
 

@@ -30,6 +30,7 @@ from typing import Any
 
 from aiohttp import web
 
+from .activity import Activity
 from .config import Settings
 from .errors import ProxyError, RequestTimeout, ServerBusy, error_response, error_shape
 
@@ -74,6 +75,7 @@ class ConnectionTracker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self.refused = 0  # open connections waiting for their 503
+        self.activity = Activity()  # poked by every new connection and request
 
     def __len__(self) -> int:
         return len(self._open)
@@ -122,6 +124,7 @@ class ConnectionTracker:
                 conn.refused = True
                 self.refused += 1
         self._open[transport] = conn
+        self.activity.poke()
         return conn
 
     def closed(self, conn: Connection) -> None:
@@ -144,6 +147,11 @@ class ConnectionTracker:
         self.closed(conn)
         conn.transport.close()
 
+    def arriving(self, conn: Connection) -> None:
+        """A request's first byte: its headers are due within header_timeout_s from now."""
+        conn.partial_since = self._now()
+        self.activity.poke()
+
     def request_started(self, conn: Connection) -> None:
         conn.busy += 1
         conn.requests += 1
@@ -157,20 +165,33 @@ class ConnectionTracker:
             self._open.move_to_end(conn.transport)
 
     async def _sweep(self) -> None:
-        """Close connections whose request headers are overdue (slow senders, silent openers)."""
+        """Close connections whose request headers are overdue (slow senders, silent openers).
+        With none awaited (idle keep-alive connections are aiohttp's to close), wait for the next
+        connection or request rather than wake an idle process every second."""
         limit = self.settings.header_timeout_s
         while True:
             await asyncio.sleep(min(1.0, limit / 4))
-            now = self._now()
-            for conn in list(self._open.values()):
-                if conn.busy:
-                    continue
-                since = conn.partial_since
-                if since is None and conn.requests == 0:
-                    since = conn.opened
-                wait = min(limit, REFUSED_WAIT_S) if conn.refused else limit
-                if since is not None and now - since > wait:
-                    self._close(conn)
+            if not self._close_overdue(limit):
+                await self.activity.wait()
+
+    def _close_overdue(self, limit: float) -> bool:
+        """Close the connections whose headers are overdue; True if some are still awaited."""
+        now = self._now()
+        awaited = False
+        for conn in list(self._open.values()):
+            if conn.busy:
+                continue
+            since = conn.partial_since
+            if since is None and conn.requests == 0:
+                since = conn.opened
+            if since is None:
+                continue
+            wait = min(limit, REFUSED_WAIT_S) if conn.refused else limit
+            if now - since > wait:
+                self._close(conn)
+            else:
+                awaited = True
+        return awaited
 
     # -- requests --------------------------------------------------------------------------------
 
@@ -200,7 +221,7 @@ class _Tracked(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         conn = self._conn
         if conn is not None and not conn.busy and conn.partial_since is None:
-            conn.partial_since = self._tracker._now()
+            self._tracker.arriving(conn)
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:

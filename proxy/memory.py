@@ -29,6 +29,8 @@ import ctypes
 import os
 import time
 
+from .activity import Activity
+
 # mallopt parameters (glibc's malloc.h)
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
@@ -117,7 +119,8 @@ class Trimmer:
     resident memory alone never tells). Not under load: there the free bytes come and go with
     every turn's bodies, and trimming on them each second made the next turns fault the pages
     back in (8% more CPU a turn in one A/B, bench/turn_cpu.py, 4 x 1,000 turns); what is freed
-    then is reused anyway. A steady process is not trimmed again and again.
+    then is reused anyway. A steady process is not trimmed again and again, and an idle one is not
+    woken: once quiet, it waits for the next client (proxy/activity.py).
     """
 
     def __init__(self, interval_s: float) -> None:
@@ -132,8 +135,10 @@ class Trimmer:
     def enabled(self) -> bool:
         return self._libc is not None
 
-    async def run(self) -> None:
-        """Until cancelled."""
+    async def run(self, activity: Activity | None = None) -> None:
+        """Until cancelled. Once quiet (and what was freed handed back), it waits for `activity`
+        (clients sending) instead of looking again: what it gives back is freed by turns, and an
+        idle process is not woken four times a second. Without `activity`, it keeps looking."""
         if self._libc is None:
             return
         self._resident_after, self._free_after = resident_bytes(), self._free_bytes()
@@ -145,6 +150,8 @@ class Trimmer:
             quiet = whole and time.process_time() - cpu < QUIET_SHARE * (time.monotonic() - wall)
             if quiet or resident_bytes() >= self._resident_after + TRIM_GROWTH:  # under load: nothing more
                 await asyncio.to_thread(self.trim_if_worth_it, quiet)
+            if quiet and activity is not None:
+                await activity.wait()
             if whole:
                 cpu, wall = time.process_time(), time.monotonic()
 
