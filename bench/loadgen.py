@@ -5,10 +5,13 @@
   {"op": "open", "pool": P, "kind": "agent200|small|empty", "ids": [...], "url": BASE_URL, "wire": W}
         full-history conversations in wire format W (chat, responses or messages: bench/wires.py;
         chat by default) and one keep-alive HTTP session
-  {"op": "run", "pool": P, "requests": N, "concurrency": C, "warmup": W, "stream": bool, "model": M}
+  {"op": "run", "pool": P, "requests": N, "concurrency": C, "warmup": W, "stream": bool, "model": M,
+   "gap_ms": G}
         C workers; worker w owns conversations w, w+C, ... and takes turns on them round-robin.
         Each worker first sends W unmeasured requests (so every connection is open and warm),
-        all wait for each other, then the clock starts and N requests are shared among them.
+        all wait for each other, then the clock starts and N requests are shared among them,
+        each worker idle G ms before each of its requests (0: back to back), as an agent's turns
+        come with the model's and the tools' time between them.
   {"op": "json_rt", "pool": P, "repeat": K}  the best time of json.loads + json.dumps of
         conversation 0's next body (the "JSON round trip" reference of DESIGN.md's targets)
   {"op": "close", "pool": P}    {"op": "quit"}
@@ -101,7 +104,9 @@ async def one_request(pool: Pool, conv: Any, model: str, stream: bool, out: Outc
         out.sent_bytes += len(body)
 
 
-async def run(pool: Pool, requests: int, concurrency: int, warmup: int, stream: bool, model: str) -> dict[str, Any]:
+async def run(
+    pool: Pool, requests: int, concurrency: int, warmup: int, stream: bool, model: str, gap_ms: float = 0,
+) -> dict[str, Any]:
     convs = pool.conversations
     if concurrency > len(convs):
         raise ValueError(f"concurrency {concurrency} needs at least as many conversations (have {len(convs)})")
@@ -118,6 +123,8 @@ async def run(pool: Pool, requests: int, concurrency: int, warmup: int, stream: 
         await ready.wait()
         await go.wait()
         for i in range(quotas[w]):
+            if gap_ms:
+                await asyncio.sleep(gap_ms / 1000)
             await one_request(pool, mine[(warmup + i) % len(mine)], model, stream, out)
 
     tasks = [asyncio.create_task(worker(w)) for w in range(concurrency)]
@@ -170,7 +177,7 @@ async def handle(pools: dict[str, Pool], cmd: dict[str, Any]) -> dict[str, Any]:
     if op == "run":
         return await run(
             pools[cmd["pool"]], cmd["requests"], cmd.get("concurrency", 1), cmd.get("warmup", 0),
-            cmd.get("stream", False), cmd.get("model", "bench-s16"),
+            cmd.get("stream", False), cmd.get("model", "bench-s16"), cmd.get("gap_ms", 0),
         )
     if op == "json_rt":
         return json_round_trip(pools[cmd["pool"]], cmd.get("repeat", 5))

@@ -25,6 +25,8 @@ COLUMNS: list[tuple[str, str]] = [
     ("cpu_ms", "CPU ms/req"),
     ("first_cpu_ms", "CPU ms/1st req"),
     ("switches", "ctx sw/req"),
+    ("paced_added_p50", "paced +p50 ms"),
+    ("paced_cpu_ms", "paced CPU ms/req"),
     ("rps", "req/s @C"),
     ("conc_p50", "p50 @C ms"),
     ("ttfb_added_p50", "TTFB +p50 ms"),
@@ -68,6 +70,9 @@ def _row(blocks: list[dict[str, Any]], direct: dict[int, dict[str, Any]], chunks
         # schedstat (ns): the first turns are too few (one per conversation) for 10 ms ticks.
         put("first_cpu_ms", _get(b, "first", "target_cpu_sched_ms_per_req"))
         put("switches", _get(b, "seq", "target_switches_per_req"))
+        put("paced_added_p50", _diff(_get(b, "paced", "later", "p50"), _get(d, "paced", "later", "p50")))
+        # schedstat (ns): ten turns are too few for 10 ms ticks; the idle between them counts too.
+        put("paced_cpu_ms", _get(b, "paced", "target_cpu_sched_ms_per_req"))
         put("sys_share", _get(b, "seq", "target_sys_share"))
         put("stream_sys_share", _get(b, "stream_long", "target_sys_share"))
         put("conc_cpu_ms", _get(b, "conc", "target_cpu_ms_per_req"))
@@ -294,9 +299,9 @@ def main_table(summary: dict[str, Any], concurrency: int) -> str:
         cells = [name]
         for key, _ in COLUMNS[1:]:
             v = row.get(key)
-            if name == "direct" and key.startswith(("added", "first_added", "ttfb_added")):
+            if name == "direct" and key.startswith(("added", "first_added", "ttfb_added", "paced_added")):
                 v = 0.0 if v is not None else None
-            cells.append(fmt(v, 3 if key.startswith(("added", "first_added", "ttfb")) else 2))
+            cells.append(fmt(v, 3 if key.startswith(("added", "first_added", "ttfb", "paced_added")) else 2))
         rows.append(cells)
     return _table(headers, rows)
 
@@ -322,7 +327,8 @@ def render(data: dict[str, Any], summary: dict[str, Any]) -> str:
     out.append(
         f"- workload ({WIRE_NAMES.get(data.get('wire', 'chat'), '?')}): full-history agent client, 200-message transcript (~{fmt(body_kb, 0)} KB incl. tools) resent whole "
         f"on every turn, each turn = previous messages + the reply + a new tool result; {s['seq_conversations']} conversations "
-        f"for the one-at-a-time phases, {s['concurrency']} (one per client) for the concurrent one; streaming: "
+        f"for the one-at-a-time phases (paced: {s.get('paced_requests', '—')} turns, each after {s.get('paced_gap_ms', '—')} ms idle), "
+        f"{s['concurrency']} (one per client) for the concurrent one; streaming: "
         f"{s['stream_chunks']} and {s['stream_long_chunks']} events per reply, {s['stream_gap_ms']} ms apart; "
         f"{s['repeats']} repeat(s), medians; JSON round trip of that body (loads + dumps): {fmt(rt, 2)} ms"
     )

@@ -13,6 +13,8 @@ their order rotated from one repeat to the next because the place matters too: `
 figures are medians over repeats):
   first   new conversations: the first request stores the whole 200-message transcript
   seq     one request at a time, later turns (stored prefix + the reply + a new tool result)
+  paced   the same, each after a pause (an agent's turns come seconds apart, the model's and the
+          tools' time between them): the process and the core come back from idle every turn
   stream  the same, streamed, short replies (time to first byte), then long replies (the CPU
           per forwarded chunk is the slope between the two: per-request costs cancel out); each
           conversation's first streamed turn, and first long one, goes unmeasured (a client keeps
@@ -77,6 +79,8 @@ class Settings:
     repeats: int = 3
     seq_conversations: int = 20  # the seq phase takes turns round-robin over these
     seq_requests: int = 200
+    paced_requests: int = 10
+    paced_gap_ms: float = 300  # idle before each paced turn: the malloc trimmer's quiet interval (1 s) passes
     stream_requests: int = 40
     stream_chunks: int = 16  # events per short streamed reply
     stream_long_requests: int = 10
@@ -94,7 +98,7 @@ class Settings:
 
 
 SMOKE = Settings(
-    repeats=1, seq_conversations=2, seq_requests=6, stream_requests=3, stream_chunks=8, stream_long_requests=2,
+    repeats=1, seq_conversations=2, seq_requests=6, paced_requests=2, paced_gap_ms=50, stream_requests=3, stream_chunks=8, stream_long_requests=2,
     stream_long_chunks=24, stream_gap_ms=0.2,
     concurrency=4, conc_requests=8, scaling_turns=[2, 5], scaling_window=1, memory_conversations=[20, 40],
     memory_batch=20, memory_concurrency=4, profile_requests=10, prime_requests=4,
@@ -371,6 +375,7 @@ class Bench:
         try:
             out["first"] = self.measured(t, pool=seq, requests=s.seq_conversations, concurrency=1)
             out["seq"] = self.measured(t, pool=seq, requests=s.seq_requests, concurrency=1, warmup=2)
+            out["paced"] = self.measured(t, pool=seq, requests=s.paced_requests, concurrency=1, gap_ms=s.paced_gap_ms)
             # Each conversation turns to streaming first, unmeasured: a client keeps to one (Codex and
             # Claude Code stream every turn), and the turn that changes the body's `stream` field is no
             # extension of the last (the whole pipeline): counted, half the 16-event turns were such.
@@ -397,7 +402,7 @@ class Bench:
             lg(op="close", pool=conc)
         if t.pid:
             out["memory_mb"] = memory_mb(t.pid)
-        out["errors"] = sum(out[p]["errors"] for p in ("first", "seq", "stream", "stream_long", "conc"))
+        out["errors"] = sum(out[p]["errors"] for p in ("first", "seq", "paced", "stream", "stream_long", "conc"))
         return out
 
     def json_round_trip(self) -> dict[str, Any]:

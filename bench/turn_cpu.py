@@ -3,6 +3,7 @@
     python -m bench.turn_cpu --proxy-src /path/to/before --proxy-src . [--traces] [--rounds 5]
         [--wire messages] [--at-turn 1000 --conversations 1 --requests 28] [--first]
         [--concurrency 16 --conversations 16] [--variant CONTEXT_PROXY_SERVER__FAST_PATH=false]
+        [--gap-ms 300]
 
 Each tree runs as `python -m proxy serve` with its own shipped config.yaml on the target core;
 one load generator (bench/loadgen.py) sends full-history later turns of the bench's 200-message
@@ -10,7 +11,9 @@ agent transcript, one at a time (the seq phase of bench/run.py), in any wire for
 speaks (bench/wires.py); `--at-turn N` measures turns N+1... of a conversation that started
 empty instead (the scaling phase's, without its other targets in between); `--first` measures
 first turns instead: `--requests` new conversations, each storing the whole transcript;
-`--concurrency C` sends from C clients at once (bench/run.py's 16, one conversation each). The
+`--concurrency C` sends from C clients at once (bench/run.py's 16, one conversation each);
+`--gap-ms G` leaves each client idle G ms before each request (paced turns, as an agent's come:
+the figure then includes what the process does while idle, the malloc trimmer's work). The
 trees take turns, round by round, so drift on a busy machine hits them alike. The figure is the
 proxy process's CPU (schedstat: on-CPU nanoseconds of every thread; utime+stime counts 10 ms
 ticks) per request: the median over rounds, and each round's ratio to the first tree.
@@ -68,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--conversations", type=int, default=20)
     p.add_argument("--concurrency", type=int, default=1,
                    help="clients sending at once (the conc phase of bench/run.py: 16, one conversation each)")
+    p.add_argument("--gap-ms", type=float, default=0, help="idle before each request (paced turns)")
     p.add_argument("--wire", choices=["chat", "messages", "responses"], default="chat")
     p.add_argument("--at-turn", type=int, default=0, help="measure from this turn of an empty conversation on")
     p.add_argument("--first", action="store_true", help="measure new conversations' first turns")
@@ -121,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                 if not args.first:
                     lg(op="run", pool=pool, requests=args.conversations * warm)  # first turns: the stored prefix exists
                 before = cpu_ns(proc.pid)
-                result = lg(op="run", pool=pool, requests=args.requests, concurrency=args.concurrency)
+                result = lg(op="run", pool=pool, requests=args.requests, concurrency=args.concurrency, gap_ms=args.gap_ms)
                 per_request[name].append((cpu_ns(proc.pid) - before) / result["sent"] / 1e6)
                 lg(op="close", pool=pool)
                 if result["errors"]:
