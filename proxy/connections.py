@@ -17,6 +17,10 @@ tracks it, and:
   one is busy, the new one is answered 503 and closed (past a few such, closed unanswered). The
   cap is kept below the process's fd limit, whose soft value is raised to the hard one at start;
 - a failed accept() is logged once a second at most.
+
+The sweep that enforces `header_timeout_s` runs only while some connection's headers are
+awaited; otherwise it waits for the next connection or request (proxy/activity.py), as does the
+malloc trimmer once the process is quiet: an idle proxy is never woken.
 """
 
 from __future__ import annotations
