@@ -108,9 +108,10 @@ class ServerSettings(Section):
         1.0,
         ge=0,
         le=3600,
-        description="glibc malloc: once resident memory grew by 2 MB (looked at 4 times in this many seconds), "
-        "or, the process idle over them, as much was freed, hand the free pages in the middle of the heap back "
-        "to the system (malloc_trim, in a thread; ~1-5 ms); then wait for the next client. 0 = never.",
+        description="glibc malloc: once resident memory grew by 2 MB (looked at 4 times in this many seconds under "
+        "load, at each client's request otherwise), or, the process idle over them, as much was freed, hand the free "
+        "pages in the middle of the heap back to the system (malloc_trim, in a thread; ~1-5 ms); then wait for the "
+        "next client. 0 = never.",
     )
 
 
