@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from proxy.connections import CONNECTIONS
 from tests.conftest import ALICE, live_messages
 from tests.fake_upstream import Reply
 from tests.harness import ProxyProcess, merge_sections, wait_until, write_config
@@ -251,3 +252,18 @@ def test_an_idle_proxy_sleeps_and_the_next_client_wakes_its_housekeeping(process
         wait_until(lambda: asleep_over(pid, 1.2), timeout=20, what="the proxy asleep again")
         body["messages"] += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "again"}]
         assert http.post("/v1/chat/completions", json=body, headers={**AUTH, "X-Conversation-ID": "idle"}).status_code == 200
+
+
+def test_requests_whose_headers_come_whole_do_not_wake_the_sweep_each_second(make_proxy):
+    """An agent's turns come seconds apart over one keep-alive connection, each request's headers
+    whole at once. The sweep used to look at every connection once a second while any turn had
+    started within it; it now wakes at the earliest deadline (here 30 s away), and a request
+    whose headers are complete long before then needs nothing from it."""
+    proxy = make_proxy(server={"header_timeout_s": 30})
+    tracker = proxy.app[CONNECTIONS]
+    sock = connect(proxy.port)
+    looked = tracker.sweeps
+    for _ in range(8):
+        assert answered(sock, HEALTHZ).startswith(b"HTTP/1.1 200")
+        time.sleep(0.5)  # the client's pace (4 s in all), not a wait for the proxy
+    assert tracker.sweeps - looked <= 2, tracker.sweeps - looked  # once a second: 4 or more
