@@ -3,9 +3,10 @@
 An idle proxy should not wake up: on this project's VM each wake-up of an idle core was charged
 ~2.5 ms of CPU (a bare `time.sleep(1)` loop: 2.5 ms/s), so the connection sweep (once a second)
 and the malloc trimmer (four times a second) cost an idle proxy ~36 ms of CPU a second, and the
-turns of an agent that pauses between them paid for those wake-ups. Each of them, once it has
-nothing left to do, waits here instead, and the connection tracker pokes on every new connection
-and every request's first byte (an attribute test when no one waits).
+turns of an agent that pauses between them paid for those wake-ups. The trimmer, lightly loaded
+or quiet, waits here instead, and the connection tracker pokes on every new connection and every
+request's first byte (an attribute test when no one waits). The sweep keeps deadlines of its own
+(connections.py: it sleeps until the earliest).
 """
 
 from __future__ import annotations
