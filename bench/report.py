@@ -36,7 +36,7 @@ COLUMNS: list[tuple[str, str]] = [
     ("mock_cpu_ms", "mock CPU ms/req"),
     ("errors", "errors"),
 ]
-TARGET_ORDER = ["direct", "forwarder", "proxy-off", "proxy", "proxy-models", "proxy-base", "litellm"]
+TARGET_ORDER = ["direct", "forwarder", "floor", "proxy-off", "proxy", "proxy-models", "proxy-base", "litellm"]
 PROXIES = ["proxy-off", "proxy", "proxy-models", "proxy-base"]
 
 

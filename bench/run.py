@@ -2,7 +2,9 @@
 
 Side by side in one run, against one mock upstream on loopback:
   direct     the load generator straight to the mock (the baseline every "added" figure is over)
-  forwarder  bare aiohttp forwarder (bench/forwarder.py): the floor
+  forwarder  bare aiohttp forwarder (bench/forwarder.py): no logic at all
+  floor      the same with the contract's two writes a turn in context-proxy's store (`--store`):
+             the least a turn costs under DESIGN.md's storage, new messages found the cheapest way
   proxy-off  context-proxy, shipped config.yaml, pipeline stages turned off by env vars
   proxy      context-proxy, shipped config.yaml
   proxy-base the same from another source tree (`--base-src`, e.g. main's): before/after in one run
@@ -71,7 +73,7 @@ MODELS_TABLE_ENV = {
     "BENCH_UNUSED_PROVIDER_KEY": "unused",
 }
 
-TARGETS = ["direct", "forwarder", "proxy-off", "proxy", "proxy-models", "proxy-base", "litellm"]
+TARGETS = ["direct", "forwarder", "floor", "proxy-off", "proxy", "proxy-models", "proxy-base", "litellm"]
 
 
 @dataclass
@@ -216,7 +218,7 @@ class Bench:
         if "direct" in self.targets:
             self.targets["direct"].url = mock_url
         starting: list[Target] = []
-        for name in ("forwarder", "proxy-off", "proxy", "proxy-models", "proxy-base"):
+        for name in ("forwarder", "floor", "proxy-off", "proxy", "proxy-models", "proxy-base"):
             if name in self.targets:
                 t = self.targets[name]
                 t.proc = self._make(name, mock_url)
@@ -248,8 +250,9 @@ class Bench:
     def _make(self, name: str, mock_url: str, runner: list[str] | None = None) -> Proc:
         """The forwarder, or context-proxy as `python -m proxy serve` (`runner` replaces `-m proxy`)."""
         port = free_port()
-        if name == "forwarder":
-            return Proc(name, [sys.executable, "-m", "bench.forwarder", "--port", str(port), "--upstream", mock_url],
+        if name in ("forwarder", "floor"):
+            store = ["--store", str(self.tmp / "store-floor")] if name == "floor" else []
+            return Proc(name, [sys.executable, "-m", "bench.forwarder", "--port", str(port), "--upstream", mock_url, *store],
                         port, "/v1/models", self.logs / f"{name}.log", cwd=str(REPO), cpus=self.target_cpus)
         env = {
             "CONTEXT_PROXY_UPSTREAM__BASE_URL": mock_url,

@@ -1,7 +1,7 @@
 """The bench works end to end, in its tiny mode: it proves the machinery, it measures nothing.
 
-`python -m bench.run --smoke` starts the mock upstream, the load generator, the bare forwarder and
-both context-proxy configurations as real processes on loopback, sends a few requests through
+`python -m bench.run --smoke` starts the mock upstream, the load generator, the bare forwarder (also
+as the floor, with the contract's store writes) and the context-proxy configurations as real processes on loopback, sends a few requests through
 each phase (first turns, later turns, streaming, concurrency, scaling, memory), and prints the
 side-by-side table. LiteLLM is not installed in this mode; its row must say so.
 """
@@ -19,7 +19,7 @@ import pytest
 from bench.report import COLUMNS, WIRE_NAMES
 
 REPO = Path(__file__).resolve().parent.parent
-TARGETS = ["direct", "forwarder", "proxy-off", "proxy", "proxy-models", "litellm"]
+TARGETS = ["direct", "forwarder", "floor", "proxy-off", "proxy", "proxy-models", "litellm"]
 NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
 # What the direct row has no figure for: it has no process of its own between client and mock.
 DIRECT_BLANK = {"CPU ms/req", "CPU ms/1st req", "ctx sw/req", "paced CPU ms/req", "CPU µs/chunk", "peak RSS MB"}
@@ -58,7 +58,7 @@ def test_bench_smoke_runs_every_target_and_prints_the_table(tmp_path: Path) -> N
     assert header == expected
     assert list(rows) == TARGETS
 
-    for target in ("direct", "forwarder", "proxy-off", "proxy"):
+    for target in ("direct", "forwarder", "floor", "proxy-off", "proxy"):
         for name, value in zip(header[1:], rows[target][1:]):
             if target == "direct" and name in DIRECT_BLANK:
                 assert value == "—", (target, name, value)
@@ -87,14 +87,14 @@ def test_bench_smoke_speaks_every_wire_format(tmp_path: Path, wire: str) -> None
     phase gets its replies (no errors), and the results say which format they measured."""
     out = tmp_path / "results"
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--smoke", "--wire", wire, "--targets", "forwarder,proxy", "--skip-memory",
+        [sys.executable, "-m", "bench.run", "--smoke", "--wire", wire, "--targets", "forwarder,floor,proxy", "--skip-memory",
          "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=90, check=False,
     )
     assert proc.returncode == 0, f"bench failed\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
     header, rows = _main_table(proc.stdout)
-    assert list(rows) == ["direct", "forwarder", "proxy"]
-    for target in ("forwarder", "proxy"):
+    assert list(rows) == ["direct", "forwarder", "floor", "proxy"]
+    for target in ("forwarder", "floor", "proxy"):
         assert rows[target][header.index("errors")] == "0", f"{target} had failed requests"
         assert NUMBER.match(rows[target][header.index("CPU ms/req")])
     data = json.loads((out / f"latest-{wire}.json").read_text())
@@ -110,7 +110,7 @@ def test_memory_breakdown_smoke_and_the_caches_count_what_they_hold(tmp_path: Pa
     out = tmp_path / "mb.json"
     proc = subprocess.run(
         [sys.executable, "-m", "bench.memory_breakdown", "--smoke", "--out", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
+        cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
     )
     assert proc.returncode == 0, f"breakdown failed\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
     result = json.loads(out.read_text())
