@@ -79,6 +79,9 @@ def test_bench_smoke_runs_every_target_and_prints_the_table(tmp_path: Path) -> N
     assert all("points" in data["summary"]["scaling"][t] for t in ("proxy-off", "proxy"))
     assert all("growth" in data["summary"]["memory"][t] for t in ("proxy-off", "proxy"))
     assert all({"proxy-off", "proxy"} <= set(v) for v in data["summary"]["verdicts"])
+    # The floor is judged too, so a run says which targets lie below what the contract's writes cost.
+    assert all("floor" in v for v in data["summary"]["verdicts"])
+    assert "storage rule alone spends more than the target allows" in proc.stdout
 
 
 @pytest.mark.parametrize("wire", ["responses", "messages"])
