@@ -103,6 +103,13 @@ class Codec(Protocol):
 # -- the helpers every stage shares -------------------------------------------------------------
 
 
+def is_instruction(item: Item) -> bool:
+    """A system/developer instruction of the client's, wherever it stands in the transcript
+    (Claude Code's environment block after the task, a chat system message mid-conversation):
+    instructions are not history, so no stage that leaves history out leaves them out."""
+    return item.role is Role.SYSTEM and item.origin is None
+
+
 def leading_system_count(items: Sequence[Item]) -> int:
     """How many items at the start are system/developer instructions."""
     for i, item in enumerate(items):

@@ -224,6 +224,20 @@ def test_user_messages_the_window_leaves_out_are_quoted_in_a_note_after_the_syst
     assert t.report.tokens_sent == sum(counts)
 
 
+def test_the_clients_instructions_anywhere_in_the_transcript_are_never_left_out() -> None:
+    """A system message after the task (Claude Code's environment block) or mid-conversation is
+    an instruction, not history: the window pins it in its place among the pinned, as the task."""
+    env, later = system("# Environment\n - cwd: /home/dev/project"), system("From now on answer in French.")
+    msgs = [system(), user("fix the parser"), env, say("y " * 300), later, user("x " * 300), say("z " * 300), user("go on")]
+    t = turn(limit=200)
+    out = run(TokenWindow(), t, msgs)
+    sent = [item.raw for item in out]
+    assert out[1].origin == "summary"  # the note quoting the user message it left out
+    assert [sent[0], *sent[2:5]] == [msgs[0], msgs[1], env, later] and all(item.pinned for item in out[2:5])
+    assert sent[-1] == msgs[-1] and msgs[3] not in sent  # history still cut
+    assert t.report.messages_left_out == 3
+
+
 def test_stage_adds_to_what_earlier_stages_left_out() -> None:
     t = turn(limit=64)
     t.report.messages_left_out = 7

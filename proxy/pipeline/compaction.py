@@ -2,7 +2,9 @@
 
 - `turns` / `budget`: live items up to the summary's boundary are left out; the summary goes
   upstream as an instruction of the proxy's own right after the client's system prompt. The first
-  user item (the task, with the items that join it) is pinned: always sent, right after the summary.
+  user item (the task, with the items that join it) and the client's instructions the summary
+  covers (system/developer items anywhere in the transcript) are pinned: always sent, right after
+  the summary.
 - `mask` (no LLM): tool outputs older than the newest `keep_tool_outputs` become a one-line
   placeholder naming their ref, still readable through read_tool_output; they are masked in
   batches of `mask_batch`, so the prompt changes once a batch instead of every turn.
@@ -15,7 +17,7 @@ from __future__ import annotations
 from ..compaction.render import render_summary
 from ..config import Settings
 from ..tools.readback import READ_TOOL
-from ..transcript import Item, Role, first_user, leading_system_count, unit_end
+from ..transcript import Item, Role, first_user, is_instruction, leading_system_count, unit_end
 from .base import StageRun, Turn, passed_through
 
 MASK_MARK = "mask_through"  # outputs up to this seq go as placeholders
@@ -37,8 +39,12 @@ class Compaction:
         rest = items[n_system:]
         task_at = first_user(rest)
         # The task with what joins it (Claude Code's environment notes), where the summary covers it.
-        task = rest[task_at : unit_end(rest, task_at + 1)] if task_at is not None else []
-        head = [it.but(pinned=True) for it in task if it.seq is not None and it.seq <= boundary]
+        task = range(task_at, unit_end(rest, task_at + 1)) if task_at is not None else range(0)
+        # ... and the client's instructions it covers (instructions are not history: never summarized away).
+        head = [
+            it.but(pinned=True) for k, it in enumerate(rest)
+            if it.seq is not None and it.seq <= boundary and (k in task or is_instruction(it))
+        ]
         kept = [it for it in rest if it.seq is None or it.seq > boundary]
         rendered = render_summary(turn.summary, turn.profile.compaction)
         assert rendered is not None

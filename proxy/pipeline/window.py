@@ -14,8 +14,9 @@ fits, the window starts there, so each prompt extends the previous one byte for 
 prompt caches bill that shared prefix at a tenth); once it does not, the start moves forward so
 the history fills only part of the limit, and the new start is kept with the conversation.
 
-What the window leaves out is never lost without a trace: the task (the first user item) is
-pinned right after the system items, and every user item left out is quoted verbatim in the
+What the window leaves out is never lost without a trace: the task (the first user item) and
+the client's instructions anywhere in the transcript (system/developer items: Claude Code's
+environment block after the task) are pinned right after the system items, in their order, and every user item left out is quoted verbatim in the
 summary's note ("What the user said", made even without a summary), within that note's budget.
 
 The limit is the profile's `context.history_token_limit` minus what every call sends besides the
@@ -33,7 +34,7 @@ from dataclasses import dataclass, replace
 from ..compaction.quotes import quote
 from ..compaction.render import render_summary
 from ..config import Settings
-from ..transcript import Item, Role, leading_system_count, unit_start, units
+from ..transcript import Item, Role, is_instruction, leading_system_count, unit_start, units
 from .base import StageRun, Turn, passed_through
 from .compaction import SUMMARY
 
@@ -198,8 +199,13 @@ class TokenWindow:
             head += 1
         start = next((i for i in kept if i >= head), len(items))
         task = next((i for i in range(n_system, len(items)) if items[i].role is Role.USER), None)
-        if task is not None and task < start and not items[task].pinned:
-            return [*items[:n_system], items[task].but(pinned=True), *items[n_system:task], *items[task + 1 :]]
+        # The task and the client's instructions it would leave out go pinned, in their order,
+        # after what is pinned already.
+        pin = [i for i in range(head, start) if i == task or is_instruction(items[i])]
+        if pin:
+            moved = set(pin)
+            rest = [items[i] for i in range(head, len(items)) if i not in moved]
+            return [*items[:head], *(items[i].but(pinned=True) for i in pin), *rest]
         left_out = [items[i] for i in range(head, start) if items[i].role is Role.USER and items[i].seq is not None]
         if not left_out:
             return None
