@@ -79,6 +79,21 @@ def test_previous_response_id_is_served_from_the_proxy_store(proxy, upstream, ht
     third = client.responses.create(model="gpt-4o-mini", input=[user("third")], previous_response_id=second.id)
     assert [i.get("role") for i in upstream.responses_requests()[-1]["input"]][-2:] == ["assistant", "user"]
     assert third.output_text == "reply to: third"
+    assert (first.previous_response_id, second.previous_response_id, third.previous_response_id) == (None, first.id, second.id)
+
+
+def test_an_anchored_reply_echoes_the_clients_previous_response_id_streamed_too(proxy, upstream):
+    """The upstream got no previous_response_id (the proxy sent the history); the client's reply
+    says the one it sent, as the real API's does, in every response object of the stream."""
+    client = openai_client(proxy)
+    first = client.responses.create(model="gpt-4o-mini", input=[user("first")], store=False)
+    events = list(client.responses.create(model="gpt-4o-mini", input=[user("next")], previous_response_id=first.id,
+                                          stream=True))
+    assert "previous_response_id" not in upstream.responses_requests()[-1]
+    carrying = [e for e in events if getattr(e, "response", None) is not None]
+    assert [e.type for e in carrying] == ["response.created", "response.in_progress", "response.completed"]
+    assert {e.response.previous_response_id for e in carrying} == {first.id}
+    assert [e.sequence_number for e in events] == list(range(len(events)))
 
 
 def build_history(output: str = BIG) -> list[dict]:

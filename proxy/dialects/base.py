@@ -155,6 +155,13 @@ class StreamRelay(Protocol):
     def usage(self) -> dict[str, Any] | None: ...
 
 
+class NoAnchor:
+    """A format whose requests name no earlier reply: nothing to echo."""
+
+    def echo_anchor(self, data: bytes, anchor: str) -> bytes:
+        return data
+
+
 class OneMessageRelay:
     """What a relay whose reply is one assembled message (chat, Messages) says of it, from its
     assemblers: `_seen` of what the client saw, `_round` of the round under way; `_usage` sums
@@ -236,7 +243,12 @@ class Dialect(Protocol):
     def without_calls(self, data: bytes, reply: ReplyRead, keep: Sequence[Call]) -> tuple[bytes, ReplyRead]:
         """The JSON reply with every call but `keep` taken out (a mixed reply: ours go)."""
 
-    def relay(self) -> StreamRelay: ...
+    def relay(self, anchor: str | None = None) -> StreamRelay:
+        """A relay for one streamed turn; `anchor` is the request's (see `echo_anchor`)."""
+
+    def echo_anchor(self, data: bytes, anchor: str) -> bytes:
+        """A JSON reply as the client sees it when its request named `anchor`, which the proxy
+        took out (`detach_anchor`): the reply says the client's value, as the real API does."""
 
     def error_body(self, exc: ProxyError) -> dict[str, Any]:
         """`exc` in this format's error shape."""

@@ -17,7 +17,7 @@ from ..errors import InvalidRequest, ProxyError, error_body
 from ..messages import SYSTEM_ROLES, message_calls, message_hash, reply_message, text_of, validate_messages
 from ..tokens import counted_parts
 from ..transcript import Call, Item, Raw, Role
-from .base import JSONBody, ReplyRead, ToolSpec, token_limit, tools_text
+from .base import JSONBody, NoAnchor, ReplyRead, ToolSpec, token_limit, tools_text
 from .chat_stream import ChatRelay
 
 log = logging.getLogger("proxy.chat")
@@ -73,7 +73,7 @@ class ChatCodec:
         return Item({"role": "tool", "tool_call_id": call.id, "content": text}, Role.TOOL, answers=call.id, joins=True)
 
 
-class ChatDialect(JSONBody):
+class ChatDialect(NoAnchor, JSONBody):
     name = "chat"
     transcript_key = "messages"
     items_sent_alone = True  # upstream_body sends each item as it alone says: bodies can be spliced (fastpath.py)
@@ -166,7 +166,7 @@ class ChatDialect(JSONBody):
         message = reply_message(raw_message)
         return orjson.dumps(parsed), ReplyRead([message], list(message_calls(message)), reply.usage, reply.response_id)
 
-    def relay(self) -> ChatRelay:
+    def relay(self, anchor: str | None = None) -> ChatRelay:
         return ChatRelay()
 
     def error_body(self, exc: ProxyError) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from ..identity import session_conversation_id
 from ..messages import MAX_DEPTH, canonical_digest, text_of, too_deep
 from ..tokens import IMAGE_TOKENS, PER_MESSAGE, PER_TOOL_CALL
 from ..transcript import Call, Item, Raw, Role
-from .base import Elements, JSONBody, ReplyRead, ToolSpec, has_named_tool, token_limit, tools_text
+from .base import Elements, JSONBody, NoAnchor, ReplyRead, ToolSpec, has_named_tool, token_limit, tools_text
 from .messages_stream import CallCache, MessagesRelay, calls_of, error_body
 
 log = logging.getLogger("proxy.messages")
@@ -411,7 +411,7 @@ def message_breakpoints(messages: Sequence[Any]) -> int:
 # -- the dialect --------------------------------------------------------------------------------
 
 
-class MessagesDialect(JSONBody):
+class MessagesDialect(NoAnchor, JSONBody):
     name = "messages"
     transcript_key = "messages"
 
@@ -552,7 +552,7 @@ class MessagesDialect(JSONBody):
         message = {"role": "assistant", "content": content}
         return orjson.dumps(parsed), ReplyRead([message], list(calls_of(content)), reply.usage, reply.response_id)
 
-    def relay(self) -> MessagesRelay:
+    def relay(self, anchor: str | None = None) -> MessagesRelay:
         return MessagesRelay()
 
     def error_body(self, exc: ProxyError) -> dict[str, Any]:

@@ -6,7 +6,8 @@ join the transcript; a stream is `event:`/`data:` SSE with contiguous `sequence_
 
 History: a client either resends everything (Codex: `store: false`, reasoning included), or
 sends `previous_response_id` with only the new items; the proxy then builds the input from its
-own store and never forwards the id, so the upstream needs no server-side state.
+own store and never forwards the id, so the upstream needs no server-side state. The reply the
+client sees says the id it sent, as the real API's does (`echo_anchor`, the relay's `echo`).
 """
 
 from __future__ import annotations
@@ -111,8 +112,14 @@ class ResponsesDialect(JSONBody):
         response["output"] = without_calls(response["output"], {c.id for c in keep})
         return orjson.dumps(response), reply_read(response)
 
-    def relay(self) -> ResponsesRelay:
-        return ResponsesRelay()
+    def relay(self, anchor: str | None = None) -> ResponsesRelay:
+        return ResponsesRelay({"previous_response_id": anchor} if anchor is not None else None)
+
+    def echo_anchor(self, data: bytes, anchor: str) -> bytes:
+        response = orjson.loads(data)
+        if not isinstance(response, dict) or response.get("previous_response_id") == anchor:
+            return data
+        return orjson.dumps({**response, "previous_response_id": anchor})
 
     def error_body(self, exc: ProxyError) -> dict[str, Any]:
         return error_body(exc.message, exc.type, exc.code, exc.param)

@@ -74,7 +74,10 @@ def sse_event(event: dict[str, Any]) -> bytes:
 
 
 class ResponsesRelay:
-    def __init__(self) -> None:
+    def __init__(self, echo: dict[str, Any] | None = None) -> None:
+        # Fields of the client's request the proxy did not forward (previous_response_id): every
+        # response object the client sees says the client's value.
+        self._echo = echo
         self._seq = 0  # the next sequence_number the client sees
         self._next_index = 0  # the next output_index the client sees
         self._started: set[str] = set()
@@ -119,7 +122,7 @@ class ResponsesRelay:
         if self._end is not None:
             block, event = self._end
             self._finished = True
-            if not self._changed and self._rounds == 1 and event.get("sequence_number") == self._seq:
+            if not self._changed and self._echo is None and self._rounds == 1 and event.get("sequence_number") == self._seq:
                 self._closing = block  # nothing was touched: the upstream's own bytes
             else:
                 response = {**event["response"], "output": list(self._shown), "usage": self._usage}
@@ -172,20 +175,23 @@ class ResponsesRelay:
         if not isinstance(event, dict):
             return block
         kind = event.get("type")
+        echoed = self._echo is not None and isinstance(event.get("response"), dict)
+        if echoed:
+            event = {**event, "response": {**event["response"], **self._echo}}  # type: ignore[dict-item]
         if kind in START_EVENTS:
             if kind in self._started:
                 return b""  # a later round's start: the client's stream started once
             self._started.add(kind)
             if kind == "response.created":
                 self._response_id = (event.get("response") or {}).get("id")
-            return self._emit(block, event)
+            return self._emit(block, event, touched=echoed)
         if kind in END_EVENTS:
             self._end = (block, event)  # held: the closing, or dropped when another round follows
             return b""
         if kind in FAIL_EVENTS:
             detail = event.get("message") or ((event.get("response") or {}).get("error") or {}).get("message")
             self._upstream_error = str(detail or kind)
-            return self._emit(block, event)
+            return self._emit(block, event, touched=echoed)
         index = event.get("output_index")
         if not isinstance(index, int):
             return self._emit(block, event)
@@ -232,10 +238,10 @@ class ResponsesRelay:
             self._shown.append(event["item"])
         return self._emit(block, event, target)
 
-    def _emit(self, block: bytes, event: dict[str, Any], index: int | None = None) -> bytes:
+    def _emit(self, block: bytes, event: dict[str, Any], index: int | None = None, touched: bool = False) -> bytes:
         seq = self._seq
         self._seq += 1
-        if event.get("sequence_number") == seq and (index is None or event.get("output_index") == index):
+        if not touched and event.get("sequence_number") == seq and (index is None or event.get("output_index") == index):
             return block
         self._changed = True
         changed = {**event, "sequence_number": seq}

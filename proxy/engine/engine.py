@@ -219,6 +219,7 @@ class Engine:
                 turn, writer, dialect, body, dialect.streaming(body), self.pipeline, upstream, sink, self.metrics, trace,
                 fast,
                 query=request.query,
+                anchor=dialect.anchor(request.body) if request.anchor_seq is not None else None,
             )
             try:
                 return await exchange.run()

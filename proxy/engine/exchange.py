@@ -54,8 +54,10 @@ class Exchange:
         trace: TurnTrace,
         fast: FastTurn | None = None,
         query: str = "",
+        anchor: str | None = None,
     ) -> None:
         self.turn, self.writer, self.dialect, self.body, self.fast, self.query = turn, writer, dialect, body, fast, query
+        self.anchor = anchor  # the earlier reply the client's request named: its reply says so
         self.streaming, self.pipeline, self.upstream, self.sink, self.metrics = streaming, pipeline, upstream, sink, metrics
         self.trace = trace  # the turn's trace: told of each upstream call and read-back round
         self.report = turn.report
@@ -237,6 +239,8 @@ class Exchange:
             await self.writer.fail()
             raise
         self._name_reply(read.response_id if read is not None else None)
+        if self.anchor is not None:
+            data = self.dialect.echo_anchor(data, self.anchor)
         headers = self._headers(reply)
         self.trace.reply(read.items if read is not None else [])
         try:
@@ -252,7 +256,7 @@ class Exchange:
     async def _relay_stream(self, reply: UpstreamReply) -> Outcome:
         """Forward each chunk the moment it arrives, assembling the reply on the side (see the
         dialect's StreamRelay for what is held back while the proxy's calls are recognised)."""
-        relay = self.dialect.relay()
+        relay = self.dialect.relay(self.anchor)
         broken: ProxyError | None = None
         try:
             await self.sink.open(reply.status, self._headers(reply))
