@@ -28,6 +28,9 @@ class TurnPlan:
     known_seqs: list[int | None] = field(default_factory=list)
     supersede: list[int] = field(default_factory=list)  # live seqs the client diverged from
     upstream_hashes: list[str] = field(default_factory=list)
+    # The request names the whole live branch it continues (full history, an anchor): live items
+    # outside it are superseded when it ends well. Proxy history and unknown anchors only add.
+    branch: bool = True
 
     def items(self, codec: Codec, new_seqs: Sequence[int]) -> list[Item]:
         """`upstream` as items with their seqs and hashes, once the new ones have their seqs."""
@@ -65,7 +68,7 @@ def plan_proxy_history(codec: Codec, raws: list[Raw], hashes: list[str], live: l
     n_system = leading_system_count(request)
     n_stored_system = leading_system_count(stored)
     if not live:  # the first turn: everything joins the record, the system prompt included
-        return TurnPlan(new=raws, new_hashes=hashes, upstream=raws, upstream_hashes=hashes)
+        return TurnPlan(new=raws, new_hashes=hashes, upstream=raws, upstream_hashes=hashes, branch=False)
     history = live[n_stored_system:]
     if n_system:  # the client's current system prompt leads; the stored one stays in the record as it was
         head, head_seqs, head_hashes = raws[:n_system], [None] * n_system, hashes[:n_system]
@@ -78,6 +81,7 @@ def plan_proxy_history(codec: Codec, raws: list[Raw], hashes: list[str], live: l
         upstream=head + [m.message for m in history] + raws[n_system:],
         known_seqs=head_seqs + [m.seq for m in history],
         upstream_hashes=head_hashes + [m.hash for m in history] + hashes[n_system:],
+        branch=False,
     )
 
 
@@ -97,7 +101,7 @@ def plan_anchored(raws: list[Raw], hashes: list[str], live: list[StoredMessage],
 
 def plan_appended(raws: list[Raw], hashes: list[str]) -> TurnPlan:
     """Everything in the request is new and goes upstream as it is; nothing stored is touched."""
-    return TurnPlan(new=raws, new_hashes=hashes, upstream=raws, upstream_hashes=hashes)
+    return TurnPlan(new=raws, new_hashes=hashes, upstream=raws, upstream_hashes=hashes, branch=False)
 
 
 def is_fresh_start(codec: Codec, raws: list[Raw], hashes: list[str]) -> bool:

@@ -82,6 +82,32 @@ def explicit_conversation_id(request: web.Request, settings: ConversationSetting
     return None
 
 
+THREAD_SEPARATOR = ":"
+THREAD_HASH_CHARS = 12
+
+
+def thread_token(basis: Any) -> str:
+    """A short stable name for one thread of a client session: a hash of what starts it (its
+    dialect's `thread_basis`: system prompt, first user message, tool names)."""
+    blob = json.dumps(basis, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(b"context-proxy thread\0" + blob.encode()).hexdigest()[:THREAD_HASH_CHARS]
+
+
+def thread_conversation_id(family: str, token: str) -> str:
+    """The conversation id of a session's thread other than its main one (a subagent's):
+    `<session>:<token>`, the session cut so that the id stays within 128 characters."""
+    room = 128 - len(THREAD_SEPARATOR) - len(token)
+    return f"{family[:room]}{THREAD_SEPARATOR}{token}"
+
+
+def family_of(conversation_id: str, is_thread: bool) -> str:
+    """The session a thread's conversation id belongs to (the id itself for its main thread)."""
+    head, sep, tail = conversation_id.rpartition(THREAD_SEPARATOR)
+    if is_thread and sep and len(tail) == THREAD_HASH_CHARS and all(c in "0123456789abcdef" for c in tail):
+        return head
+    return conversation_id
+
+
 def derived_conversation_id(tenant: str, basis: Any) -> str:
     """Stable per agent run: a hash of the tenant and the run's basis (its dialect's choice: the
     system prompt and the first user message)."""

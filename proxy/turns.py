@@ -1,12 +1,20 @@
 """The store side of one turn: its new items go in as pending, then end live or failed.
 
-Two writes on a turn's path: the new items before anything is forwarded, and the end (statuses,
-the reply, the turn's record, its upstream calls, first-forwarded marks and the cuts its stages
-moved) in one step.
+Two writes on a turn's path, each under the conversation's lock but never across the upstream
+call: the new items before anything is forwarded, and the end (statuses, the reply, the turn's
+record, its upstream calls, first-forwarded marks and the cuts its stages moved) in one step.
 
 Every write of a turn runs as its own task, chained after the previous one and shielded from
 the request's cancellation: a client that hangs up mid-turn cannot leave a write half done, and
-`settled()` lets the conversation lock wait for the last write before the next turn reads.
+`settled()` lets the next turn wait for the last write before it reads.
+
+Turns of one conversation in flight at once (a retry, a request sent before the last one ended):
+a turn whose new items are those an earlier turn in flight wrote (the same items after the same
+history) takes that turn's seqs instead of writing them again (`adoptable`), so nothing is stored
+twice. The live transcript is the request of the newest turn that ended well, by the order of
+their planning: such a turn supersedes whatever live items its request left out, another turn's
+reply included; a turn that ends after a newer one took the live transcript ends superseded
+itself (its items and reply kept in the trajectory), and never changes an item that is live.
 """
 
 from __future__ import annotations
@@ -18,16 +26,36 @@ from typing import TYPE_CHECKING, Any
 from .history import TurnPlan
 from .identity import ConversationKey
 from .request_limits import off_loop
-from .store import FAILED, INCOMPLETE, INTERNAL, LIVE, PENDING, SUPERSEDED, Store
+from .store import FAILED, INCOMPLETE, INTERNAL, LIVE, LIVE_ORDER_MARK, PENDING, SUPERSEDED, Store
 from .transcript import Codec, Raw
 
 if TYPE_CHECKING:
     from .engine.report import TurnReport
 
 
+def adoptable(flying: list[TurnWriter], plan: TurnPlan) -> list[int]:
+    """The seqs of the longest run of `plan`'s new items that a turn in flight already wrote,
+    after the same history (a retry of a request still in flight); empty if none did."""
+    best: list[int] = []
+    for other in flying:
+        n = len(other.plan.new_hashes)
+        if (
+            len(best) < n <= len(plan.new_hashes) and len(other.pending) == n
+            and other.plan.known_seqs == plan.known_seqs and other.plan.new_hashes == plan.new_hashes[:n]
+        ):
+            best = other.pending
+    return list(best)
+
+
 class TurnWriter:
-    def __init__(self, store: Store, key: ConversationKey, plan: TurnPlan, codec: Codec) -> None:
+    def __init__(
+        self, store: Store, key: ConversationKey, plan: TurnPlan, codec: Codec, *, order: int = 0,
+        adopted: list[int] | None = None,
+    ) -> None:
         self.store, self.key, self.plan, self.codec = store, key, plan, codec
+        self.order = order  # where the turn's planning stood among its conversation's (its next_seq then)
+        self.adopted = adopted or []  # seqs of its new items that a turn in flight wrote already
+        self.contended = False  # another turn of the conversation was in flight beside it
         self.pending: list[int] = []
         # What went upstream, kept with the turn once it ends: set once the prompt is built.
         self.report: TurnReport | None = None
@@ -52,8 +80,11 @@ class TurnWriter:
         """Write the turn's new items as pending, before anything is forwarded."""
 
         async def step() -> None:
-            if self.plan.new:
-                self.pending = await self.store.append(self.key, self.plan.new, self.plan.new_hashes, PENDING)
+            n = len(self.adopted)
+            written = []
+            if len(self.plan.new) > n:
+                written = await self.store.append(self.key, self.plan.new[n:], self.plan.new_hashes[n:], PENDING)
+            self.pending = [*self.adopted, *written]
 
         await self._then(step)
 
@@ -74,16 +105,32 @@ class TurnWriter:
         await self._then(lambda: self._end(FAILED, reply, INCOMPLETE))
 
     async def _end(self, status: str, reply: list[Raw], reply_status: str) -> None:
-        changes = dict.fromkeys(self.pending, status)
-        if status == LIVE:
-            changes |= dict.fromkeys(self.plan.supersede, SUPERSEDED)
-        record = self.report.record(status, self.pending) if self.report is not None else None
         hashes = await off_loop(sum(_size(raw) for raw in reply), lambda: [self.codec.hash(raw) for raw in reply])
-        await self.store.finish_turn(
-            self.key, changes, list(zip(reply, hashes, strict=True)), reply_status, record,
-            llm_calls=self.llm_calls, forwarded=self.forwarded,
-            marks=self.report.marks if self.report is not None else None,
-        )
+        marks = dict(self.report.marks) if self.report is not None else {}
+        async with self.store.lock(self.key):
+            conversation = await self.store.get(self.key)
+            live = {seq for seq, _ in conversation.live} if conversation is not None else set()
+            newer = conversation is not None and conversation.marks.get(LIVE_ORDER_MARK, 0) > self.order
+            if status == LIVE and not newer:
+                changes = dict.fromkeys(self.pending, LIVE)
+                changes |= dict.fromkeys(self.plan.supersede, SUPERSEDED)
+                if self.plan.branch:  # live items its request left out: another turn's, accepted meanwhile
+                    mine = {*self.plan.known_seqs, *self.pending}
+                    changes |= {seq: SUPERSEDED for seq in live - mine - set(self.plan.supersede)}
+                marks[LIVE_ORDER_MARK] = self.order
+                if self.report is not None:  # the marks the turn leaves, as the next turn reads them
+                    self.report.marks[LIVE_ORDER_MARK] = self.order
+            else:
+                if status == LIVE:  # a newer turn took the live transcript meanwhile: this one is kept aside
+                    status = reply_status = SUPERSEDED
+                changes = {seq: status for seq in self.pending if seq not in live}
+                if newer:
+                    marks = {}  # the cuts of a prompt that is no longer the conversation's
+            record = self.report.record(status, self.pending) if self.report is not None else None
+            await self.store.finish_turn(
+                self.key, changes, list(zip(reply, hashes, strict=True)), reply_status, record,
+                llm_calls=self.llm_calls, forwarded=self.forwarded, marks=marks or None,
+            )
         self.ended = (status, reply_status)
 
     async def settled(self) -> None:

@@ -39,7 +39,9 @@ def shape(body: dict[str, Any]) -> dict[str, Any]:
 def test_claude_code_runs_a_tool_loop_through_the_proxy_and_resumes(
     make_proxy: MakeProxy, upstream: FakeUpstream, tmp_path: Path
 ) -> None:
-    proxy = make_proxy(upstream={"anthropic_base_url": upstream.anthropic.base_url})
+    # Claude Code's own system prompt, tools and environment block are ~11,000 tokens: past the
+    # default 10,000 the window would send only the task, its instructions and the newest message.
+    proxy = make_proxy(upstream={"anthropic_base_url": upstream.anthropic.base_url}, context={"history_token_limit": 100_000})
     bash = Reply.tool_calls([("Bash", json.dumps({"command": "echo hello", "description": "Print hello"}))],
                             reasoning="The user wants me to run echo hello.")
     upstream.enqueue(bash, Reply.text("It printed hello.", reasoning="The command printed hello."))

@@ -29,6 +29,26 @@ class JSONBody:
     def streaming(self, body: dict[str, Any]) -> bool:
         return body.get("stream") is True
 
+    def thread_basis(self, body: dict[str, Any], raws: Sequence[Raw]) -> Any:
+        """What tells one thread of a client session from another: its run's identity basis
+        and the names of the tools it offers. A subagent has its own system prompt and task;
+        Claude Code's side requests (hook evaluators, title checks) replay the main transcript
+        under other tools or another system prompt."""
+        return [self.identity_basis(body, raws), tool_names(body)]  # type: ignore[attr-defined]
+
+
+def tool_names(body: dict[str, Any]) -> list[str]:
+    """The names of the body's tools in every format (chat's under `function`; a built-in
+    tool's type), sorted: their order and schemas may change without making another thread."""
+    tools = body.get("tools")
+    names = []
+    for tool in tools if isinstance(tools, list) else ():
+        if isinstance(tool, dict):
+            function = tool.get("function")
+            name = tool.get("name") or (function.get("name") if isinstance(function, dict) else None) or tool.get("type")
+            names.append(str(name))
+    return sorted(names)
+
 
 def tools_text(body: dict[str, Any]) -> list[str]:
     """The body's tool schemas as one counted text (they go with every call), or none."""
@@ -215,6 +235,9 @@ class Dialect(Protocol):
 
     def identity_basis(self, body: dict[str, Any], raws: Sequence[Raw]) -> Any:
         """What names an unmodified agent's run: its system prompt and first user message (JSON)."""
+
+    def thread_basis(self, body: dict[str, Any], raws: Sequence[Raw]) -> Any:
+        """What names one thread of a client's session (see JSONBody.thread_basis)."""
 
     def model(self, body: dict[str, Any]) -> str: ...
 

@@ -1,12 +1,14 @@
 """The turn engine: from a parsed request to an outcome, in every wire format.
 
-One turn, in order: find the conversation (named, or derived from the agent's system prompt and
-task), check only what is new in the request (the prefix it shares with the last request is
-known good), plan what is new and what goes upstream, and then, under the conversation's lock
-(one turn at a time per conversation): write the new items as pending, compact first if asked
-to, run the pipeline, call upstream (answering the proxy's own tool calls in read-back rounds),
-relay the reply, store it and the turn's record. Background compaction is scheduled after the
-reply, off the request's path. The whole turn runs under its trace (proxy/telemetry: nothing
+One turn, in order: find the conversation (named; its thread of the client's session; or derived
+from the agent's system prompt and task), check only what is new in the request (the prefix it
+shares with the last request is known good); then, under the conversation's lock, plan what is
+new and what goes upstream and write the new items as pending; then, with no lock held (a retry,
+a second request of the conversation or a subagent never waits on this turn's upstream), compact
+first if asked to, run the pipeline, call upstream (answering the proxy's own tool calls in
+read-back rounds), relay the reply; and store it and the turn's record, under the lock again
+(turns.py says which of two turns in flight at once the live transcript follows). Background
+compaction is scheduled after the reply, off the request's path. The whole turn runs under its trace (proxy/telemetry: nothing
 when telemetry is off).
 
 A turn's new items join the live transcript only once the upstream's reply has come back whole
@@ -27,21 +29,21 @@ from ..compaction.runner import CompactionRunner
 from ..config import Settings
 from ..errors import InvalidRequest
 from ..history import TurnPlan, is_fresh_start, plan_anchored, plan_appended, plan_full_history, plan_proxy_history
-from ..identity import ConversationKey, derived_conversation_id
+from ..identity import ConversationKey, derived_conversation_id, thread_conversation_id, thread_token
 from ..metrics import Metrics
 from ..pipeline import Pipeline, Turn
-from ..prefix import BodyCache, PrefixCache
+from ..prefix import BodyCache, ParsedBody, PrefixCache
 from ..quota import QuotaLedger
 from ..refs import RefSigner
 from ..request_limits import validated_hashes
-from ..store import LIVE, Conversation, Store
+from ..store import LIVE, RUNS_MARK, THREAD_MARK, Conversation, Store
 from ..summarizer import Summarizer
 from ..telemetry import NO_TELEMETRY, Telemetry, TurnTrace
 from ..titles import task_of
 from ..tokens import TokenCounter
 from ..tools import offered, standing
 from ..tools.readback import READ_TOOL_SPEC
-from ..turns import TurnWriter
+from ..turns import TurnWriter, adoptable
 from ..upstream import HttpUpstream
 from ..upstream.router import UpstreamRouter
 from .exchange import Exchange
@@ -51,7 +53,6 @@ from .request import ClientSink, Outcome, TurnRequest
 
 log = logging.getLogger("proxy.engine")
 
-RUNS_MARK = "runs"  # on a derived conversation: how many runs of that agent and task there were
 MAX_RUNS_SEARCHED = 8  # older runs a continuing request is matched against
 
 
@@ -106,13 +107,20 @@ class Engine:
         cache = int(settings.server.cache_mb * 2**20)
         self.fastpath = FastPath(enabled=settings.server.fast_path, max_bytes=cache // 4)
         self.bodies = BodyCache(cache, enabled=settings.server.fast_path, on_evict=self.fastpath.let_go)
-        # Turns past their reply, still writing: the client may already hold the whole response.
-        self._ending: set[asyncio.Future[None]] = set()
+        # Turns past their reply, still writing (the client may already hold the whole response),
+        # with their conversation: its next turn waits for those writes, never for an upstream.
+        self._ending: dict[asyncio.Future[None], ConversationKey] = {}
+        # Turns whose new items are written and whose upstream call may be under way, per conversation.
+        self._flying: dict[ConversationKey, list[TurnWriter]] = {}
+        # Session threads claimed as their session's main one by a turn not yet ended (its end
+        # keeps the claim in the conversation's THREAD_MARK): family key -> thread token.
+        self._claims: dict[ConversationKey, int] = {}
 
-    async def conversation_key(self, request: TurnRequest) -> ConversationKey:
+    async def conversation_key(self, request: TurnRequest, claim: bool = True) -> ConversationKey:
         """The conversation a request belongs to, in this order: the one it names; the one that
-        produced the reply it continues (Responses' previous_response_id); the client's session;
-        else one derived from its run (system prompt and task)."""
+        produced the reply it continues (Responses' previous_response_id); its thread of the
+        client's session; else one derived from its run (system prompt and task). `claim`: the
+        request may become its session's main thread (not a dry run's, which keeps nothing)."""
         tenant, dialect = request.tenant, request.dialect
         anchor = dialect.anchor(request.body)
         owner = await self.store.response_owner(tenant, anchor) if anchor is not None else None
@@ -122,7 +130,7 @@ class Engine:
         if request.conversation_id is not None:
             return ConversationKey(tenant, request.conversation_id)
         if request.session_id is not None:
-            return ConversationKey(tenant, request.session_id)
+            return await self._thread_of(ConversationKey(tenant, request.session_id), request, claim)
         if request.history == "proxy":
             raise InvalidRequest(
                 f"X-History: proxy needs a conversation id ({self.settings.conversation.id_header} header "
@@ -132,6 +140,25 @@ class Engine:
         raws = dialect.transcript(request.body)
         base = ConversationKey(tenant, derived_conversation_id(tenant, dialect.identity_basis(request.body, raws)))
         return await self._run_of(base, request, raws)
+
+    async def _thread_of(self, family: ConversationKey, request: TurnRequest, claim: bool) -> ConversationKey:
+        """Which thread of a client session a request belongs to. A session id names a family:
+        each distinct thread in it (its system prompt, first user message and tool names: a
+        Claude Code subagent, a side request replaying the main transcript under other tools) is
+        a conversation of its own, found again on its later turns. The first thread the session
+        shows is its main one and keeps the session id; every other is `<session>:<token>`."""
+        raws = request.dialect.transcript(request.body)
+        token = thread_token(request.dialect.thread_basis(request.body, raws))
+        conversation = await self.store.get(family)
+        main = conversation.marks.get(THREAD_MARK) if conversation is not None else None
+        main = main if main is not None else self._claims.get(family)
+        if main is None and claim:  # the session's first thread (or one kept before threads were)
+            self._claims[family] = request.thread = int(token, 16)
+            return family
+        if main is None or main == int(token, 16):
+            return family
+        request.thread = int(token, 16)  # marked a thread too: it lists with its family
+        return ConversationKey(family.tenant, thread_conversation_id(family.id, token))
 
     async def _run_of(self, base: ConversationKey, request: TurnRequest, raws: list) -> ConversationKey:
         """Which run of an unmodified agent a request belongs to. Runs of one agent with one task
@@ -193,12 +220,56 @@ class Engine:
         profile = request.profile
         await self.counter.ready(model)  # its tokenizer, on its first use, in a thread
 
-        async with self.store.lock(key):
+        await self._ended(key)  # its previous turn's last writes (never an upstream call)
+        async with self.store.lock(key):  # planning and the pending write only: see turns.py
             conversation = await self.store.get(key)
             if conversation is None or conversation.task is None:  # its first turns: what was it asked?
                 report.task = task_of(codec, raws)
             plan = await self._plan(request, key, raws, hashes, conversation)
-            writer = TurnWriter(self.store, key, plan, codec)
+            flying = self._flying.setdefault(key, [])
+            writer = TurnWriter(
+                self.store, key, plan, codec, order=conversation.next_seq if conversation else 1,
+                adopted=adoptable(flying, plan),
+            )
+            if request.thread is not None:  # a session's thread: its turn keeps its mark (a main one's claim)
+                report.marks[THREAD_MARK] = request.thread
+            try:
+                await writer.begin()
+            except BaseException:
+                self._land(key, None, request)
+                raise
+            for other in flying:
+                other.contended = writer.contended = True
+            flying.append(writer)
+        try:
+            return await self._exchange(request, key, report, sink, trace, writer, conversation, body, parsed)
+        finally:
+            self._land(key, writer, request)
+
+    def _land(self, key: ConversationKey, writer: TurnWriter | None, request: TurnRequest) -> None:
+        """The turn is over (or never got its items written): it is no longer in flight."""
+        flying = self._flying.get(key)
+        if flying is not None and writer in flying:
+            flying.remove(writer)
+        if not flying:
+            self._flying.pop(key, None)
+        if request.thread is not None and self._claims.get(key) == request.thread:
+            del self._claims[key]  # kept by the conversation's mark from now on (or free again)
+
+    async def _ended(self, key: ConversationKey) -> None:
+        """Wait for the conversation's turns that are past their reply to finish writing."""
+        ending = [future for future, of in self._ending.items() if of == key]
+        if ending:
+            await asyncio.wait(ending)
+
+    async def _exchange(
+        self, request: TurnRequest, key: ConversationKey, report: TurnReport, sink: ClientSink, trace: TurnTrace,
+        writer: TurnWriter, conversation: Conversation | None, body: dict, parsed: ParsedBody | None,
+    ) -> Outcome:
+        """A turn whose new items are written: its prompt made, the upstream asked, the reply
+        relayed and stored. No lock is held: another turn of the conversation may run beside it."""
+        dialect, profile, model = request.dialect, request.profile, request.dialect.model(body)
+        try:
             turn, job = self._turn(request, key, conversation, report)
             if request.compaction == "force" or (request.compaction != "skip" and not profile.compaction.background):
                 await self.compaction.run_now(job)  # before forwarding: this request already uses the new summary
@@ -206,8 +277,8 @@ class Engine:
             upstream = self.router.for_model(turn.model)
             if request.anchor_seq is not None:
                 body = dialect.detach_anchor(body)  # the history goes from our store: the upstream needs none
-            fast = None  # the previous turn's work reused (see fastpath.py): full-history turns only
-            if request.history == "full" and request.anchor_seq is None and request.compaction is None:
+            fast = None  # the previous turn's work reused (see fastpath.py): full-history turns one at a time only
+            if request.history == "full" and request.anchor_seq is None and request.compaction is None and not writer.contended:
                 standing_tools = tuple(spec.name for spec in standing(profile) if not dialect.has_tool(body, spec.name))
                 fixed = (turn.reply_reserve, turn.fixed_tokens, turn.proxy_tool_tokens, standing_tools, request.knowledge_namespace)
                 fast = self.fastpath.turn(
@@ -215,23 +286,27 @@ class Engine:
                 )
             else:
                 self.fastpath.forget(key)
-            exchange = Exchange(
-                turn, writer, dialect, body, dialect.streaming(body), self.pipeline, upstream, sink, self.metrics, trace,
-                fast,
-                query=request.query,
-                anchor=dialect.anchor(request.body) if request.anchor_seq is not None else None,
-            )
-            try:
-                return await exchange.run()
-            finally:
-                # Whole even when the client hangs up meanwhile (aiohttp then cancels this handler:
-                # the openai client closes a stream at its [DONE], while we still wait for the
-                # body's end): a cut's mark lost would make the next turn's window start elsewhere.
-                compact = request.compaction is None and profile.compaction.background
-                ending = asyncio.ensure_future(self._end_turn(key, turn, report, writer, fast, job if compact else None))
-                self._ending.add(ending)
-                ending.add_done_callback(self._ending.discard)
-                await whole(ending)
+        except BaseException as exc:
+            report.failed_by(exc)
+            await writer.fail()
+            raise
+        exchange = Exchange(
+            turn, writer, dialect, body, dialect.streaming(body), self.pipeline, upstream, sink, self.metrics, trace,
+            fast,
+            query=request.query,
+            anchor=dialect.anchor(request.body) if request.anchor_seq is not None else None,
+        )
+        try:
+            return await exchange.run()
+        finally:
+            # Whole even when the client hangs up meanwhile (aiohttp then cancels this handler:
+            # the openai client closes a stream at its [DONE], while we still wait for the
+            # body's end): a cut's mark lost would make the next turn's window start elsewhere.
+            compact = request.compaction is None and profile.compaction.background
+            ending = asyncio.ensure_future(self._end_turn(key, turn, report, writer, fast, job if compact else None))
+            self._ending[ending] = key
+            ending.add_done_callback(self._ending.pop)
+            await whole(ending)
 
     async def _end_turn(
         self, key: ConversationKey, turn: Turn, report: TurnReport, writer: TurnWriter, fast: FastTurn | None,
@@ -247,6 +322,10 @@ class Engine:
             if report.marks and writer.ended is None:  # a cut moved, and no end of the turn kept it
                 await self.store.set_marks(key, report.marks)
             ended_well = writer.ended == (LIVE, LIVE) and report.stream_error is None
+            if fast is not None and writer.contended:
+                fast.done(turn, report, False)  # another turn ran beside it: the next one can't build on it
+                report.fast_path = fast.outcome
+                fast = None
             if fast is not None:
                 fast.done(turn, report, ended_well)
                 report.fast_path = fast.outcome

@@ -80,7 +80,7 @@ class Exchange:
     # -- the turn --------------------------------------------------------------------------------
 
     async def run(self) -> Outcome:
-        await self.writer.begin()
+        """The turn's new items are written (the engine did, under the conversation's lock)."""
         try:
             await self._rewrite()
             reply = await self._call()
@@ -133,7 +133,7 @@ class Exchange:
             raise
         if ledger.exhausted:
             self.report.quota_warning = f"LLM call quota exhausted ({ledger.settings.max_llm_calls} calls)"
-        # Counted with the turn's end (one write): under the conversation's lock nobody else counts.
+        # Counted with the turn's end (one write, added to the conversation's count).
         self.writer.llm_calls += 1
         calls = self._calls_before + self.writer.llm_calls
         ledger.call_number = calls + 1

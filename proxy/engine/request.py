@@ -28,6 +28,7 @@ class TurnRequest:
     headers: dict[str, str]  # what goes upstream with the request (credentials, betas, ...)
     knowledge_namespace: str | None = None  # X-Knowledge-Namespace, else the profile's (None: the default)
     anchor_seq: int | None = None  # set by the engine: the stored reply the request continues
+    thread: int | None = None  # set by the engine: the session thread this request starts as its main one
     query: str = ""  # the request's query string, forwarded with each upstream call (`beta=true`)
     parsed: ParsedBody | None = None  # how the body was read (what it reuses of the previous request)
 

@@ -13,8 +13,11 @@ from .base import (
     INCOMPLETE,
     INTERNAL,
     LIVE,
+    LIVE_ORDER_MARK,
     PENDING,
+    RUNS_MARK,
     SUPERSEDED,
+    THREAD_MARK,
     Conversation,
     ConversationDump,
     ConversationExists,
@@ -36,7 +39,7 @@ from .base import (
 
 __all__ = [
     "APPEND", "BEFORE", "FAILED", "INBOX_DELIVERED", "INBOX_DELIVERING", "INBOX_PENDING", "INCOMPLETE", "INTERNAL",
-    "LIVE", "PENDING", "SUPERSEDED", "Conversation", "ConversationDump", "ConversationExists", "InboxFull",
+    "LIVE", "LIVE_ORDER_MARK", "PENDING", "RUNS_MARK", "SUPERSEDED", "THREAD_MARK", "Conversation", "ConversationDump", "ConversationExists", "InboxFull",
     "InboxMessage", "KeyFact", "KnowledgeVersion", "QuotedMessage", "Store", "StoreError", "StoreFull", "StoreHealth",
     "StoreReadOnly", "StoreUnavailable", "StoredMessage", "Summary", "TurnFacts", "open_store",
 ]

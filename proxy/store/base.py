@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from ..errors import ProxyError
-from ..identity import ConversationKey
+from ..identity import ConversationKey, family_of
 from ..messages import Message
 from ..titles import title_from_task
 
@@ -26,6 +26,15 @@ FAILED = "failed"  # the request carrying it was refused or failed: kept in the 
 INCOMPLETE = "incomplete"  # a streamed reply the client went away from
 INTERNAL = "internal"  # a read_tool_output round the proxy answered itself: never shown to the client
 STATUSES = frozenset({PENDING, LIVE, SUPERSEDED, FAILED, INCOMPLETE, INTERNAL})
+
+# Marks that are not seqs: which thread of its client's session a conversation is (a token), how
+# many runs a derived conversation had. The others name a seq (a cut, the live turn's order).
+THREAD_MARK = "thread"
+RUNS_MARK = "runs"
+COUNTER_MARKS = frozenset({THREAD_MARK, RUNS_MARK})
+# The order of the turn whose request the live transcript is (see TurnWriter): a turn that
+# started before it and ends after it does not take the live transcript back.
+LIVE_ORDER_MARK = "live_order"
 
 
 def now() -> float:
@@ -262,6 +271,8 @@ class Conversation:
             "turns": self.turns,
             "failures": self.failures,
             "last_error": self.last_error,
+            # The client session it is a thread of (its main thread's id), or None outside one.
+            "family": family_of(self.key.id, is_thread=True) if THREAD_MARK in self.marks else None,
         }
 
 
@@ -374,7 +385,7 @@ class ConversationDump:
             problems.append("turn records must be numbered 1, 2, ...")
         if not set(self.responses.values()) <= set(range(1, n + 1)):
             problems.append("response ids must name stored messages")
-        if not all(0 <= seq <= n for seq in c.marks.values()):
+        if not all(0 <= seq <= n for name, seq in c.marks.items() if name not in COUNTER_MARKS):
             problems.append("marks must be seqs of the conversation")
         if not 0 <= c.failures <= len(self.turns) or (c.failures > 0) != (c.last_error is not None):
             problems.append("failures must count failed turns, with the last one's error")
