@@ -65,10 +65,12 @@ class ClaudeAgent:
     def close(self) -> None:
         self.egress.close()
 
-    def run(self, task: str, resume: str | None = None, timeout: float = 120) -> dict[str, Any]:
+    def run(
+        self, task: str, resume: str | None = None, timeout: float = 120, allowed_tools: str = "Bash"
+    ) -> dict[str, Any]:
         """Run one headless turn; return Claude Code's JSON result (`session_id`, `result`,
         `is_error`, `num_turns`, `usage`, ...), whatever its exit code."""
-        command = [str(CLAUDE), "-p", task, "--output-format", "json", "--allowedTools", "Bash", "--max-turns", "6"]
+        command = [str(CLAUDE), "-p", task, "--output-format", "json", "--allowedTools", allowed_tools, "--max-turns", "6"]
         if resume is not None:
             command += ["--resume", resume]
         try:

@@ -382,3 +382,20 @@ def test_a_2000_message_conversation_loads_page_by_page_and_content_stays_text(m
     print(f"2,001 messages rendered in {elapsed:.2f} s ({pages} trajectory pages)")
     ARTIFACTS.mkdir(exist_ok=True)
     browser.save_screenshot(str(ARTIFACTS / "ui-long.png"))  # the viewport: the page is ~2,000 messages tall
+
+
+def test_a_sessions_other_thread_links_to_its_main_thread(proxy, browser):
+    """Two threads of one Codex session (its `session-id` header; the second with instructions of
+    its own, as a subagent's): the list shows the second as a thread of the first's id."""
+    session = "019a4c1e-5b7e-7d52-9d00-4f1d2c3b4a59"
+    client = openai_client(proxy, headers={"session-id": session})
+    client.responses.create(model="gpt-4o-mini", instructions="You are the main agent.", input="plan the release")
+    client.responses.create(model="gpt-4o-mini", instructions="You are a reviewer subagent.", input="review the plan")
+    open_ui(browser, proxy)
+    link = wait(browser).until(EC.visibility_of_element_located((By.CSS_SELECTOR, "tr.conversation .thread-of a")))
+    row = link.find_element(By.XPATH, "ancestor::tr")
+    assert row.get_attribute("data-id").startswith(session + ":") and text(link) == session
+    link.click()
+    wait(browser).until(lambda b: b.current_url.endswith(session) or session in b.current_url)
+    facts = wait(browser).until(EC.visibility_of_element_located((By.XPATH, "//*[contains(text(), 'the main thread of its client')]")))
+    assert session in text(facts)

@@ -491,7 +491,8 @@
         "td",
         { class: "title-col" },
         h("a", { class: "title", href: conversationHref(c.id, c.tenant), title }, title),
-        h("div", { class: "sub" }, h("code", { class: "conv-id", title: c.id }, c.id), c.tenant ? h("code", { class: "tenant", title: "tenant" }, c.tenant) : null)
+        h("div", { class: "sub" }, h("code", { class: "conv-id", title: c.id }, c.id), c.tenant ? h("code", { class: "tenant", title: "tenant" }, c.tenant) : null),
+        threadOf(c)
       ),
       h("td", { class: "client-col", title: c.client || null }, h("span", { class: "clamp" }, c.client || "—")),
       h("td", { class: "model-col", title: c.model || null }, c.model ? h("code", { class: "clamp" }, c.model) : "—"),
@@ -1020,6 +1021,17 @@
     }
   }
 
+  /** A thread of a client session other than its main one (a subagent's): a link to the main thread. */
+  function threadOf(c) {
+    if (!c.family || c.family === c.id) return null;
+    return h(
+      "div",
+      { class: "thread-of sub" },
+      "thread of session ",
+      h("a", { href: conversationHref(c.family, c.tenant), title: "the session's main thread" }, h("code", null, c.family))
+    );
+  }
+
   // -- failures, titles and the upstream's own count (issue 17) ------------------------------------
 
   /** The conversation's title (its own, or its task's first words) with its id beneath. */
@@ -1048,6 +1060,11 @@
       ]);
     }
     if (c.task && c.task !== c.title) facts.push(["Task", h("span", { class: "task" }, c.task)]);
+    if (c.family && c.family !== c.id) {
+      facts.push(["Session", h("span", null, "a thread of ", h("a", { href: conversationHref(c.family, c.tenant) }, h("code", null, c.family)))]);
+    } else if (c.family) {
+      facts.push(["Session", h("span", null, "the main thread of its client's session (its other threads: ", h("code", null, `${c.id}:…`), ")")]);
+    }
     return facts;
   }
 
