@@ -62,6 +62,14 @@ class Metrics:
             "a conversation's first turn)",
             ["outcome"], registry=r,
         )
+        self.fast_path_not_taken = Counter(
+            "context_proxy_fast_path_not_taken_turns",
+            "Turns whose prompt was made by the whole pipeline, by why: proxy_history, anchored, "
+            "compaction_header, contended (another turn of the conversation in flight), no_body_entry, "
+            "no_previous_turn, body_not_extended, settings_changed, marks_changed, history_differs, "
+            "declined_by_<stage>",
+            ["reason"], registry=r,
+        )
         self.read_rounds = Counter("context_proxy_read_rounds", "read_tool_output rounds the proxy answered", registry=r)
         self.quota_rejections = Counter("context_proxy_quota_rejections", "Requests refused by the LLM-call quota", registry=r)
         self.repairs = Counter("context_proxy_pairing_repairs", "Tool-call pairing problems repaired", registry=r)

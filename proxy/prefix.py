@@ -107,6 +107,23 @@ _TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},]', re.S)
 COMMA, QUOTE, OPENERS = ord(","), ord('"'), (ord("["), ord("{"))
 
 
+# The first reply in a request's bytes, in every managed format (a role's value): what comes before it
+# names a run of an unmodified agent.
+REPLY_MARKER = b'"assistant"'
+
+
+def run_fingerprint(raw: bytes) -> int:
+    """What names a client's run in its request's bytes before they are read, when it names no
+    conversation (the zero-code-change client, whose conversation id is derived from its system
+    prompt and task once the body is parsed): its bytes up to its first reply, the same on every
+    later turn of the run whatever the client's JSON spacing. A run's first request (no reply
+    yet) is named by all of it, so its second one is parsed whole. Two runs with the same start
+    share a BodyCache key: each then costs a full parse, never a wrong one (bodies are compared
+    by bytes). O(bytes up to the first reply)."""
+    at = raw.find(REPLY_MARKER)
+    return hash(raw[:at] if at >= 0 else raw)
+
+
 # A body's transcript array -> the transcript's items, where a dialect makes several of one element
 # (Messages: a user message's tool_result blocks, see dialects/messages.py); message by message,
 # so that parts(a + b) == parts(a) + parts(b). None: the array is the transcript.
@@ -186,7 +203,8 @@ class BodyCache:
     separators are read off bytes known to be elements (`_separators`).
 
     Keyed by what names a client's conversation before the body is read (tenant, wire format,
-    the conversation id it names); bounded by the bytes held, least recently used out first.
+    the conversation id it names, else its run's `run_fingerprint`); bounded by the bytes held,
+    least recently used out first.
     """
 
     def __init__(

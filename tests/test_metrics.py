@@ -124,6 +124,33 @@ def test_full_history_turns_are_counted_by_how_their_prompt_was_made(make_proxy,
 
 
 
+@pytest.mark.parametrize("wire", ["chat", "responses"])
+def test_an_agent_that_names_no_conversation_takes_the_fast_path_and_every_other_turn_says_why_not(
+    make_proxy, upstream, caplog, wire
+) -> None:
+    """The zero-code-change client: no conversation header, no session id, its id derived from its
+    system prompt and task. From its third turn on its bodies are parsed only where new and its
+    prompts made the fast way (the second is read whole: its first reply now names the run)."""
+    caplog.set_level(logging.INFO, logger="proxy.access")
+    proxy = make_proxy(server={"fast_path": True})
+    client = openai_client(proxy)
+    history: list[dict] = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "count to three"}]
+    for n in range(5):
+        if wire == "chat":
+            answer = client.chat.completions.create(model="gpt-4o-mini", messages=history).choices[0].message.content
+        else:
+            answer = client.responses.create(model="gpt-4o-mini", input=history).output_text
+        history += [{"role": "assistant", "content": answer}, {"role": "user", "content": f"and then {n}"}]
+    path = "/v1/chat/completions" if wire == "chat" else "/v1/responses"
+    logged = [(r.fast_path, r.fast_path_reason) for r in caplog.records if r.name == "proxy.access" and r.path == path]
+    assert logged == [("none", "no_previous_turn"), ("none", "body_not_extended")] + [("taken", None)] * 3
+    samples = scrape(proxy)
+    assert value(samples, "context_proxy_fast_path_not_taken_turns_total", reason="body_not_extended") == 1.0
+    assert {r.conversation for r in caplog.records if r.name == "proxy.access" and r.path == path} == {
+        next(r.conversation for r in caplog.records if r.name == "proxy.access" and r.path == path)
+    }  # one derived conversation throughout
+
+
 def _streamed_turn(proxy, upstream, conversation: str, history: list[dict], *, leave_at_finish: bool = False) -> str:
     """One streamed turn; with `leave_at_finish` the client hangs up once it has the finish
     chunk, while the proxy, whose upstream holds its connection open after the stream's end,

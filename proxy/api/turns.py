@@ -22,7 +22,7 @@ from ..engine import TurnReport, TurnRequest
 from ..errors import InvalidRequest, add_error_shape
 from ..identity import ConversationKey, explicit_conversation_id, request_tenant
 from ..messages import MAX_DEPTH, too_deep
-from ..prefix import ParsedBody
+from ..prefix import ParsedBody, run_fingerprint
 from ..request_limits import check_message_count, parse_json
 from ..state import CONVERSATION, ENGINE, LOG_FIELDS, METRICS, SETTINGS
 from ..titles import TITLE_HEADER, check_title
@@ -163,12 +163,13 @@ async def read_turn(
     """A managed request read: the turn, the conversation it belongs to, its (empty) report. A
     `dry_run`'s request writes nothing, so it claims no session thread either."""
     settings = request.app[SETTINGS]
-    # A body that extends the previous request of the conversation the client names is parsed
-    # only where it is new (the fast path's first step).
+    # A body that extends the previous request of its conversation is parsed only where it is new
+    # (the fast path's first step): the conversation the client names, else its run's, by bytes.
     explicit = explicit_conversation_id(request, settings.conversation)
     named = explicit or request.headers.get("session-id") or request.headers.get("x-claude-code-session-id")
     tenant = request_tenant(request, settings.conversation)
-    parsed = await read_turn_body(request, dialect, (tenant, dialect.name, named) if named else None)
+    cache_key = (tenant, dialect.name, named) if named else (tenant, dialect.name, None, run_fingerprint(await request.read()))
+    parsed = await read_turn_body(request, dialect, cache_key)
     body = parsed.body
     # A missing or malformed transcript is a 400 before anything else, too long a one a 413 (a body
     # the cache knows has its transcript already: Messages splits only its new messages).

@@ -81,6 +81,19 @@ def _shared(stored: list[str], sent: list[str]) -> int:
     return n
 
 
+def _no_fast_path(request: TurnRequest, writer: TurnWriter) -> str | None:
+    """Why this turn can't reuse its conversation's previous turn, before looking: None if it may."""
+    if request.history != "full":
+        return "proxy_history"
+    if request.anchor_seq is not None:
+        return "anchored"
+    if request.compaction is not None:
+        return "compaction_header"
+    if writer.contended:
+        return "contended"
+    return None
+
+
 class Engine:
     def __init__(
         self,
@@ -278,14 +291,20 @@ class Engine:
             if request.anchor_seq is not None:
                 body = dialect.detach_anchor(body)  # the history goes from our store: the upstream needs none
             fast = None  # the previous turn's work reused (see fastpath.py): full-history turns one at a time only
-            if request.history == "full" and request.anchor_seq is None and request.compaction is None and not writer.contended:
+            declined = _no_fast_path(request, writer)
+            if declined is None:
                 standing_tools = tuple(spec.name for spec in standing(profile) if not dialect.has_tool(body, spec.name))
                 fixed = (turn.reply_reserve, turn.fixed_tokens, turn.proxy_tool_tokens, standing_tools, request.knowledge_namespace)
                 fast = self.fastpath.turn(
                     key, parsed, FastTurn.settings_of(profile, model, dialect, fixed), encode=isinstance(upstream, HttpUpstream)
                 )
+                declined = "no_body_entry" if fast is None else None
             else:
                 self.fastpath.forget(key)
+            if fast is None:  # every turn says how its prompt was made, and why not the fast way
+                report.fast_path, report.fast_path_reason = "none", declined
+                self.metrics.fast_path.labels("none").inc()
+                self.metrics.fast_path_not_taken.labels(declined).inc()
         except BaseException as exc:
             report.failed_by(exc)
             await writer.fail()
@@ -322,14 +341,14 @@ class Engine:
             if report.marks and writer.ended is None:  # a cut moved, and no end of the turn kept it
                 await self.store.set_marks(key, report.marks)
             ended_well = writer.ended == (LIVE, LIVE) and report.stream_error is None
-            if fast is not None and writer.contended:
-                fast.done(turn, report, False)  # another turn ran beside it: the next one can't build on it
-                report.fast_path = fast.outcome
-                fast = None
             if fast is not None:
-                fast.done(turn, report, ended_well)
+                # Another turn ran beside it: the next one can't build on this one's prompt.
+                fast.done(turn, report, ended_well and not writer.contended)
                 report.fast_path = fast.outcome
                 self.metrics.fast_path.labels(fast.outcome).inc()
+                if not fast.taken:
+                    report.fast_path_reason = fast.why or "declined"
+                    self.metrics.fast_path_not_taken.labels(report.fast_path_reason).inc()
             if compaction is not None and ended_well:
                 self.compaction.schedule(compaction)  # after the reply: never on the request's critical path
         finally:

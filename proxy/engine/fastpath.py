@@ -182,11 +182,16 @@ class FastPath:
             self.forget(key)
             return None
         memo = self._memos.get(key)
-        if memo is not None and (memo.origin is not parsed.origin or memo.settings != settings):
-            memo = None
+        why = "no_previous_turn" if memo is None else None  # a first turn, or one after a turn that ended badly
+        if memo is not None and memo.origin is not parsed.origin:
+            memo, why = None, "body_not_extended"  # an edit further back, another parameter, a body read whole
+        elif memo is not None and memo.settings != settings:
+            memo, why = None, "settings_changed"
         if memo is not None:
             self._memos.move_to_end(key)
-        return FastTurn(self, key, parsed.entry, settings, memo, encode, parsed.reused)
+        fast = FastTurn(self, key, parsed.entry, settings, memo, encode, parsed.reused)
+        fast.why = why
+        return fast
 
     def keep(self, key: ConversationKey, memo: Memo) -> None:
         self.forget(key)
@@ -224,6 +229,7 @@ class FastTurn:
         self.owner, self.key, self.entry, self.settings, self.memo, self.encode = owner, key, entry, settings, memo, encode
         self.reused = reused  # leading transcript items that are the memo's request's own (the rest: sent again or new)
         self.taken = False
+        self.why: str | None = None  # why it was not taken (the metric's reason)
         self.wire: Wire | None = None
         self._tail: list[Item] = []
         self._items: list[Item] = []
@@ -254,7 +260,11 @@ class FastTurn:
         seqs = [*plan.known_seqs, *pending]
         self._seqs = seqs
         memo = self.memo
-        if memo is not None and turn.marks == memo.marks and plan.upstream is self.entry.raws:
+        if memo is not None and turn.marks != memo.marks:
+            self.why = "marks_changed"  # a cut or a mark another writer moved
+        elif memo is not None and plan.upstream is not self.entry.raws:
+            self.why = "history_differs"
+        elif memo is not None:
             tail = await self._extend(turn, plan, seqs, pipeline, memo)
             if tail is not None:
                 self.taken = True
@@ -262,6 +272,9 @@ class FastTurn:
                 self._tail = tail
                 assert turn.runs is not None
                 return turn.runs[-1].after
+            stages = pipeline.stages
+            done = len(turn.runs or self._resume or ())
+            self.why = f"declined_by_{stages[done].name}" if done < len(stages) else "declined"
             self.owner.declined += 1
         if self._resume:  # the stages after the one that declined run on what those before it made
             self.owner.resumed += 1

@@ -53,7 +53,8 @@ class TurnReport:
     response_id: str | None = None  # the same, where a later request may name the reply by it (Responses)
     marks: dict[str, int] = field(default_factory=dict)  # cuts a stage moved this turn, to keep
     stream_error: str | None = None  # why a streamed reply broke off, if it did
-    fast_path: str | None = None  # how a later full-history turn's prompt was made: taken, declined or none
+    fast_path: str | None = None  # how a turn's prompt was made: taken, declined or none (set on every turn)
+    fast_path_reason: str | None = None  # why it was not taken (see Metrics.fast_path_not_taken)
     # Why the turn failed or ended incomplete: {"status": HTTP status or None, "message",
     # "source": "upstream" | "proxy" | "client"}; the first cause found wins.
     error: dict[str, Any] | None = None
@@ -151,6 +152,7 @@ class TurnReport:
             "upstream_ms": round(self.upstream_s * 1000, 3),
             "added_ms": round(self.added_s * 1000, 3),
             "fast_path": self.fast_path,
+            "fast_path_reason": self.fast_path_reason,
         }
 
     def observe(self, metrics: Metrics) -> None:
