@@ -19,7 +19,7 @@ from .config import Settings
 from .engine import Engine
 from .errors import error_body, error_boundary
 from .identity import ConversationKey
-from .logs import monotonic_ms
+from .logs import ACCESS_LOGGER, monotonic_ms
 from .memory import Trimmer
 from .metrics import Metrics
 from .pipeline import build_pipeline
@@ -56,7 +56,7 @@ log = logging.getLogger("proxy")
 # Tokenizers are loaded when a request's model first needs one (TokenCounter.ready), not here:
 # a proxy that never counts for OpenAI models never holds o200k_base's ~48 MB.
 WARM_MODELS: tuple[str, ...] = ()
-access_log = logging.getLogger("proxy.access")
+access_log = logging.getLogger(ACCESS_LOGGER)
 
 
 @web.middleware

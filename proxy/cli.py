@@ -16,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
+from . import banner
 from .app import build_app, runner_options
 from .config import ConfigError, Settings, load_settings
 from .connections import start_site
@@ -23,6 +24,7 @@ from .errors import ProxyError
 from .logs import configure_logging
 from .memory import tune_malloc
 from .settings_doc import reference
+from .state import PIPELINE
 from .store import ConversationExists, open_store
 from .transfer import InvalidExport, dump_from_json, dump_to_json, read_dump
 
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"context-proxy: {exc}", file=sys.stderr)
         return 2
     if args.command == "serve":
-        configure_logging(settings.logging.level)
+        log_format = configure_logging(settings.logging.level, settings.logging.format)
         # Before any thread starts (the store's, the executor's): arenas made before it stay.
         tuned = tune_malloc(settings.server.malloc_arena_max, settings.server.malloc_mmap_threshold_kb)
         log.info("malloc", extra=tuned)
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"context-proxy: {exc}", file=sys.stderr)
             return 2
         try:
-            asyncio.run(serve_forever(settings, app))
+            asyncio.run(serve_forever(settings, app, show_banner=log_format == "text"))
         except ConfigError as exc:  # found only once resources open (e.g. a store that cannot be opened)
             print(f"context-proxy: {exc}", file=sys.stderr)
             return 2
@@ -91,8 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-async def serve_forever(settings: Settings, app: web.Application) -> None:
-    """Serve until SIGINT/SIGTERM, then close every resource cleanly."""
+async def serve_forever(settings: Settings, app: web.Application, *, show_banner: bool = False) -> None:
+    """Serve until SIGINT/SIGTERM, then close every resource cleanly. With `show_banner` (the log
+    is text: a person reads it), say first where it listens and where to point each client."""
     runner = web.AppRunner(app, handle_signals=False, **runner_options(settings))
     await runner.setup()
     await start_site(runner, settings.server.host, settings.server.port)
@@ -103,11 +106,16 @@ async def serve_forever(settings: Settings, app: web.Application) -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(GC_YOUNG_THRESHOLD, 20, 20)
-    log.info("listening", extra={"host": host, "port": port})
+    # Before "listening": whoever waits for that line may stop the proxy at once, cleanly.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if show_banner:
+        token = settings.admin.token.get_secret_value() if settings.admin.token is not None else None
+        text = banner.render(settings, host, port, admin_token=token, pipeline=app[PIPELINE].describe())
+        print("\n" + text, file=sys.stderr, flush=True)
+    log.info("listening", extra={"host": host, "port": port})
     try:
         await stop.wait()
     finally:

@@ -443,6 +443,11 @@ class TelemetrySettings(Section):
 
 class LoggingSettings(Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
+    format: Literal["auto", "text", "json"] = Field(
+        "auto",
+        description="Log lines as text for a person (with a start banner saying where to point each client) or as "
+        "JSON objects for a collector; auto = text when stderr is a terminal, JSON otherwise (a pipe, a file, Docker).",
+    )
 
 
 class Settings(BaseSettings):

@@ -8,11 +8,11 @@ context switches for nothing, several times a turn (a later turn: 12, 4 of them 
 involuntary ones). SCHED_BATCH is the same fair share of the CPU without that preemption at
 wake-up: the thread runs when the loop blocks (awaiting it, in epoll) or at the next tick. With
 a core to spare it changes nothing.
-Measured (README): 16 clients served ~14% more requests a second on one core, later turns
+Measured (docs/performance.md): 16 clients served ~14% more requests a second on one core, later turns
 paced 50 ms apart ~6% less CPU; the price, a first turn after the process sat idle ~8% more.
 
 asyncio's executor threads are left as they are: they count a first turn's tokens, and with them
-under SCHED_BATCH too a first turn measured no cheaper and 16 clients no faster (README).
+under SCHED_BATCH too a first turn measured no cheaper and 16 clients no faster (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -164,7 +164,7 @@ BUILD_TURN = [
 ]
 
 
-# The span tree of BUILD_TURN (what the README and docs/telemetry.md show).
+# The span tree of BUILD_TURN (what docs/telemetry.md shows).
 TREE = [
     "chat gpt-4o-mini",
     "  chat gpt-4o-mini",  # the summarizer, on the tool output (before the first call)
