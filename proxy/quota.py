@@ -49,13 +49,21 @@ class QuotaLedger:
         limit = self.settings.max_llm_calls
         return limit is not None and self.call_number > limit
 
+    @property
+    def rejects(self) -> bool:
+        """Whether a call past the quota is refused (else it goes, with a warning)."""
+        return self.on and self.settings.on_exhausted == "reject"
+
     def check(self) -> None:
         """Before the call: with `on_exhausted: reject`, a call past the quota is a 429."""
-        if self.exhausted and self.settings.on_exhausted == "reject":
-            raise QuotaExceeded(
-                f"This conversation has used its {self.settings.max_llm_calls} LLM calls "
-                "(quota.max_llm_calls); start a new conversation or raise the quota"
-            )
+        if self.exhausted and self.rejects:
+            raise self.refusal()
+
+    def refusal(self) -> QuotaExceeded:
+        return QuotaExceeded(
+            f"This conversation has used its {self.settings.max_llm_calls} LLM calls "
+            "(quota.max_llm_calls); start a new conversation or raise the quota"
+        )
 
     def figures(self, seq: int | None) -> QuotaFigures | None:
         """The figures message `seq` carries: those of its first forwarding (recorded now if this is it)."""

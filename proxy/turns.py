@@ -9,12 +9,13 @@ the request's cancellation: a client that hangs up mid-turn cannot leave a write
 `settled()` lets the next turn wait for the last write before it reads.
 
 Turns of one conversation in flight at once (a retry, a request sent before the last one ended):
-a turn whose new items are those an earlier turn in flight wrote (the same items after the same
-history) takes that turn's seqs instead of writing them again (`adoptable`), so nothing is stored
-twice. The live transcript is the request of the newest turn that ended well, by the order of
-their planning: such a turn supersedes whatever live items its request left out, another turn's
+a turn whose first new items are those an earlier turn in flight wrote (the same items after the
+same history) takes that turn's seqs instead of writing them again (`adoptable`), so nothing is
+stored twice. With full history (the request names its whole branch), the live transcript is the
+request of the newest turn that ended well, by the order of their planning: such a turn supersedes whatever live items its request left out, another turn's
 reply included; a turn that ends after a newer one took the live transcript ends superseded
 itself (its items and reply kept in the trajectory), and never changes an item that is live.
+With proxy history each turn's items and reply are added to the live transcript as it ends.
 """
 
 from __future__ import annotations
@@ -34,16 +35,20 @@ if TYPE_CHECKING:
 
 
 def adoptable(flying: list[TurnWriter], plan: TurnPlan) -> list[int]:
-    """The seqs of the longest run of `plan`'s new items that a turn in flight already wrote,
-    after the same history (a retry of a request still in flight); empty if none did."""
+    """The seqs of the longest run of `plan`'s first new items that a turn in flight already
+    wrote after the same history (a retry of a request still in flight; the system prompt of a
+    conversation's first turns sent at once): empty if none did."""
     best: list[int] = []
     for other in flying:
-        n = len(other.plan.new_hashes)
-        if (
-            len(best) < n <= len(plan.new_hashes) and len(other.pending) == n
-            and other.plan.known_seqs == plan.known_seqs and other.plan.new_hashes == plan.new_hashes[:n]
-        ):
-            best = other.pending
+        if other.plan.known_seqs != plan.known_seqs or len(other.pending) != len(other.plan.new_hashes):
+            continue
+        shared = 0
+        for mine, theirs in zip(plan.new_hashes, other.plan.new_hashes, strict=False):
+            if mine != theirs:
+                break
+            shared += 1
+        if shared > len(best):
+            best = other.pending[:shared]
     return list(best)
 
 
@@ -110,7 +115,9 @@ class TurnWriter:
         async with self.store.lock(self.key):
             conversation = await self.store.get(self.key)
             live = {seq for seq, _ in conversation.live} if conversation is not None else set()
-            newer = conversation is not None and conversation.marks.get(LIVE_ORDER_MARK, 0) > self.order
+            # Only a request that names its whole branch competes for the live transcript; proxy
+            # history's new items are added whatever else ended meanwhile.
+            newer = self.plan.branch and conversation is not None and conversation.marks.get(LIVE_ORDER_MARK, 0) > self.order
             if status == LIVE and not newer:
                 changes = dict.fromkeys(self.pending, LIVE)
                 changes |= dict.fromkeys(self.plan.supersede, SUPERSEDED)

@@ -136,13 +136,16 @@ def test_proxy_history_turns_alternating_between_replicas_are_stored_once_in_ord
 # -- concurrent turns of one conversation on both replicas ----------------------------------------
 
 
-def test_concurrent_proxy_history_turns_on_both_replicas_are_serialized(replicas, upstream):
+def test_concurrent_proxy_history_turns_on_both_replicas_never_wait_and_keep_every_message_once(replicas, upstream):
+    """Proxy-history turns of one conversation sent at once to both replicas, the first held by
+    its upstream: the others answer meanwhile (no turn waits on another's upstream call, across
+    replicas too), and every message is stored once, live, in one gapless log."""
     https = clients(replicas())
     headers = {**AUTH, "X-Conversation-ID": "race", "X-History": "proxy"}
     held = Reply.text("first, held", pause_after_chunks=0)
-    upstream.enqueue(held)  # the first turn holds the conversation while the others pile up
+    upstream.enqueue(held)  # the first turn is upstream while the others come
     n = 8
-    start = threading.Barrier(n)
+    start = threading.Barrier(n - 1)
 
     def turn(i: int):
         if i > 0:
@@ -155,23 +158,24 @@ def test_concurrent_proxy_history_turns_on_both_replicas_are_serialized(replicas
         first = pool.submit(turn, 0)
         assert held.reached.wait(10)
         others = [pool.submit(turn, i) for i in range(1, n)]
-        start.wait(10)  # every other request is being sent now, to both replicas, while the first holds the lock
+        results = [f.result(30) for f in others]  # all of them while the first is still held
+        assert not first.done()
         held.release()
-        results = [first.result(30)] + [f.result(30) for f in others]
+        results.append(first.result(30))
     assert all(r.ok for r in results), [r.error for r in results]
 
     requests = upstream.chat_requests()
     assert len(requests) == n
-    # Serialized: request k saw exactly the k turns before it (system + k * (user, reply) + its own user).
-    assert [len(r["messages"]) for r in requests] == [2 + 2 * k for k in range(n)]
-    for earlier, later in itertools.pairwise(requests):
-        assert later["messages"][: len(earlier["messages"])] == earlier["messages"]
+    for i, sent in enumerate(requests):  # each went with the system prompt, the history it found, its own message
+        assert sent["messages"][0] == SYSTEM and sent["messages"][-1]["role"] == "user"
+        contents = [m["content"] for m in sent["messages"]]
+        assert len(set(contents)) == len(contents), f"request {i} repeats a message"
     stored = trajectory_of(https[0], "race")["data"]
     assert [m["seq"] for m in stored] == list(range(1, 2 + 2 * n))
     assert [m["status"] for m in stored] == ["live"] * (1 + 2 * n)
     users = [m["content"] for m in stored if m["role"] == "user"]
     assert sorted(users) == sorted(f"concurrent {i}" for i in range(n))  # every message once
-    assert [stored_form(m) for m in stored[:-1]] == requests[-1]["messages"]
+    assert len([m for m in stored if m["role"] == "assistant"]) == n
     assert trajectory_of(https[1], "race")["data"] == stored
 
 

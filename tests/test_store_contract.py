@@ -219,6 +219,9 @@ async def test_single_message_counters_marks_and_rewrites(store):
     assert await store.message(A, 3) is None
     assert [await store.count_llm_call(A) for _ in range(3)] == [1, 2, 3]
     assert (await store.get(A)).llm_calls == 3
+    # With a limit, counted only below it, in one step: turns at once never pass it.
+    assert sorted(map(str, await asyncio.gather(*(store.count_llm_call(A, limit=5) for _ in range(4))))) == ["4", "5", "None", "None"]
+    assert (await store.get(A)).llm_calls == 5
     await store.mark_forwarded(A, {1: 1, 2: 3})
     await store.mark_forwarded(A, {})
     assert (await store.get(A)).first_forwarded == {1: 1, 2: 3}

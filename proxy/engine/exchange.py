@@ -131,11 +131,19 @@ class Exchange:
         except QuotaExceeded:
             self.metrics.quota_rejections.inc()
             raise
-        if ledger.exhausted:
+        if ledger.on:
+            # Counted now, in the store, in one step with the check: turns of the conversation
+            # in flight at once (no lock is held across calls) never pass the quota together.
+            counted = await self.turn.store.count_llm_call(self.turn.key, ledger.settings.max_llm_calls if ledger.rejects else None)
+            if counted is None:
+                self.metrics.quota_rejections.inc()
+                raise ledger.refusal()
+            calls = counted
+        else:  # counted with the turn's end (one write, added to the conversation's count)
+            self.writer.llm_calls += 1
+            calls = self._calls_before + self.writer.llm_calls
+        if ledger.on and calls > (ledger.settings.max_llm_calls or 0):
             self.report.quota_warning = f"LLM call quota exhausted ({ledger.settings.max_llm_calls} calls)"
-        # Counted with the turn's end (one write, added to the conversation's count).
-        self.writer.llm_calls += 1
-        calls = self._calls_before + self.writer.llm_calls
         ledger.call_number = calls + 1
         self.report.llm_calls = calls
         self.report.llm_call_limit = ledger.settings.max_llm_calls

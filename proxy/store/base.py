@@ -486,8 +486,10 @@ class Store(Protocol):
 
     async def message(self, key: ConversationKey, seq: int) -> StoredMessage | None: ...
 
-    async def count_llm_call(self, key: ConversationKey) -> int:
-        """Count one upstream call; returns the conversation's total so far, this one included."""
+    async def count_llm_call(self, key: ConversationKey, limit: int | None = None) -> int | None:
+        """Count one upstream call; returns the conversation's total so far, this one included.
+        With `limit`, in the same atomic step, only while fewer than `limit` are counted: None
+        (nothing counted) once they are (an exact quota for turns of one conversation at once)."""
 
     async def mark_forwarded(self, key: ConversationKey, marks: Mapping[int, int]) -> None:
         """Record, for messages forwarded for the first time, the call count at that moment."""

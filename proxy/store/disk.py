@@ -1123,8 +1123,8 @@ class DiskStore:
 
         return read
 
-    async def count_llm_call(self, key: ConversationKey) -> int:
-        return await self._write(self._update_record, key, _count_call)
+    async def count_llm_call(self, key: ConversationKey, limit: int | None = None) -> int | None:
+        return await self._write(self._update_record, key, lambda record: _count_call(record, limit))
 
     async def mark_forwarded(self, key: ConversationKey, marks: Mapping[int, int]) -> None:
         if marks:
@@ -1517,7 +1517,9 @@ def _index_entry(scope: str, entry: Any) -> ConversationKey:
     return ConversationKey(*entry) if scope == ALL_TENANTS else ConversationKey(scope, entry)
 
 
-def _count_call(record: _Record) -> int:
+def _count_call(record: _Record, limit: int | None = None) -> int | None:
+    if limit is not None and record.fields["llm_calls"] >= limit:
+        return None
     record.fields["llm_calls"] += 1
     return record.fields["llm_calls"]
 

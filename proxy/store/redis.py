@@ -362,8 +362,13 @@ commit()
 return 1
 """
 
+# ARGV[4]: the most calls to count (absent: no limit); -1 when that many are counted already.
 COUNT_CALL = PRELUDE + """
 ensure()
+local limit = tonumber(ARGV[4])
+if limit ~= nil and tonumber(redis.call('HGET', meta, 'llm_calls') or '0') >= limit then
+  return -1
+end
 local calls = redis.call('HINCRBY', meta, 'llm_calls', 1)
 commit()
 return calls
@@ -1061,8 +1066,10 @@ class RedisStore:
         return None if body is None else _stored(seq, body, h, status)
 
     @_guarded
-    async def count_llm_call(self, key: ConversationKey) -> int:
-        return int(await self._count_call(keys=self._keys(key), args=self._args(key)))
+    async def count_llm_call(self, key: ConversationKey, limit: int | None = None) -> int | None:
+        extra = () if limit is None else (limit,)
+        calls = int(await self._count_call(keys=self._keys(key), args=self._args(key, *extra)))
+        return None if calls < 0 else calls
 
     @_guarded
     async def mark_forwarded(self, key: ConversationKey, marks: Mapping[int, int]) -> None:
