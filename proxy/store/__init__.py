@@ -15,6 +15,9 @@ from .base import (
     LIVE,
     PENDING,
     SUPERSEDED,
+    PART_KINDS,
+    SYSTEM_PART,
+    TOOLS_PART,
     Conversation,
     ConversationDump,
     ConversationExists,
@@ -23,6 +26,7 @@ from .base import (
     KeyFact,
     KnowledgeVersion,
     QuotedMessage,
+    RequestPart,
     Store,
     StoredMessage,
     StoreError,
@@ -32,6 +36,7 @@ from .base import (
     StoreUnavailable,
     Summary,
     TurnFacts,
+    part_hash,
 )
 
 __all__ = [
@@ -39,6 +44,7 @@ __all__ = [
     "LIVE", "PENDING", "SUPERSEDED", "Conversation", "ConversationDump", "ConversationExists", "InboxFull",
     "InboxMessage", "KeyFact", "KnowledgeVersion", "QuotedMessage", "Store", "StoreError", "StoreFull", "StoreHealth",
     "StoreReadOnly", "StoreUnavailable", "StoredMessage", "Summary", "TurnFacts", "open_store",
+    "PART_KINDS", "SYSTEM_PART", "TOOLS_PART", "RequestPart", "part_hash",
 ]
 
 

@@ -20,6 +20,7 @@ Layout (every key starts with `prefix`, "cp:" by default):
     {prefix}{<tenant>/<id>}:idel     hash inbox id -> "seq:placement:turn:stamp", its delivery
     {prefix}{<tenant>/<id>}:iopen    set of inbox ids not yet delivered for good
     {prefix}{<tenant>/<id>}:iat      hash seq -> "id,id,...": the inbox messages delivered with it
+    {prefix}{<tenant>/<id>}:rparts   hash part hash -> "<n>:<created_at>:<JSON {kind, value}>" (never changes)
     {prefix}{<tenant>/<id>}:chg      sorted set of seqs scored by the version that last changed their
                                      part of the record (live, fwd, rw, iat)
     {prefix}convs:<tenant>           sorted set of conversation ids scored by creation order
@@ -95,6 +96,7 @@ from .base import (
     InboxFull,
     InboxMessage,
     KnowledgeVersion,
+    RequestPart,
     StoredMessage,
     StoreError,
     StoreFull,
@@ -118,6 +120,7 @@ CONVERSATION_PARTS = (
     "meta", "body", "hash", "status", "live", "fwd", "rw", "sum", "turns", "resp", "pend",
     "inbox", "idel", "iopen", "iat", "chg",
 )
+REQUEST_PARTS = "rparts"  # the conversation's system prompts and tools lists: outside the scripts' KEYS
 NO_CONVERSATION = "no such conversation"
 NO_MESSAGE = "no such message"
 CONVERSATION_EXISTS = "conversation exists"
@@ -494,6 +497,22 @@ commit()  -- a record of its own: version 1, a new incarnation
 return 1
 """
 
+# KEYS: meta, rparts; ARGV: the stamp, then (hash, JSON record without its number and stamp) per
+# part. Keeps the parts not kept yet as "<n>:<stamp>:<JSON>" (n = 1, 2, ... in order kept), if the
+# conversation is stored; returns the hashes newly kept. The record (meta) does not change.
+ADD_REQUEST_PARTS = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {} end
+local added = {}
+for i = 2, #ARGV, 2 do
+  if redis.call('HEXISTS', KEYS[2], ARGV[i]) == 0 then
+    local n = redis.call('HLEN', KEYS[2]) + 1
+    redis.call('HSET', KEYS[2], ARGV[i], n .. ':' .. ARGV[1] .. ':' .. ARGV[i + 1])
+    added[#added + 1] = ARGV[i]
+  end
+end
+return added
+"""
+
 MESSAGES = PRELUDE + """
 -- ARGV[4] = live only (1/0), ARGV[5] = after, ARGV[6] = limit (-1: none). Returns flat
 -- (seq, body, hash, status) quadruples: one consistent read, one round trip.
@@ -668,6 +687,11 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+def _request_part_row(n: int, part: RequestPart) -> str:
+    """A request part as the rparts hash keeps it (see ADD_REQUEST_PARTS)."""
+    return f"{n}:{part.created_at!r}:{_dumps({'kind': part.kind, 'value': part.value})}"
+
+
 def _turn_dumps(value: Any) -> bytes:
     """`_dumps` for what a turn writes, ~10x faster (a first turn stores its whole transcript).
     orjson writes the same values; it spells NaN and infinities null, but none reach a turn: the
@@ -747,6 +771,7 @@ class RedisStore:
         self._set_title = register(SET_TITLE)
         self._post_inbox, self._deliver_inbox = register(POST_INBOX), register(DELIVER_INBOX)
         self._inbox, self._put_knowledge = register(INBOX), register(PUT_KNOWLEDGE)
+        self._add_request_parts = register(ADD_REQUEST_PARTS)
 
     # -- keys ----------------------------------------------------------------------------------
 
@@ -961,7 +986,7 @@ class RedisStore:
             pipe.srem(self._global("pending"), member)
             if response_ids:
                 pipe.hdel(self._responses(key.tenant), *response_ids)
-            pipe.unlink(*(self._conv(key, part) for part in CONVERSATION_PARTS))
+            pipe.unlink(*(self._conv(key, part) for part in CONVERSATION_PARTS), self._conv(key, REQUEST_PARTS))
             existed, *_ = await pipe.execute()
         return bool(existed)
 
@@ -1151,6 +1176,12 @@ class RedisStore:
             if CONVERSATION_EXISTS in str(exc):
                 raise ConversationExists(str(c.key)) from None
             raise
+        # Its request parts right after (a step of their own: the record does not name them).
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self._conv(c.key, REQUEST_PARTS))
+            for n, part in enumerate(dump.parts, 1):
+                pipe.hset(self._conv(c.key, REQUEST_PARTS), part.hash, _request_part_row(n, part))
+            await pipe.execute()
 
     # -- inbox ---------------------------------------------------------------------------------
 
@@ -1191,6 +1222,28 @@ class RedisStore:
             if message.seq is not None:
                 out.setdefault(message.seq, []).append(message)
         return out
+
+    # -- request parts -------------------------------------------------------------------------
+
+    @_guarded
+    async def add_request_parts(self, key: ConversationKey, parts: Sequence[RequestPart]) -> list[str]:
+        if not parts:
+            return []
+        args: list[Any] = [repr(now())]
+        for part in parts:
+            args += [part.hash, _dumps({"kind": part.kind, "value": part.value})]
+        keys = [self._conv(key, "meta"), self._conv(key, REQUEST_PARTS)]
+        return list(await self._add_request_parts(keys=keys, args=args))
+
+    @_guarded
+    async def request_parts(self, key: ConversationKey) -> list[RequestPart]:
+        rows = await self._redis.hgetall(self._conv(key, REQUEST_PARTS))
+        found = []
+        for part_hash, row in rows.items():
+            n, stamp, data = row.split(":", 2)
+            record = json.loads(data)
+            found.append((int(n), RequestPart(record["kind"], part_hash, record["value"], float(stamp))))
+        return [part for _, part in sorted(found, key=lambda pair: pair[0])]
 
     # -- long-term knowledge -------------------------------------------------------------------
 
