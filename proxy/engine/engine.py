@@ -34,6 +34,7 @@ from ..prefix import BodyCache, PrefixCache
 from ..quota import QuotaLedger
 from ..refs import RefSigner
 from ..request_limits import validated_hashes
+from ..request_parts import RequestParts
 from ..store import LIVE, Conversation, Store
 from ..summarizer import Summarizer
 from ..telemetry import NO_TELEMETRY, Telemetry, TurnTrace
@@ -106,6 +107,7 @@ class Engine:
         cache = int(settings.server.cache_mb * 2**20)
         self.fastpath = FastPath(enabled=settings.server.fast_path, max_bytes=cache // 4)
         self.bodies = BodyCache(cache, enabled=settings.server.fast_path, on_evict=self.fastpath.let_go)
+        self.request_parts = RequestParts()  # what each conversation's last turn sent besides its transcript
         # Turns past their reply, still writing: the client may already hold the whole response.
         self._ending: set[asyncio.Future[None]] = set()
 
@@ -199,6 +201,7 @@ class Engine:
                 report.task = task_of(codec, raws)
             plan = await self._plan(request, key, raws, hashes, conversation)
             writer = TurnWriter(self.store, key, plan, codec)
+            writer.parts = self.request_parts.to_keep(key, report.request_parts, conversation)  # new system prompt/tools
             turn, job = self._turn(request, key, conversation, report)
             if request.compaction == "force" or (request.compaction != "skip" and not profile.compaction.background):
                 await self.compaction.run_now(job)  # before forwarding: this request already uses the new summary

@@ -1,0 +1,152 @@
+"""What a request sends besides its transcript: its system prompt and its tools, kept in the record.
+
+Chat's system prompt is a message of its transcript (stored as such); Messages' top-level `system`
+and Responses' `instructions` are not, nor is any format's `tools`. Each distinct one is kept once
+per conversation, by hash (Store.add_request_parts), and each turn's record names the hashes of
+what it sent (`system_hash`, `tools_hash`: None when it sent none), so the trajectory lists every
+version with the turns that used it.
+
+Cheap on the hot path. A body that extends the conversation's previous one holds that body's very
+objects outside its transcript (prefix.py): their hashes are taken from it, not computed again.
+A turn that sends what the conversation's previous turn (in this process) sent asks nothing of
+the store; otherwise it hands the store its parts, which keeps the ones it has not (a replica
+that never saw the conversation asks once, and the store writes nothing it holds).
+
+Proxy-history mode (`X-History: proxy`): a Messages or Responses request that carries no system
+prompt is sent the conversation's current one (the newest turn's), as DESIGN.md says.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .identity import ConversationKey
+from .prefix import ParsedBody
+from .store import SYSTEM_PART, TOOLS_PART, Conversation, RequestPart, Store, part_hash
+
+# Where a format's request carries its system prompt apart from the transcript (chat: in it).
+SYSTEM_KEYS = {"messages": "system", "responses": "instructions"}
+TOOLS_KEY = "tools"
+if TYPE_CHECKING:
+    from .engine import TurnReport, TurnRequest
+
+MAX_REMEMBERED = 4096  # conversations whose last parts' hashes are held (~200 bytes each)
+
+
+def _body_key(kind: str, dialect: str) -> str | None:
+    return SYSTEM_KEYS.get(dialect) if kind == SYSTEM_PART else TOOLS_KEY
+
+
+def sent_parts(dialect: str, body: Mapping[str, Any], parsed: ParsedBody | None = None) -> list[RequestPart]:
+    """The system prompt and tools `body` sends, as parts with their hashes (none for what it does
+    not send: absent, null or empty). A part whose value is the very object of the previous body
+    `parsed` extends keeps that body's hash."""
+    origin = parsed.origin if parsed is not None and parsed.reused > 0 else None
+    known = origin.request_parts if origin is not None else None
+    out: list[RequestPart] = []
+    for kind in (SYSTEM_PART, TOOLS_PART):
+        name = _body_key(kind, dialect)
+        value = body.get(name) if name is not None else None
+        if not value or not isinstance(value, str | list):
+            continue
+        before = known.get(kind) if known is not None else None
+        same = before is not None and origin is not None and origin.body.get(name) is value
+        out.append(before if same else RequestPart(kind, part_hash(value), value))  # type: ignore[arg-type]
+    if parsed is not None and parsed.entry is not None:
+        parsed.entry.request_parts = {p.kind: p for p in out}  # for the next body that extends this one
+    return out
+
+
+@dataclass(slots=True)
+class PartsToKeep:
+    """A turn's parts the store may not hold yet: written with the turn's first write (TurnWriter)."""
+
+    parts: list[RequestPart]
+    remembered: RequestParts
+    mark: tuple[float, int]  # the conversation as it will be once the turn has ended (see RequestParts)
+
+    async def keep(self, store: Store, key: ConversationKey) -> None:
+        await store.add_request_parts(key, self.parts)
+        self.remembered.remember(key, self.mark, self.parts)
+
+
+class RequestParts:
+    """The hashes of the parts each recent conversation's last turn sent, to write only changes.
+
+    Each is held with the conversation's creation time and the turn count it will have after that
+    turn: a conversation made again (deleted, imported), or one another replica ran a turn of
+    meanwhile, is asked of the store again rather than trusted."""
+
+    def __init__(self, max_entries: int = MAX_REMEMBERED) -> None:
+        self.max_entries = max_entries
+        self._last: OrderedDict[ConversationKey, tuple[tuple[float, int], tuple[str, ...]]] = OrderedDict()
+
+    def to_keep(
+        self, key: ConversationKey, parts: Sequence[RequestPart], conversation: Conversation | None
+    ) -> PartsToKeep | None:
+        """What this turn (of `conversation` as it stands before it) must hand the store: None when
+        its parts are the previous turn's, or it sends none."""
+        if conversation is None:
+            return PartsToKeep(list(parts), self, (-1.0, 1)) if parts else None
+        mark = (conversation.created_at, conversation.turns + 1)
+        hashes = tuple(p.hash for p in parts)
+        last = self._last.get(key)
+        if not parts or (last is not None and last == ((conversation.created_at, conversation.turns), hashes)):
+            self._remember(key, mark, hashes)
+            return None
+        return PartsToKeep(list(parts), self, mark)
+
+    def remember(self, key: ConversationKey, mark: tuple[float, int], parts: Sequence[RequestPart]) -> None:
+        self._remember(key, mark, tuple(p.hash for p in parts))
+
+    def _remember(self, key: ConversationKey, mark: tuple[float, int], hashes: tuple[str, ...]) -> None:
+        self._last[key] = (mark, hashes)
+        self._last.move_to_end(key)
+        while len(self._last) > self.max_entries:
+            self._last.popitem(last=False)
+
+
+async def current_parts(store: Store, conversation: Conversation) -> dict[str, RequestPart]:
+    """The system prompt and tools the conversation's newest turn sent (by kind; absent: none)."""
+    if not conversation.turns:
+        return {}
+    newest = await store.turn_records(conversation.key, after=conversation.turns - 1)
+    named = {kind: newest[-1].get(f"{kind}_hash") for kind in (SYSTEM_PART, TOOLS_PART)} if newest else {}
+    if not any(named.values()):
+        return {}
+    kept = {p.hash: p for p in await store.request_parts(conversation.key)}
+    return {kind: kept[h] for kind, h in named.items() if h in kept}
+
+
+def with_turns(parts: Sequence[RequestPart], turns: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Every part, as the trajectory shows it: with the numbers of the turns that sent it."""
+    used: dict[str, list[int]] = {p.hash: [] for p in parts}
+    for record in turns:
+        for kind in (SYSTEM_PART, TOOLS_PART):
+            named = record.get(f"{kind}_hash")
+            if named in used:
+                used[named].append(record["turn"])
+    return [{**p.to_api(), "turns": used[p.hash]} for p in parts]
+
+
+def restore_system(dialect: str, body: dict[str, Any], stored: Mapping[str, RequestPart]) -> dict[str, Any]:
+    """`body` with the stored system prompt when it sends none (proxy-history mode); else itself."""
+    name = SYSTEM_KEYS.get(dialect)
+    part = stored.get(SYSTEM_PART)
+    if name is None or part is None or body.get(name):
+        return body
+    return {**body, name: part.value}
+
+
+async def with_request_parts(store: Store, request: TurnRequest, key: ConversationKey, report: TurnReport) -> None:
+    """Before a turn runs: in proxy-history mode a request without a system prompt gets the
+    stored one; then what it sends besides its transcript goes in its report (and record)."""
+    name = SYSTEM_KEYS.get(request.dialect.name)
+    if request.history == "proxy" and name is not None and not request.body.get(name):
+        conversation = await store.get(key)
+        if conversation is not None:
+            request.body = restore_system(request.dialect.name, request.body, await current_parts(store, conversation))
+    report.request_parts = sent_parts(request.dialect.name, request.body, request.parsed)
