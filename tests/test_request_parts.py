@@ -1,0 +1,183 @@
+"""The record holds the whole request: a Messages conversation's `system` and a Responses one's
+`instructions`, and every format's tool definitions, kept once per conversation by hash, with the
+turns that sent each version; shown in the admin API and the trajectory file, moved by export and
+import, and sent again by proxy-history mode. Driven by the real anthropic and openai clients
+against a real proxy on loopback and the strict fakes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from proxy.identity import tenant_of
+from proxy.state import ENGINE, TRAJECTORIES
+from proxy.store import part_hash
+from tests.conftest import ALICE, MakeProxy, admin_get, openai_client
+from tests.fake_upstream import FakeUpstream
+from tests.harness import ROOT, ProxyServer, write_config
+from tests.messages_helpers import BUILD, MODEL, WEATHER, as_params, claude_client, messages_proxy
+
+TERSE = [{"type": "text", "text": "You are a terse assistant. ✓"}]
+VERBOSE = "You explain every step."
+FUNCTIONS = [{"type": "function", "name": "exec_command", "description": "Run a command.", "strict": False,
+              "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}]
+
+
+@pytest.fixture
+def proxy(make_proxy: MakeProxy, upstream: FakeUpstream, tmp_path: Path) -> ProxyServer:
+    return messages_proxy(make_proxy, upstream, storage={"trajectory_dir": str(tmp_path / "traj")})
+
+
+def document(http: httpx.Client, conversation_id: str, part: str = "") -> dict[str, Any]:
+    response = admin_get(http, f"/{conversation_id}{part}", limit=1000)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def shown_parts(trajectory: dict[str, Any]) -> list[tuple[str, Any, list[int]]]:
+    """(kind, value, turns) of each request part of a trajectory, in the order first kept."""
+    return [(p["kind"], p["value"], p["turns"]) for p in trajectory["request_parts"]]
+
+
+def ask(client, conversation: list[dict[str, Any]], text: str, **params: Any) -> None:
+    """One Messages turn of a full-history client: the question, then the answer kept."""
+    conversation.append({"role": "user", "content": text})
+    answer = client.messages.create(model=MODEL, max_tokens=256, messages=conversation, **params)
+    conversation.append(as_params(answer))
+
+
+def test_a_messages_conversation_keeps_each_system_prompt_and_tools_list_once_with_its_turns(
+    proxy: ProxyServer, upstream: FakeUpstream, http: httpx.Client, tmp_path: Path, servers
+) -> None:
+    client = claude_client(proxy, headers={"X-Conversation-ID": "parts-m"})
+    conversation: list[dict[str, Any]] = []
+    ask(client, conversation, "What is the weather?", system=TERSE, tools=[WEATHER])
+    first = document(http, "parts-m", "/trajectory")
+    ask(client, conversation, "And tomorrow?", system=TERSE, tools=[WEATHER])
+    second = document(http, "parts-m", "/trajectory")
+    # The same system prompt and tools again: nothing new kept (the very records of the first turn).
+    assert second["request_parts"] == [{**p, "turns": [1, 2]} for p in first["request_parts"]]
+    assert shown_parts(second) == [("system", TERSE, [1, 2]), ("tools", [WEATHER], [1, 2])]
+
+    ask(client, conversation, "Now explain.", system=VERBOSE, tools=[WEATHER, BUILD])
+    trajectory = document(http, "parts-m", "/trajectory")
+    assert shown_parts(trajectory) == [
+        ("system", TERSE, [1, 2]), ("tools", [WEATHER], [1, 2]), ("system", VERBOSE, [3]), ("tools", [WEATHER, BUILD], [3]),
+    ]
+    records = trajectory["turns"]
+    assert [(r["system_hash"], r["tools_hash"]) for r in records] == [
+        (part_hash(TERSE), part_hash([WEATHER])), (part_hash(TERSE), part_hash([WEATHER])),
+        (part_hash(VERBOSE), part_hash([WEATHER, BUILD])),
+    ]
+    # The conversation object carries the current ones; its transcript stays the messages.
+    shown = document(http, "parts-m")
+    assert (shown["system"], shown["tools"]) == (VERBOSE, [WEATHER, BUILD])
+    assert [m["role"] for m in document(http, "parts-m", "/messages")["data"]] == ["user", "assistant"] * 3
+    # ... and the trajectory file says the same.
+    servers.run(proxy.app[ENGINE].idle())
+    servers.run(proxy.app[TRAJECTORIES].idle())
+    path = tmp_path / "traj" / tenant_of(ALICE) / "parts-m.json"
+    assert shown_parts(json.loads(path.read_bytes())) == shown_parts(trajectory)
+
+
+def test_proxy_history_sends_the_stored_system_prompt_when_the_request_has_none(
+    proxy: ProxyServer, upstream: FakeUpstream, http: httpx.Client
+) -> None:
+    client = claude_client(proxy, headers={"X-Conversation-ID": "parts-ph", "X-History": "proxy"})
+    client.messages.create(model=MODEL, max_tokens=64, system=TERSE, tools=[WEATHER], messages=[{"role": "user", "content": "hi"}])
+    client.messages.create(model=MODEL, max_tokens=64, messages=[{"role": "user", "content": "and again"}])
+    sent = upstream.messages_requests()[-1]
+    assert sent["system"] == TERSE
+    assert "tools" not in sent  # tools are the client's to send: only the system prompt comes back
+    assert [m["role"] for m in sent["messages"]] == ["user", "assistant", "user"]
+    client.messages.create(model=MODEL, max_tokens=64, system=VERBOSE, messages=[{"role": "user", "content": "more"}])
+    assert upstream.messages_requests()[-1]["system"] == VERBOSE  # the request's own wins
+    client.messages.create(model=MODEL, max_tokens=64, messages=[{"role": "user", "content": "last"}])
+    assert upstream.messages_requests()[-1]["system"] == VERBOSE  # the newest stored one
+    assert shown_parts(document(http, "parts-ph", "/trajectory")) == [
+        ("system", TERSE, [1, 2]), ("tools", [WEATHER], [1]), ("system", VERBOSE, [3, 4]),
+    ]
+
+
+def test_a_responses_conversation_keeps_its_instructions_and_tools_and_proxy_history_restores_them(
+    proxy: ProxyServer, upstream: FakeUpstream, http: httpx.Client
+) -> None:
+    client = openai_client(proxy, headers={"X-Conversation-ID": "parts-r"})
+    history: list[Any] = [{"role": "user", "content": "list the files"}]
+    reply = client.responses.create(model="gpt-4o-mini", instructions="You are a coding agent.", tools=FUNCTIONS, input=history)
+    history += [item.model_dump(exclude_none=True) for item in reply.output] + [{"role": "user", "content": "and now?"}]
+    client.responses.create(model="gpt-4o-mini", instructions="You are a coding agent.", tools=FUNCTIONS, input=history)
+    client.responses.create(model="gpt-4o-mini", instructions="You review code.", tools=FUNCTIONS, input=history)
+    assert shown_parts(document(http, "parts-r", "/trajectory")) == [
+        ("system", "You are a coding agent.", [1, 2]), ("tools", FUNCTIONS, [1, 2, 3]), ("system", "You review code.", [3]),
+    ]
+    shown = document(http, "parts-r")
+    assert (shown["system"], shown["tools"]) == ("You review code.", FUNCTIONS)
+
+    anchored = openai_client(proxy, headers={"X-Conversation-ID": "parts-r", "X-History": "proxy"})
+    anchored.responses.create(model="gpt-4o-mini", input="one more")
+    sent = upstream.responses_requests()[-1]
+    assert sent["instructions"] == "You review code." and "tools" not in sent
+
+
+def test_a_chat_conversation_keeps_its_tools_its_system_prompt_being_a_message(
+    proxy: ProxyServer, upstream: FakeUpstream, http: httpx.Client
+) -> None:
+    tools = [{"type": "function", "function": {"name": "sh", "parameters": {"type": "object", "properties": {}}}}]
+    client = openai_client(proxy, headers={"X-Conversation-ID": "parts-c"})
+    messages = [{"role": "system", "content": "You fix tests."}, {"role": "user", "content": "go"}]
+    client.chat.completions.create(model="gpt-4o-mini", messages=messages, tools=tools)
+    trajectory = document(http, "parts-c", "/trajectory")
+    assert shown_parts(trajectory) == [("tools", tools, [1])]
+    assert trajectory["turns"][0]["system_hash"] is None
+    assert document(http, "parts-c")["system"] is None
+    assert document(http, "parts-c", "/messages")["data"][0]["content"] == "You fix tests."
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "proxy", *args], cwd=ROOT, capture_output=True, timeout=60)
+
+
+def test_export_and_import_keep_them_and_import_checks_them(
+    make_proxy: MakeProxy, upstream: FakeUpstream, redis, tmp_path: Path
+) -> None:
+    disk = make_proxy(data_dir=tmp_path / "disk", upstream={"anthropic_base_url": upstream.anthropic.base_url})
+    client = claude_client(disk, headers={"X-Conversation-ID": "parts-x"})
+    conversation: list[dict[str, Any]] = []
+    ask(client, conversation, "first", system=TERSE, tools=[WEATHER])
+    ask(client, conversation, "second", system=VERBOSE, tools=[WEATHER])
+    with httpx.Client(base_url=disk.url) as http:
+        before = document(http, "parts-x", "/trajectory")
+    disk.stop()
+    exported = cli("export", "--config", str(write_config(tmp_path / "disk.yaml", storage={"path": str(tmp_path / "disk")})), "parts-x")
+    assert exported.returncode == 0, exported.stderr.decode()
+    doc = json.loads(exported.stdout)
+    assert [(p["kind"], p["value"]) for p in doc["request_parts"]] == [("system", TERSE), ("tools", [WEATHER]), ("system", VERBOSE)]
+
+    redis_config = str(write_config(tmp_path / "redis.yaml", storage={"backend": "redis", "redis_url": redis.url}))
+    spoiled = {**doc, "request_parts": [{**doc["request_parts"][0], "value": "not what the turns sent"}, *doc["request_parts"][1:]]}
+    (tmp_path / "spoiled.json").write_text(json.dumps(spoiled))
+    refused = cli("import", "--config", redis_config, str(tmp_path / "spoiled.json"))
+    assert refused.returncode != 0 and "hash of its value" in refused.stderr.decode()
+    (tmp_path / "parts.json").write_bytes(exported.stdout)
+    imported = cli("import", "--config", redis_config, str(tmp_path / "parts.json"))
+    assert imported.returncode == 0, imported.stderr.decode()
+    assert cli("export", "--config", redis_config, "parts-x").stdout == exported.stdout  # byte for byte
+
+    shared = messages_proxy(make_proxy, upstream, storage={"backend": "redis", "redis_url": redis.url})
+    with httpx.Client(base_url=shared.url) as http:
+        after = document(http, "parts-x", "/trajectory")
+        assert after["request_parts"] == before["request_parts"]
+        assert document(http, "parts-x")["system"] == VERBOSE
+    # The conversation goes on there: the same prompt and tools again add nothing.
+    ask(claude_client(shared, headers={"X-Conversation-ID": "parts-x"}), conversation, "third", system=VERBOSE, tools=[WEATHER])
+    with httpx.Client(base_url=shared.url) as http:
+        assert shown_parts(document(http, "parts-x", "/trajectory")) == [
+            ("system", TERSE, [1]), ("tools", [WEATHER], [1, 2, 3]), ("system", VERBOSE, [2, 3]),
+        ]
