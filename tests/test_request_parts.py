@@ -15,9 +15,11 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.identity import tenant_of
+from proxy.identity import ConversationKey, tenant_of
+from proxy.prefix import BodyCache
+from proxy.request_parts import RequestParts, sent_parts
 from proxy.state import ENGINE, TRAJECTORIES
-from proxy.store import part_hash
+from proxy.store import Conversation, RequestPart, part_hash
 from tests.conftest import ALICE, MakeProxy, admin_get, openai_client
 from tests.fake_upstream import FakeUpstream
 from tests.harness import ROOT, ProxyServer, write_config
@@ -181,3 +183,50 @@ def test_export_and_import_keep_them_and_import_checks_them(
         assert shown_parts(document(http, "parts-x", "/trajectory")) == [
             ("system", TERSE, [1]), ("tools", [WEATHER], [1, 2, 3]), ("system", VERBOSE, [2, 3]),
         ]
+
+
+# -- the hot path: nothing hashed twice, nothing written twice -----------------------------------
+
+
+def messages_body(n: int) -> bytes:
+    """A Messages body of `n` user messages with a system prompt and tools, as a client sends it."""
+    messages = [{"role": "user", "content": f"message {i}"} for i in range(n)]
+    return json.dumps({"model": MODEL, "system": TERSE, "messages": messages, "tools": [WEATHER, BUILD]}).encode()
+
+
+async def test_a_body_that_extends_the_last_one_reuses_its_parts_and_hashes() -> None:
+    bodies, key = BodyCache(), ("tenant", "messages", "c")
+    first_raw = messages_body(2)
+    first = await bodies.full(key, first_raw, json.loads(first_raw), "messages")
+    first_parts = sent_parts("messages", first.body, first)
+    assert [(p.kind, p.hash) for p in first_parts] == [("system", part_hash(TERSE)), ("tools", part_hash([WEATHER, BUILD]))]
+    bodies.remember(key, first, ["h1", "h2"])
+    second = await bodies.extend(key, messages_body(3), "messages")
+    assert second is not None and second.reused == 2
+    second_parts = sent_parts("messages", second.body, second)
+    assert all(a is b for a, b in zip(second_parts, first_parts, strict=True))  # the very parts: not hashed again
+    # A body whose tools changed is parsed whole: its parts are its own.
+    changed = json.loads(messages_body(3))
+    changed["tools"] = [WEATHER]
+    assert [p.hash for p in sent_parts("messages", changed)] == [part_hash(TERSE), part_hash([WEATHER])]
+    assert sent_parts("chat", {"messages": [], "tools": []}) == []  # none sent: none kept
+
+
+def conversation_of(turns: int, created_at: float = 1.0) -> Conversation:
+    return Conversation(ConversationKey("t", "c"), created_at, created_at, turns=turns)
+
+
+def test_only_a_turn_whose_parts_changed_hands_them_to_the_store() -> None:
+    remembered, key = RequestParts(), ConversationKey("t", "c")
+    terse, tools = RequestPart("system", part_hash("a"), "a"), RequestPart("tools", part_hash([]), [])
+    assert remembered.to_keep(key, [], None) is None  # nothing sent
+    keep = remembered.to_keep(key, [terse, tools], conversation_of(0))
+    assert keep is not None and keep.parts == [terse, tools]
+    remembered.remember(key, keep.mark, keep.parts)  # what PartsToKeep.keep does once the store has them
+    assert remembered.to_keep(key, [terse, tools], conversation_of(1)) is None  # the previous turn's: nothing to write
+    assert remembered.to_keep(key, [terse, tools], conversation_of(2)) is None
+    verbose = RequestPart("system", part_hash("b"), "b")
+    assert remembered.to_keep(key, [verbose, tools], conversation_of(3)) is not None
+    # A turn this process did not see (another replica's), or the conversation made again: asked again.
+    assert remembered.to_keep(key, [terse, tools], conversation_of(5)) is not None
+    assert remembered.to_keep(key, [terse, tools], conversation_of(3, created_at=2.0)) is not None
