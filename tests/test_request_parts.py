@@ -210,6 +210,9 @@ async def test_a_body_that_extends_the_last_one_reuses_its_parts_and_hashes() ->
     changed["tools"] = [WEATHER]
     assert [p.hash for p in sent_parts("messages", changed)] == [part_hash(TERSE), part_hash([WEATHER])]
     assert sent_parts("chat", {"messages": [], "tools": []}) == []  # none sent: none kept
+    # A body parsed anew (a conversation the body cache does not hold): equal values are the last turn's parts.
+    again = sent_parts("messages", json.loads(messages_body(4)), previous=first_parts)
+    assert all(a is b for a, b in zip(again, first_parts, strict=True))
 
 
 def conversation_of(turns: int, created_at: float = 1.0) -> Conversation:
@@ -223,6 +226,8 @@ def test_only_a_turn_whose_parts_changed_hands_them_to_the_store() -> None:
     keep = remembered.to_keep(key, [terse, tools], conversation_of(0))
     assert keep is not None and keep.parts == [terse, tools]
     remembered.remember(key, keep.mark, keep.parts)  # what PartsToKeep.keep does once the store has them
+    assert remembered.sent(key, "messages", {"system": "a", "tools": []}, None) == [terse]  # [] is no tools
+    assert remembered.sent(key, "messages", {"system": "a"}, None)[0] is terse
     assert remembered.to_keep(key, [terse, tools], conversation_of(1)) is None  # the previous turn's: nothing to write
     assert remembered.to_keep(key, [terse, tools], conversation_of(2)) is None
     verbose = RequestPart("system", part_hash("b"), "b")
@@ -230,3 +235,18 @@ def test_only_a_turn_whose_parts_changed_hands_them_to_the_store() -> None:
     # A turn this process did not see (another replica's), or the conversation made again: asked again.
     assert remembered.to_keep(key, [terse, tools], conversation_of(5)) is not None
     assert remembered.to_keep(key, [terse, tools], conversation_of(3, created_at=2.0)) is not None
+
+
+def test_the_values_kept_to_compare_with_stay_within_their_memory() -> None:
+    remembered = RequestParts(max_entries=100, max_bytes=80_000)
+    tools = [{"name": f"tool_{i}", "description": "x" * 200} for i in range(20)]  # ~5 KB of JSON
+    for n in range(30):
+        key = ConversationKey("t", f"c{n}")
+        part = RequestPart("tools", part_hash(tools), tools)
+        remembered.remember(key, (1.0, 1), [part])
+        assert remembered.held <= 80_000
+    assert remembered.sent(ConversationKey("t", "c29"), "chat", {"tools": list(tools)}, None)[0] is part  # the newest kept
+    huge = [{"name": "t", "description": "x" * 20_000}]  # past an eighth of the budget: its hash only
+    remembered.remember(ConversationKey("t", "big"), (1.0, 1), [RequestPart("tools", part_hash(huge), huge)])
+    assert remembered.held <= 80_000
+    assert remembered.to_keep(ConversationKey("t", "big"), [RequestPart("tools", part_hash(huge), huge)], conversation_of(1)) is None

@@ -188,7 +188,7 @@ def managed(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamRes
     async def handler(request: web.Request) -> web.StreamResponse:
         app = request.app
         turn, key, report = await read_turn(request, dialect)
-        await with_request_parts(app[ENGINE].store, turn, key, report)
+        await with_request_parts(app[ENGINE].store, app[ENGINE].request_parts, turn, key, report)
         sink = ResponseSink(request)
         try:
             outcome = await app[ENGINE].run(turn, key, report, sink)

@@ -37,6 +37,7 @@ from .base import (
     Summary,
     TurnFacts,
     part_hash,
+    part_json,
 )
 
 __all__ = [
@@ -44,7 +45,7 @@ __all__ = [
     "LIVE", "PENDING", "SUPERSEDED", "Conversation", "ConversationDump", "ConversationExists", "InboxFull",
     "InboxMessage", "KeyFact", "KnowledgeVersion", "QuotedMessage", "Store", "StoreError", "StoreFull", "StoreHealth",
     "StoreReadOnly", "StoreUnavailable", "StoredMessage", "Summary", "TurnFacts", "open_store",
-    "PART_KINDS", "SYSTEM_PART", "TOOLS_PART", "RequestPart", "part_hash",
+    "PART_KINDS", "SYSTEM_PART", "TOOLS_PART", "RequestPart", "part_hash", "part_json",
 ]
 
 

@@ -8,6 +8,7 @@ transcript is the live messages in sequence order; the trajectory is every messa
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -344,10 +345,18 @@ TOOLS_PART = "tools"  # the client's tool definitions, as it sent them
 PART_KINDS = frozenset({SYSTEM_PART, TOOLS_PART})
 
 
-def part_hash(value: Any) -> str:
-    """The hash a request part is kept under: of its JSON as sent (key order included: other
-    bytes are another prompt to the provider's cache)."""
-    return hashlib.blake2b(orjson.dumps(value), digest_size=16).hexdigest()
+def part_json(value: Any) -> bytes:
+    """A request part's value as hashed: its JSON with sorted keys (the same object in another
+    key order is the same part)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # what orjson refuses (integers past 64 bits) but JSON allows
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def part_hash(value: Any, blob: bytes | None = None) -> str:
+    """The hash a request part is kept under (`blob`: its part_json, when already made)."""
+    return hashlib.sha256(part_json(value) if blob is None else blob).hexdigest()[:32]
 
 
 @dataclass(frozen=True, slots=True)
