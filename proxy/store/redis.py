@@ -439,7 +439,8 @@ IMPORT = PRELUDE + INBOX_ANCHORS + """
 -- body, hash, status) per message, (seq, calls) per first-forwarded mark, (seq, content) per
 -- rewrite, (id, JSON) per summary, (turn, JSON) per turn record, (meta field, value) per mark and
 -- per field that describes the conversation (title, task, model, client, failures, last_error),
--- (response id, seq) per response id, (id, JSON, delivery or '', open 1/0) per inbox message.
+-- (response id, seq) per response id, (id, JSON, delivery or '', open 1/0) per inbox message,
+-- then the request parts (below).
 if redis.call('EXISTS', meta) == 1 then
   if ARGV[4] ~= '1' then return redis.error_reply('""" + CONVERSATION_EXISTS + """') end
   local known = redis.call('SMEMBERS', resp)
@@ -493,6 +494,15 @@ for _ = 1, tonumber(ARGV[17]) do
   i = i + 4
 end
 redis.call('HSET', meta, 'inbox', ARGV[17], 'inbox_open', redis.call('SCARD', iopen))
+-- Then how many request parts, and (hash, row) per part, into the last KEY (rparts: not PRELUDE's).
+local rparts = KEYS[#KEYS]
+redis.call('DEL', rparts)
+local nparts = tonumber(ARGV[i] or '0')
+i = i + 1
+for _ = 1, nparts do
+  redis.call('HSET', rparts, ARGV[i], ARGV[i + 1])
+  i = i + 2
+end
 commit()  -- a record of its own: version 1, a new incarnation
 return 1
 """
@@ -1170,18 +1180,15 @@ class RedisStore:
             delivery = "" if m.seq is None else f"{m.seq}:{m.placement}:{m.turn}:{m.delivered_at!r}"
             body = _dumps({"content": m.content, "note": m.note, "created_at": m.created_at})
             args += [m.id, body, delivery, int(m.status != INBOX_DELIVERED)]
+        args.append(len(dump.parts))
+        for n, part in enumerate(dump.parts, 1):
+            args += [part.hash, _request_part_row(n, part)]
         try:
-            await self._import(keys=self._keys(c.key), args=args)
+            await self._import(keys=[*self._keys(c.key), self._conv(c.key, REQUEST_PARTS)], args=args)
         except ResponseError as exc:
             if CONVERSATION_EXISTS in str(exc):
                 raise ConversationExists(str(c.key)) from None
             raise
-        # Its request parts right after (a step of their own: the record does not name them).
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.delete(self._conv(c.key, REQUEST_PARTS))
-            for n, part in enumerate(dump.parts, 1):
-                pipe.hset(self._conv(c.key, REQUEST_PARTS), part.hash, _request_part_row(n, part))
-            await pipe.execute()
 
     # -- inbox ---------------------------------------------------------------------------------
 
