@@ -33,9 +33,11 @@ from .store import SYSTEM_PART, TOOLS_PART, Conversation, RequestPart, Store, pa
 if TYPE_CHECKING:
     from .engine import TurnReport, TurnRequest
 
-# Where a format's request carries its system prompt apart from the transcript (chat: in it).
+# Where a format's request carries its system prompt apart from the transcript (chat: in it; a
+# format whose system prompt is an object, Gemini's `systemInstruction`, is kept as one).
 SYSTEM_KEYS = {"messages": "system", "responses": "instructions"}
 TOOLS_KEY = "tools"
+KINDS_OF = {SYSTEM_PART: (str, list, dict), TOOLS_PART: list}  # what is kept (anything else: the upstream's to refuse)
 MAX_REMEMBERED = 4096  # conversations whose last parts' hashes are held (~200 bytes each)
 # Memory for the values of those parts, to compare the next turn's with instead of hashing them
 # (a Claude Code tools list is ~60 KB of JSON): the least recently used conversation's go first.
@@ -59,7 +61,7 @@ def sent_parts(
     for kind in (SYSTEM_PART, TOOLS_PART):
         name = _body_key(kind, dialect)
         value = body.get(name) if name is not None else None
-        if not value or not isinstance(value, str | list):
+        if not value or not isinstance(value, KINDS_OF[kind]):
             continue
         before = known.get(kind) if known is not None else None
         if before is not None and origin is not None and origin.body.get(name) is value:

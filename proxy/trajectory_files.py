@@ -33,11 +33,20 @@ from prometheus_client import Counter
 
 from .dialects.formats import codec_for, format_of
 from .identity import CONVERSATION_ID, ConversationKey
+from .prefix import PARSED
 from .refs import RefSigner
-from .scheduling import run_behind_the_loop
 from .request_parts import with_turns
-from .store import PENDING, Conversation, RequestPart, Store, StoredMessage, Summary
-from .trajectory import TrajectoryDocument, encode, first_live_user, inbox_parts, roles_of, shown_status, trajectory_message
+from .scheduling import run_behind_the_loop
+from .store import PENDING, Conversation, RequestPart, Store, StoredMessage, Summary, part_json
+from .trajectory import (
+    TrajectoryDocument,
+    encode,
+    first_live_user,
+    inbox_parts,
+    roles_of,
+    shown_status,
+    trajectory_message,
+)
 from .transcript import Role
 
 log = logging.getLogger("proxy.trajectory")
@@ -231,9 +240,12 @@ class TrajectoryWriter:
         if not mirror.turns and format_of(turns) != mirror.format:
             mirror = _Mirror(conversation.created_at, format_of(turns))
         mirror.part_uses += [{name: r.get(name) for name in PART_USE} for r in turns]
+        mirror.size += PER_MESSAGE * len(turns)
         named = {r.get(name) for r in turns for name in PART_USE[1:]} - {None}
-        if named - {p.hash for p in mirror.parts}:
-            mirror.parts = await self.store.request_parts(key)
+        if named - {p.hash for p in mirror.parts}:  # a new one: read those after the ones held
+            new = await self.store.request_parts(key, after=len(mirror.parts))
+            mirror.parts += new
+            mirror.size += sum(len(part_json(p.value)) * PARSED for p in new)
         # Statuses only ever move from pending, or from live: those are the ones to look at again.
         stale = {seq for seq in mirror.changed_live(conversation.live) | mirror.pending if seq < mirror.next_seq}
         mirror.live = conversation.live

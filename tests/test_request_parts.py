@@ -143,7 +143,7 @@ def test_a_chat_conversation_keeps_its_tools_its_system_prompt_being_a_message(
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([sys.executable, "-m", "proxy", *args], cwd=ROOT, capture_output=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "proxy", *args], cwd=ROOT, capture_output=True, timeout=60, check=False)
 
 
 def test_export_and_import_keep_them_and_import_checks_them(

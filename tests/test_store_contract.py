@@ -23,12 +23,12 @@ from proxy.store import (
     LIVE,
     PENDING,
     SUPERSEDED,
+    SYSTEM_PART,
+    TOOLS_PART,
     ConversationDump,
     ConversationExists,
     InboxFull,
     KeyFact,
-    SYSTEM_PART,
-    TOOLS_PART,
     QuotedMessage,
     RequestPart,
     Store,
@@ -458,6 +458,7 @@ async def test_request_parts_are_kept_once_by_hash_in_the_order_first_sent(store
         (SYSTEM_PART, first.hash, "You are terse."), (TOOLS_PART, tools.hash, tools.value), (SYSTEM_PART, second.hash, second.value)
     ]
     assert all(p.created_at > 0 for p in kept) and kept[0].created_at <= kept[2].created_at
+    assert await store.request_parts(A, after=2) == kept[2:] and await store.request_parts(A, after=3) == []
     await add(store, B, ["task"])
     assert await store.request_parts(B) == []  # another tenant's conversation of the same id
     assert await store.delete(A)

@@ -366,7 +366,7 @@ class RequestPart:
 
     kind: str  # SYSTEM_PART | TOOLS_PART
     hash: str  # part_hash(value)
-    value: Any  # as the client sent it: a string or content blocks (system), the tools array
+    value: Any  # as the client sent it: a string, content blocks or an object (system), the tools array
     created_at: float = 0.0  # when the first turn that sent it was stored
 
     def to_api(self) -> dict[str, Any]:
@@ -444,8 +444,8 @@ class ConversationDump:
             problems.append(f"request parts must be of a kind in {sorted(PART_KINDS)}, each kept once")
         elif any(p.hash != part_hash(p.value) for p in self.parts):
             problems.append("a request part's hash must be the hash of its value")
-        if any(not isinstance(p.value, list) and not (p.kind == SYSTEM_PART and isinstance(p.value, str)) for p in self.parts):
-            problems.append("a system part must be a string or a list of blocks, a tools part a list")
+        if any(not isinstance(p.value, list) and not (p.kind == SYSTEM_PART and isinstance(p.value, str | dict)) for p in self.parts):
+            problems.append("a system part must be a string, a list of blocks or an object, a tools part a list")
         kinds = {p.hash: p.kind for p in self.parts}
         for record in self.turns:
             for kind in PART_KINDS:
@@ -579,8 +579,8 @@ class Store(Protocol):
         """Keep each part not kept yet (by hash), in one atomic step, stamped now; returns the
         hashes newly kept (none: nothing was written). A conversation not stored gets nothing."""
 
-    async def request_parts(self, key: ConversationKey) -> list[RequestPart]:
-        """Every part the conversation kept, in the order first kept."""
+    async def request_parts(self, key: ConversationKey, *, after: int = 0) -> list[RequestPart]:
+        """The parts the conversation kept, in the order first kept, after the first `after` of them."""
 
     # -- inbox ---------------------------------------------------------------------------------
 

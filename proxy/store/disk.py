@@ -1282,12 +1282,12 @@ class DiskStore:
                 self._cache.set(_request_parts_key(key), index)
             return added
 
-    async def request_parts(self, key: ConversationKey) -> list[RequestPart]:
-        return await self._run(self._request_parts, key)
+    async def request_parts(self, key: ConversationKey, *, after: int = 0) -> list[RequestPart]:
+        return await self._run(self._request_parts, key, after)
 
-    def _request_parts(self, key: ConversationKey) -> list[RequestPart]:
+    def _request_parts(self, key: ConversationKey, after: int) -> list[RequestPart]:
         index = self._cache.get(_request_parts_key(key)) or {}
-        rows = (self._cache.get(_request_part_key(key, n)) for n in range(1, len(index) + 1))
+        rows = (self._cache.get(_request_part_key(key, n)) for n in range(max(after, 0) + 1, len(index) + 1))
         return [RequestPart.from_record(row) for row in rows if row is not None]
 
     def _delete_request_parts(self, key: ConversationKey) -> None:

@@ -1243,13 +1243,14 @@ class RedisStore:
         return list(await self._add_request_parts(keys=keys, args=args))
 
     @_guarded
-    async def request_parts(self, key: ConversationKey) -> list[RequestPart]:
-        rows = await self._redis.hgetall(self._conv(key, REQUEST_PARTS))
+    async def request_parts(self, key: ConversationKey, *, after: int = 0) -> list[RequestPart]:
+        rows = await self._redis.hgetall(self._conv(key, REQUEST_PARTS))  # few: a version per change
         found = []
         for part_hash, row in rows.items():
             n, stamp, data = row.split(":", 2)
-            record = json.loads(data)
-            found.append((int(n), RequestPart(record["kind"], part_hash, record["value"], float(stamp))))
+            if int(n) > after:
+                record = json.loads(data)
+                found.append((int(n), RequestPart(record["kind"], part_hash, record["value"], float(stamp))))
         return [part for _, part in sorted(found, key=lambda pair: pair[0])]
 
     # -- long-term knowledge -------------------------------------------------------------------
