@@ -354,9 +354,9 @@ def part_json(value: Any) -> bytes:
         return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def part_hash(value: Any, blob: bytes | None = None) -> str:
-    """The hash a request part is kept under (`blob`: its part_json, when already made)."""
-    return hashlib.sha256(part_json(value) if blob is None else blob).hexdigest()[:32]
+def part_hash(value: Any) -> str:
+    """The hash a request part is kept under."""
+    return hashlib.sha256(part_json(value)).hexdigest()[:32]
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,7 +433,6 @@ class ConversationDump:
         problems += self._part_problems()
         if problems:
             raise ValueError(f"conversation {c.key}: " + "; ".join(problems))
-
 
     def _part_problems(self) -> list[str]:
         """What is wrong with the request parts: each kept once under the hash of its value, and
