@@ -105,6 +105,9 @@ def test_proxy_history_sends_the_stored_system_prompt_when_the_request_has_none(
     assert shown_parts(document(http, "parts-ph", "/trajectory")) == [
         ("system", TERSE, [1, 2]), ("tools", [WEATHER], [1]), ("system", VERBOSE, [3, 4]),
     ]
+    # Counting its tokens counts the prompt the proxy would send: the stored system prompt in it.
+    client.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "how long?"}])
+    assert upstream.anthropic.count_tokens_requests()[-1]["system"] == VERBOSE
 
 
 def test_a_responses_conversation_keeps_its_instructions_and_tools_and_proxy_history_restores_them(
