@@ -20,8 +20,9 @@ from proxy.prefix import BodyCache
 from proxy.request_parts import RequestParts, sent_parts
 from proxy.state import ENGINE, TRAJECTORIES
 from proxy.store import Conversation, RequestPart, part_hash
+from tests.claude_agent import ClaudeAgent
 from tests.conftest import ALICE, MakeProxy, admin_get, openai_client
-from tests.fake_upstream import FakeUpstream
+from tests.fake_upstream import FakeUpstream, Reply
 from tests.harness import ROOT, ProxyServer, write_config
 from tests.messages_helpers import BUILD, MODEL, WEATHER, as_params, claude_client, messages_proxy
 
@@ -253,3 +254,28 @@ def test_the_values_kept_to_compare_with_stay_within_their_memory() -> None:
     remembered.remember(ConversationKey("t", "big"), (1.0, 1), [RequestPart("tools", part_hash(huge), huge)])
     assert remembered.held <= 80_000
     assert remembered.to_keep(ConversationKey("t", "big"), [RequestPart("tools", part_hash(huge), huge)], conversation_of(1)) is None
+
+
+def test_claude_codes_own_system_prompt_and_tools_are_in_its_record(
+    make_proxy: MakeProxy, upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    proxy = messages_proxy(make_proxy, upstream, context={"history_token_limit": 100_000})
+    upstream.enqueue(
+        Reply.tool_calls([("Bash", json.dumps({"command": "echo hi", "description": "Say hi"}))], reasoning="Run it."),
+        Reply.text("It printed hi."),
+    )
+    with ClaudeAgent(proxy.url, tmp_path) as agent:
+        assert agent.run("Run `echo hi` with Bash.")["result"] == "It printed hi."
+    sent = upstream.messages_requests()
+    with httpx.Client(base_url=proxy.url) as http:
+        (conversation,) = admin_get(http, "").json()["data"]
+        trajectory = document(http, conversation["id"], "/trajectory")
+        shown = document(http, conversation["id"])
+    parts = {p["hash"]: p for p in trajectory["request_parts"]}
+    for record, request in zip(trajectory["turns"], sent, strict=True):  # each turn names what it sent
+        assert parts[record["system_hash"]]["value"] == request["system"]
+        assert parts[record["tools_hash"]]["value"] == request["tools"]
+    distinct = {json.dumps(r["system"], sort_keys=True) for r in sent} | {json.dumps(r["tools"], sort_keys=True) for r in sent}
+    assert len(parts) == len(distinct)  # each kept once
+    assert (shown["system"], shown["tools"]) == (sent[-1]["system"], sent[-1]["tools"])
+    assert any(t["name"] == "Bash" for t in shown["tools"])
