@@ -54,7 +54,7 @@ def sent_parts(
     """The system prompt and tools `body` sends, as parts with their hashes (none for what it does
     not send: absent, null or empty). Hashed only when new: a value that is the very object of
     the previous body `parsed` extends keeps that body's part, one equal to a part of `previous`
-    (the conversation's last turn's) keeps that one."""
+    (the conversation's last turn's) that one's hash."""
     origin = parsed.origin if parsed is not None and parsed.reused > 0 else None
     known = origin.request_parts if origin is not None else None
     out: list[RequestPart] = []
@@ -68,7 +68,8 @@ def sent_parts(
             out.append(before)
             continue
         equal = next((p for p in previous if p.kind == kind and p.value == value), None)  # C-speed ==, no encoding
-        out.append(equal if equal is not None else RequestPart(kind, part_hash(value), value))
+        # Its hash, with this body's value: the earlier body's objects are not kept alive by it.
+        out.append(RequestPart(kind, equal.hash if equal is not None else part_hash(value), value))
     if parsed is not None and parsed.entry is not None:
         parsed.entry.request_parts = {p.kind: p for p in out}  # for the next body that extends this one
     return out

@@ -215,8 +215,11 @@ async def test_a_body_that_extends_the_last_one_reuses_its_parts_and_hashes() ->
     assert [p.hash for p in sent_parts("messages", changed)] == [part_hash(TERSE), part_hash([WEATHER])]
     assert sent_parts("chat", {"messages": [], "tools": []}) == []  # none sent: none kept
     # A body parsed anew (a conversation the body cache does not hold): equal values are the last turn's parts.
-    again = sent_parts("messages", json.loads(messages_body(4)), previous=first_parts)
-    assert all(a is b for a, b in zip(again, first_parts, strict=True))
+    body = json.loads(messages_body(4))
+    previous = [RequestPart("system", "the-last-turns", TERSE), RequestPart("tools", "its-tools", [WEATHER, BUILD])]
+    again = sent_parts("messages", body, previous=previous)
+    assert [p.hash for p in again] == ["the-last-turns", "its-tools"]  # taken, not computed
+    assert again[0].value is body["system"] and again[1].value is body["tools"]  # the earlier body's objects let go
 
 
 def conversation_of(turns: int, created_at: float = 1.0) -> Conversation:
@@ -231,7 +234,7 @@ def test_only_a_turn_whose_parts_changed_hands_them_to_the_store() -> None:
     assert keep is not None and keep.parts == [terse, tools]
     remembered.remember(key, keep.mark, keep.parts)  # what PartsToKeep.keep does once the store has them
     assert remembered.sent(key, "messages", {"system": "a", "tools": []}, None) == [terse]  # [] is no tools
-    assert remembered.sent(key, "messages", {"system": "a"}, None)[0] is terse
+    assert remembered.sent(key, "messages", {"system": "a"}, None)[0].hash == terse.hash
     assert remembered.to_keep(key, [terse, tools], conversation_of(1)) is None  # the previous turn's: nothing to write
     assert remembered.to_keep(key, [terse, tools], conversation_of(2)) is None
     verbose = RequestPart("system", part_hash("b"), "b")
@@ -249,7 +252,7 @@ def test_the_values_kept_to_compare_with_stay_within_their_memory() -> None:
         part = RequestPart("tools", part_hash(tools), tools)
         remembered.remember(key, (1.0, 1), [part])
         assert remembered.held <= 80_000
-    assert remembered.sent(ConversationKey("t", "c29"), "chat", {"tools": list(tools)}, None)[0] is part  # the newest kept
+    assert remembered.sent(ConversationKey("t", "c29"), "chat", {"tools": list(tools)}, None) == [part]  # the newest kept
     huge = [{"name": "t", "description": "x" * 20_000}]  # past an eighth of the budget: its hash only
     remembered.remember(ConversationKey("t", "big"), (1.0, 1), [RequestPart("tools", part_hash(huge), huge)])
     assert remembered.held <= 80_000
