@@ -172,6 +172,9 @@ class BodyEntry:
     # body, not when it is parsed: a body no request extends (a conversation's only turn, a
     # client that rewrites its history) costs no second parse. Entries made from one are proven.
     proven: bool = True
+    # Its system prompt and tools with their hashes (request_parts.py), by kind: a body that extends
+    # this one and holds the same objects there reuses them.
+    request_parts: dict[str, Any] | None = None
 
     @property
     def size(self) -> int:

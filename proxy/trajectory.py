@@ -6,7 +6,8 @@ longer goes upstream); tool outputs with their ref; every summary; every turn re
 upstream at each turn); every inbox message (pending, or when, in which turn and with which
 message it was delivered); and the conversation record. Which items are system prompts, the task
 or tool outputs is the conversation's codec's to say (dialects/formats.py: the format its turn
-records name), so every wire format is shown alike. `GET /v1/conversations/{id}/trajectory`
+records name), so every wire format is shown alike; and every system prompt and tools list the
+turns sent besides their transcript (`request_parts`, each with the turns that sent it). `GET /v1/conversations/{id}/trajectory`
 answers it a page of messages at a time, and `storage.trajectory_dir` keeps it as a file per
 conversation (trajectory_files.py builds that one incrementally, with the same rule and shape).
 
@@ -25,6 +26,7 @@ import orjson
 
 from .dialects.formats import codec_for, format_of
 from .refs import RefSigner
+from .request_parts import with_turns
 from .store import LIVE, Conversation, Store, StoredMessage
 from .transcript import Codec, Role
 
@@ -82,6 +84,7 @@ class TrajectoryDocument:
     turns: Sequence[bytes]
     conversation: bytes
     inbox: Sequence[bytes] = ()
+    request_parts: Sequence[bytes] = ()  # every system prompt and tools list, with the turns that sent it
 
     def chunks(self) -> list[bytes]:
         """The document as pieces to write out in order (no copy of the parts)."""
@@ -96,6 +99,8 @@ class TrajectoryDocument:
         out += _joined(self.turns)
         out.append(b'],"inbox":[')
         out += _joined(self.inbox)
+        out.append(b'],"request_parts":[')
+        out += _joined(self.request_parts)
         out += [b'],"conversation":', self.conversation, b"}"]
         return out
 
@@ -135,6 +140,7 @@ async def build_trajectory(
         turns=[encode(r) for r in turns],
         conversation=encode(conversation.to_api()),
         inbox=await inbox_parts(store, conversation),
+        request_parts=[encode(p) for p in with_turns(await store.request_parts(key), turns)],
     )
 
 

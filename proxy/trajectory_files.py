@@ -33,10 +33,20 @@ from prometheus_client import Counter
 
 from .dialects.formats import codec_for, format_of
 from .identity import CONVERSATION_ID, ConversationKey
+from .prefix import PARSED
 from .refs import RefSigner
+from .request_parts import with_turns
 from .scheduling import run_behind_the_loop
-from .store import PENDING, Conversation, Store, StoredMessage, Summary
-from .trajectory import TrajectoryDocument, encode, first_live_user, inbox_parts, roles_of, shown_status, trajectory_message
+from .store import PENDING, Conversation, RequestPart, Store, StoredMessage, Summary, part_json
+from .trajectory import (
+    TrajectoryDocument,
+    encode,
+    first_live_user,
+    inbox_parts,
+    roles_of,
+    shown_status,
+    trajectory_message,
+)
 from .transcript import Role
 
 log = logging.getLogger("proxy.trajectory")
@@ -44,6 +54,7 @@ log = logging.getLogger("proxy.trajectory")
 READ_PAGE = 500  # messages per store read when many changed (a cold start, a deep regenerate)
 RUN_GAP = 8  # changed seqs this close together are read as one range
 IOV_MAX = 1024  # buffers per writev call (Linux's limit)
+PART_USE = ("turn", "system_hash", "tools_hash")  # what a mirror keeps of each turn record for its request parts
 PER_MESSAGE = 64  # what a mirror holds per message besides its encoded bytes (list slots), for the budget
 
 
@@ -63,6 +74,10 @@ class _Mirror:
     task_seq: int | None = None
     summaries: list[bytes] = field(default_factory=list)
     turns: list[bytes] = field(default_factory=list)
+    # The system prompts and tools lists its turns sent (read again when a turn names a new one),
+    # and which each turn sent.
+    parts: list[RequestPart] = field(default_factory=list)
+    part_uses: list[dict[str, Any]] = field(default_factory=list)
     size: int = 0  # bytes held
 
     @property
@@ -224,6 +239,13 @@ class TrajectoryWriter:
         turns = await self.store.turn_records(key, after=len(mirror.turns))
         if not mirror.turns and format_of(turns) != mirror.format:
             mirror = _Mirror(conversation.created_at, format_of(turns))
+        mirror.part_uses += [{name: r.get(name) for name in PART_USE} for r in turns]
+        mirror.size += PER_MESSAGE * len(turns)
+        named = {r.get(name) for r in turns for name in PART_USE[1:]} - {None}
+        if named - {p.hash for p in mirror.parts}:  # a new one: read those after the ones held
+            new = await self.store.request_parts(key, after=len(mirror.parts))
+            mirror.parts += new
+            mirror.size += sum(len(part_json(p.value)) * PARSED for p in new)
         # Statuses only ever move from pending, or from live: those are the ones to look at again.
         stale = {seq for seq in mirror.changed_live(conversation.live) | mirror.pending if seq < mirror.next_seq}
         mirror.live = conversation.live
@@ -260,6 +282,7 @@ class TrajectoryWriter:
             turns=mirror.turns,
             conversation=encode(conversation.to_api()),
             inbox=changes.inbox,
+            request_parts=[encode(p) for p in with_turns(mirror.parts, mirror.part_uses)],
         )
         _write_file(path.parent.parent, path, document)
 

@@ -4,8 +4,9 @@ from one store, as a JSON document, and written into another, diskcache or Redis
 The document holds what the store holds: every message with its seq, status, hash and time, the
 rewrites, the first-forwarded quota marks, the pipeline's marks (where the window and mask cut),
 the boundary and current summary, every summary, every turn record, the response ids that name
-its replies (`previous_response_id`), every inbox message and where it was delivered, the
-LLM-call count and the times; the tenant and id are kept. Refs are not in it: they are HMACs of (tenant, id, seq) under each store's own secret,
+its replies (`previous_response_id`), every inbox message and where it was delivered, every
+system prompt and tools list its turns sent (`request_parts`, checked against their hashes on
+import), the LLM-call count and the times; the tenant and id are kept. Refs are not in it: they are HMACs of (tenant, id, seq) under each store's own secret,
 derived whenever they are shown, so after an import every ref the proxy shows or answers is the
 target store's.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from .identity import CONVERSATION_ID, ConversationKey
-from .store import LIVE, Conversation, ConversationDump, InboxMessage, Store, StoredMessage, Summary
+from .store import LIVE, Conversation, ConversationDump, InboxMessage, RequestPart, Store, StoredMessage, Summary
 
 FORMAT = "context-proxy.conversation"
 VERSION = 1
@@ -44,6 +45,7 @@ async def read_dump(store: Store, key: ConversationKey) -> ConversationDump | No
         turns=turns,
         responses=responses,
         inbox=await store.inbox(key),
+        parts=await store.request_parts(key),
     )
 
 
@@ -71,6 +73,7 @@ def dump_to_json(dump: ConversationDump) -> dict[str, Any]:
         "turns": dump.turns,
         "responses": dump.responses,
         "inbox": [{k: v for k, v in m.to_api().items() if k != "object"} | {"note": m.note} for m in dump.inbox],
+        "request_parts": [p.to_record() for p in dump.parts],
     }
 
 
@@ -119,7 +122,8 @@ def dump_from_json(doc: Any) -> ConversationDump:
         turns = [_object(t) for t in _list(doc["turns"])]
         responses = {_str(rid): _int(seq) for rid, seq in _object(doc["responses"]).items()}
         inbox = [_inbox_message(_object(m)) for m in _list(doc.get("inbox", []))]  # none in older exports
-        dump = ConversationDump(conversation, messages, rewrites, summaries, turns, responses, inbox)
+        parts = [_request_part(_object(p)) for p in _list(doc.get("request_parts", []))]  # none in older exports
+        dump = ConversationDump(conversation, messages, rewrites, summaries, turns, responses, inbox, parts)
         dump.check()
     except KeyError as exc:
         raise InvalidExport(f"the export has no {exc.args[0]!r}") from None
@@ -134,6 +138,12 @@ def _inbox_message(raw: dict[str, Any]) -> InboxMessage:
         _optional_int(raw["seq"]), None if raw["placement"] is None else _str(raw["placement"]),
         _optional_int(raw["turn"]), None if raw["delivered_at"] is None else _number(raw["delivered_at"]),
     )
+
+
+def _request_part(raw: dict[str, Any]) -> RequestPart:
+    if set(raw) != {"kind", "hash", "value", "created_at"}:
+        raise InvalidExport("a request part must have exactly the fields ['created_at', 'hash', 'kind', 'value']")
+    return RequestPart(_str(raw["kind"]), _str(raw["hash"]), raw["value"], _number(raw["created_at"]))
 
 
 def _optional_int(value: Any) -> int | None:

@@ -32,6 +32,7 @@ from .transcript import Codec, Raw
 
 if TYPE_CHECKING:
     from .engine.report import TurnReport
+    from .request_parts import PartsToKeep
 
 
 def adoptable(flying: list[TurnWriter], plan: TurnPlan) -> list[int]:
@@ -69,6 +70,9 @@ class TurnWriter:
         self.llm_calls = 0
         self.forwarded: dict[int, int] = {}
         self._last: asyncio.Future[Any] | None = None
+        # The turn's system prompt and tools when they may be new to the store (request_parts.py):
+        # kept with its first write. None: the previous turn's, nothing to write.
+        self.parts: PartsToKeep | None = None
 
     def _then(self, step: Callable[[], Awaitable[Any]]) -> Awaitable[Any]:
         previous = self._last
@@ -82,7 +86,8 @@ class TurnWriter:
         return asyncio.shield(self._last)
 
     async def begin(self) -> None:
-        """Write the turn's new items as pending, before anything is forwarded."""
+        """Write the turn's new items as pending (and its system prompt and tools if new), before
+        anything is forwarded."""
 
         async def step() -> None:
             n = len(self.adopted)
@@ -90,6 +95,8 @@ class TurnWriter:
             if len(self.plan.new) > n:
                 written = await self.store.append(self.key, self.plan.new[n:], self.plan.new_hashes[n:], PENDING)
             self.pending = [*self.adopted, *written]
+            if self.parts is not None:
+                await self.parts.keep(self.store, self.key)
 
         await self._then(step)
 

@@ -131,3 +131,17 @@ def test_both_runs_land_in_one_stored_conversation_with_the_long_output_shortene
     assert len(output["output"]) > 8_000 and output["output"].endswith("4000\n")
     assert len(sent["output"]) < 3_000 and "read_tool_output" in sent["output"]
     assert "read_tool_output" in [tool.get("name") for tool in resumed["tools"]]
+
+
+def test_codexs_tools_are_in_its_record_once_and_its_instructions_in_its_transcript(codex_requests: dict[str, Any]) -> None:
+    """The record holds the whole request: Codex's tool definitions (as it sent them: the proxy's
+    own tool is not one of them), kept once and named by every turn that sent them; its
+    instructions are developer messages of `input`, stored with the transcript."""
+    trajectory, bodies = codex_requests["trajectory"], codex_requests["bodies"]
+    parts = {p["hash"]: p for p in trajectory["request_parts"]}
+    for record, body in zip(trajectory["turns"], bodies, strict=True):
+        assert "instructions" not in body and record["system_hash"] is None
+        assert parts[record["tools_hash"]]["value"] == [t for t in body["tools"] if t.get("name") != "read_tool_output"]
+    assert [(p["kind"], p["turns"]) for p in trajectory["request_parts"]] == [("tools", [1, 2, 3])]
+    developer = [m for m in codex_requests["stored"]["data"] if m.get("role") == "developer"]
+    assert developer and developer[0]["content"] == bodies[0]["input"][0]["content"]

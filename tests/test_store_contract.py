@@ -23,14 +23,18 @@ from proxy.store import (
     LIVE,
     PENDING,
     SUPERSEDED,
+    SYSTEM_PART,
+    TOOLS_PART,
     ConversationDump,
     ConversationExists,
     InboxFull,
     KeyFact,
     QuotedMessage,
+    RequestPart,
     Store,
     Summary,
     open_store,
+    part_hash,
 )
 from proxy.store.redis import RedisStore
 from proxy.transfer import read_dump
@@ -326,10 +330,13 @@ C = ConversationKey("tenant-c", "copy")  # another tenant: a copy may keep the o
 async def a_conversation_with_everything(store: Store, key: ConversationKey) -> None:
     """Every part a store holds: each status, turn records, quota marks, a rewrite, marks, summaries."""
     await add(store, key, ["system", "task"])
+    system, tools = part(SYSTEM_PART, [{"type": "text", "text": "be brief ✓"}]), part(TOOLS_PART, [{"name": "ls"}])
+    await store.add_request_parts(key, [system, tools])
     pending = await add(store, key, ["q1"], PENDING)
     reply = {"role": "assistant", "content": "a1", "tool_calls": [], "unknown_field": {"kept": [1, 2.5, None]}}
     reasoning = {"type": "reasoning", "id": "rs_1"}  # a reply of two items, named by a response id
-    record = {"sent_seqs": [1, 2, 3], "llm_calls": 1, "response_id": "resp_1", "model": "m", "client": "curl 8", "task": "task"}
+    record = {"sent_seqs": [1, 2, 3], "llm_calls": 1, "response_id": "resp_1", "model": "m", "client": "curl 8", "task": "task",
+              "system_hash": system.hash, "tools_hash": tools.hash}
     await store.finish_turn(key, {pending[0]: LIVE}, [(reasoning, "h"), (reply, message_hash(reply))], LIVE, record)
     refused = await add(store, key, ["q2"], PENDING)
     error = {"status": 500, "message": "upstream broke", "source": "upstream"}
@@ -416,8 +423,13 @@ async def test_import_refuses_a_taken_key_unless_told_to_replace(store):
         lambda d: setattr(d, "responses", {"resp_x": 99}),
         lambda d: d.conversation.marks.update(window_start=99),
         lambda d: setattr(d.inbox[0], "seq", 99),
+        lambda d: d.parts.__setitem__(0, dataclasses.replace(d.parts[0], value="not what was hashed")),
+        lambda d: d.parts.pop(1),  # a turn names tools no longer there
+        lambda d: d.parts.append(d.parts[0]),
+        lambda d: d.parts.__setitem__(1, part(TOOLS_PART, "tools are a list")),
     ],
-    ids=["seq-gap", "status", "summary-ids", "rewrite-seq", "turn-order", "response-seq", "mark-seq", "inbox-seq"],
+    ids=["seq-gap", "status", "summary-ids", "rewrite-seq", "turn-order", "response-seq", "mark-seq", "inbox-seq",
+         "part-hash", "part-missing", "part-twice", "part-shape"],
 )
 async def test_import_refuses_a_dump_whose_parts_disagree_and_writes_nothing(store, spoil):
     await a_conversation_with_everything(store, A)
@@ -426,6 +438,35 @@ async def test_import_refuses_a_dump_whose_parts_disagree_and_writes_nothing(sto
     with pytest.raises(ValueError):
         await store.import_conversation(dump)
     assert await store.get(C) is None and await store.messages(C, live_only=False) == []
+
+
+# -- request parts: the system prompts and tools lists a conversation's turns sent ---------------
+
+
+def part(kind: str, value) -> RequestPart:
+    return RequestPart(kind, part_hash(value), value)
+
+
+async def test_request_parts_are_kept_once_by_hash_in_the_order_first_sent(store):
+    first, tools = part(SYSTEM_PART, "You are terse."), part(TOOLS_PART, [{"name": "ls", "input_schema": {}}])
+    assert await store.add_request_parts(A, [first, tools]) == []  # no such conversation: nothing kept
+    assert await store.request_parts(A) == []
+    await add(store, A, ["task"])
+    assert await store.add_request_parts(A, [first, tools]) == [first.hash, tools.hash]
+    assert await store.add_request_parts(A, [first, tools]) == []  # the same again: nothing written
+    second = part(SYSTEM_PART, [{"type": "text", "text": "You are verbose ✓"}])
+    assert await store.add_request_parts(A, [second, tools]) == [second.hash]
+    kept = await store.request_parts(A)
+    assert [(p.kind, p.hash, p.value) for p in kept] == [
+        (SYSTEM_PART, first.hash, "You are terse."), (TOOLS_PART, tools.hash, tools.value), (SYSTEM_PART, second.hash, second.value)
+    ]
+    assert all(p.created_at > 0 for p in kept) and kept[0].created_at <= kept[2].created_at
+    assert await store.request_parts(A, after=2) == kept[2:] and await store.request_parts(A, after=3) == []
+    await add(store, B, ["task"])
+    assert await store.request_parts(B) == []  # another tenant's conversation of the same id
+    assert await store.delete(A)
+    await add(store, A, ["task"])
+    assert await store.request_parts(A) == []  # they went with the conversation
 
 
 # -- inbox -------------------------------------------------------------------------------------

@@ -20,8 +20,9 @@ from aiohttp import web
 
 from ..errors import InvalidRequest, NotFound, Unauthorized
 from ..identity import ConversationKey, bearer_token, check_conversation_id, request_tenant
+from ..request_parts import current_parts
 from ..state import REFS, SETTINGS, STORE, TRAJECTORIES
-from ..store import Conversation, StoredMessage
+from ..store import SYSTEM_PART, TOOLS_PART, Conversation, StoredMessage
 from ..titles import check_title
 from ..trajectory import build_trajectory, conversation_codec
 from ..transcript import Role
@@ -145,7 +146,12 @@ async def list_conversations(request: web.Request) -> web.Response:
 
 
 async def get_conversation(request: web.Request) -> web.Response:
-    return web.json_response((await _conversation(request)).to_api())
+    """The conversation, with the system prompt and tools its newest turn sent besides its
+    transcript (Messages' `system`, Responses' `instructions`; null: none, or chat's, a message)."""
+    conversation = await _conversation(request)
+    current = await current_parts(request.app[STORE], conversation)
+    shown = {kind: part.value if (part := current.get(kind)) else None for kind in (SYSTEM_PART, TOOLS_PART)}
+    return web.json_response({**conversation.to_api(), **shown})
 
 
 async def update_conversation(request: web.Request) -> web.Response:

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from ..dialects.messages import MESSAGES
 from ..errors import add_error_shape
+from ..request_parts import with_request_parts
 from ..state import ENGINE, ROUTER, UPSTREAM
 from ..upstream import forwardable
 from .turns import read_turn
@@ -22,6 +23,7 @@ from .turns import read_turn
 async def count_tokens(request: web.Request) -> web.Response:
     app = request.app
     turn, key, report = await read_turn(request, MESSAGES, dry_run=True)
+    await with_request_parts(app[ENGINE].store, app[ENGINE].request_parts, turn, key, report)  # proxy history: its system
     managed = await app[ENGINE].dry_run(turn, key, report)
     headers = report.headers()
     if app[ROUTER].is_litellm(report.model):

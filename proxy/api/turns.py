@@ -24,6 +24,7 @@ from ..identity import ConversationKey, explicit_conversation_id, request_tenant
 from ..messages import MAX_DEPTH, too_deep
 from ..prefix import ParsedBody, run_fingerprint
 from ..request_limits import check_message_count, parse_json
+from ..request_parts import with_request_parts
 from ..state import CONVERSATION, ENGINE, LOG_FIELDS, METRICS, SETTINGS
 from ..titles import TITLE_HEADER, check_title
 from ..upstream import forwardable
@@ -191,6 +192,7 @@ def managed(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamRes
     async def handler(request: web.Request) -> web.StreamResponse:
         app = request.app
         turn, key, report = await read_turn(request, dialect)
+        await with_request_parts(app[ENGINE].store, app[ENGINE].request_parts, turn, key, report)
         sink = ResponseSink(request)
         try:
             outcome = await app[ENGINE].run(turn, key, report, sink)

@@ -36,6 +36,7 @@ from ..prefix import BodyCache, ParsedBody, PrefixCache
 from ..quota import QuotaLedger
 from ..refs import RefSigner
 from ..request_limits import validated_hashes
+from ..request_parts import RequestParts
 from ..store import LIVE, RUNS_MARK, THREAD_MARK, Conversation, Store
 from ..summarizer import Summarizer
 from ..telemetry import NO_TELEMETRY, Telemetry, TurnTrace
@@ -120,6 +121,7 @@ class Engine:
         cache = int(settings.server.cache_mb * 2**20)
         self.fastpath = FastPath(enabled=settings.server.fast_path, max_bytes=cache // 4)
         self.bodies = BodyCache(cache, enabled=settings.server.fast_path, on_evict=self.fastpath.let_go)
+        self.request_parts = RequestParts()  # what each conversation's last turn sent besides its transcript
         # Turns past their reply, still writing (the client may already hold the whole response),
         # with their conversation: its next turn waits for those writes, never for an upstream.
         self._ending: dict[asyncio.Future[None], ConversationKey] = {}
@@ -244,6 +246,7 @@ class Engine:
                 self.store, key, plan, codec, order=conversation.next_seq if conversation else 1,
                 adopted=adoptable(flying, plan),
             )
+            writer.parts = self.request_parts.to_keep(key, report.request_parts, conversation)  # new system prompt/tools
             if request.thread is not None:  # a session's thread: its turn keeps its mark (a main one's claim)
                 report.marks[THREAD_MARK] = request.thread
             try:

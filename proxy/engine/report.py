@@ -14,6 +14,7 @@ import orjson
 from ..errors import ProxyError
 from ..identity import ConversationKey
 from ..metrics import Metrics
+from ..store import SYSTEM_PART, TOOLS_PART, RequestPart
 from ..usage import TokenUsage
 
 CHARS_PER_TOKEN = 4  # for the "tokens saved" estimate only: what a stage left out was never counted
@@ -64,6 +65,9 @@ class TurnReport:
     task: str | None = None  # the task's first words, set on a conversation's first turns only
     inbox_delivered: list[int] = field(default_factory=list)  # inbox message ids this turn's prompt delivered
     knowledge: dict[str, Any] | None = None  # the knowledge document the prompt carried: namespace, version
+    # The system prompt and tools the request sent (request_parts.py; chat's system prompt is a
+    # message): the record names them by hash, the store keeps each once.
+    request_parts: list[RequestPart] = field(default_factory=list)
 
     def saved(self, stage: str, chars: int) -> None:
         self.chars_saved[stage] = self.chars_saved.get(stage, 0) + chars
@@ -131,6 +135,7 @@ class TurnReport:
             "response_id": self.response_id,
             "inbox": self.inbox_delivered,
             "knowledge": self.knowledge,
+            **self.part_hashes(),
             "status": status,
             "new_seqs": new_seqs,
             "client": self.client,
@@ -139,6 +144,11 @@ class TurnReport:
             **({"title": self.title} if self.title else {}),
             **({"task": self.task} if self.task else {}),
         }
+
+    def part_hashes(self) -> dict[str, str | None]:
+        """`system_hash` and `tools_hash`: what the turn sent, by hash (None: it sent none)."""
+        sent = {p.kind: p.hash for p in self.request_parts}
+        return {"system_hash": sent.get(SYSTEM_PART), "tools_hash": sent.get(TOOLS_PART)}
 
     def log_fields(self) -> dict[str, Any]:
         return {

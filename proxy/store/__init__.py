@@ -14,10 +14,13 @@ from .base import (
     INTERNAL,
     LIVE,
     LIVE_ORDER_MARK,
+    PART_KINDS,
     PENDING,
     RUNS_MARK,
     SUPERSEDED,
+    SYSTEM_PART,
     THREAD_MARK,
+    TOOLS_PART,
     Conversation,
     ConversationDump,
     ConversationExists,
@@ -26,6 +29,7 @@ from .base import (
     KeyFact,
     KnowledgeVersion,
     QuotedMessage,
+    RequestPart,
     Store,
     StoredMessage,
     StoreError,
@@ -35,6 +39,8 @@ from .base import (
     StoreUnavailable,
     Summary,
     TurnFacts,
+    part_hash,
+    part_json,
 )
 
 __all__ = [
@@ -42,6 +48,7 @@ __all__ = [
     "LIVE", "LIVE_ORDER_MARK", "PENDING", "RUNS_MARK", "SUPERSEDED", "THREAD_MARK", "Conversation", "ConversationDump", "ConversationExists", "InboxFull",
     "InboxMessage", "KeyFact", "KnowledgeVersion", "QuotedMessage", "Store", "StoreError", "StoreFull", "StoreHealth",
     "StoreReadOnly", "StoreUnavailable", "StoredMessage", "Summary", "TurnFacts", "open_store",
+    "PART_KINDS", "SYSTEM_PART", "TOOLS_PART", "RequestPart", "part_hash", "part_json",  # the request parts
 ]
 
 

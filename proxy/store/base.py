@@ -7,11 +7,15 @@ transcript is the live messages in sequence order; the trajectory is every messa
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
+
+import orjson
 
 from ..errors import ProxyError
 from ..identity import ConversationKey, family_of
@@ -346,6 +350,48 @@ class KnowledgeVersion:
         return out
 
 
+# What a request sends besides its transcript, kept once per conversation by hash (RequestPart).
+SYSTEM_PART = "system"  # Messages' top-level `system`, Responses' `instructions` (chat's are messages)
+TOOLS_PART = "tools"  # the client's tool definitions, as it sent them
+PART_KINDS = frozenset({SYSTEM_PART, TOOLS_PART})
+
+
+def part_json(value: Any) -> bytes:
+    """A request part's value as hashed: its JSON with sorted keys (the same object in another
+    key order is the same part)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # what orjson refuses (integers past 64 bits) but JSON allows
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def part_hash(value: Any) -> str:
+    """The hash a request part is kept under."""
+    return hashlib.sha256(part_json(value)).hexdigest()[:32]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestPart:
+    """A system prompt or tools list a turn of the conversation sent, kept once: turn records
+    name it by `hash` (`system_hash`, `tools_hash`)."""
+
+    kind: str  # SYSTEM_PART | TOOLS_PART
+    hash: str  # part_hash(value)
+    value: Any  # as the client sent it: a string, content blocks or an object (system), the tools array
+    created_at: float = 0.0  # when the first turn that sent it was stored
+
+    def to_api(self) -> dict[str, Any]:
+        return {"object": "conversation.request_part", "kind": self.kind, "hash": self.hash,
+                "value": self.value, "created_at": self.created_at}
+
+    def to_record(self) -> dict[str, Any]:
+        return {"kind": self.kind, "hash": self.hash, "value": self.value, "created_at": self.created_at}
+
+    @classmethod
+    def from_record(cls, raw: Mapping[str, Any]) -> RequestPart:
+        return cls(raw["kind"], raw["hash"], raw["value"], float(raw.get("created_at") or 0.0))
+
+
 class ConversationExists(Exception):
     """import_conversation found the conversation already in the store (and was not told to replace it)."""
 
@@ -363,6 +409,7 @@ class ConversationDump:
     turns: list[dict[str, Any]]  # every turn record as turn_records() gives it (`turn` 1..t, `reply_seq`)
     responses: dict[str, int] = field(default_factory=dict)  # response id -> the seq it names (response_owner)
     inbox: list[InboxMessage] = field(default_factory=list)  # every inbox message, ids 1..k, as inbox() gives them
+    parts: list[RequestPart] = field(default_factory=list)  # every system prompt and tools list, as request_parts() gives them
 
     def check(self) -> None:
         """Raise ValueError, naming the problem, unless the parts agree as a store's own would."""
@@ -394,8 +441,29 @@ class ConversationDump:
         if any((m.seq is None) != (m.placement is None) or (m.seq is not None and not 1 <= m.seq <= n)
                or m.placement not in (None, APPEND, BEFORE) or m.status not in INBOX_STATUSES for m in self.inbox):
             problems.append("an inbox message must be delivered with a stored message, appended or before it")
+        problems += self._part_problems()
         if problems:
             raise ValueError(f"conversation {c.key}: " + "; ".join(problems))
+
+    def _part_problems(self) -> list[str]:
+        """What is wrong with the request parts: each kept once under the hash of its value, and
+        every hash a turn record names among them."""
+        hashes = [p.hash for p in self.parts]
+        problems = []
+        if any(p.kind not in PART_KINDS for p in self.parts) or len(set(hashes)) != len(hashes):
+            problems.append(f"request parts must be of a kind in {sorted(PART_KINDS)}, each kept once")
+        elif any(p.hash != part_hash(p.value) for p in self.parts):
+            problems.append("a request part's hash must be the hash of its value")
+        if any(not isinstance(p.value, list) and not (p.kind == SYSTEM_PART and isinstance(p.value, str | dict)) for p in self.parts):
+            problems.append("a system part must be a string, a list of blocks or an object, a tools part a list")
+        kinds = {p.hash: p.kind for p in self.parts}
+        for record in self.turns:
+            for kind in PART_KINDS:
+                named = record.get(f"{kind}_hash")
+                if named is not None and kinds.get(named) != kind:
+                    problems.append(f"turn {record.get('turn')}: its {kind}_hash names no stored {kind} part")
+                    break
+        return problems
 
 
 @dataclass(frozen=True, slots=True)
@@ -517,6 +585,15 @@ class Store(Protocol):
         step (it lists as the newest; its response ids name it). Raises ValueError for a dump that
         does not `check()`, and ConversationExists when the key is taken, unless `replace`: then what
         was there is deleted."""
+    # -- request parts (system prompts, tools lists) ---------------------------------------------
+
+    async def add_request_parts(self, key: ConversationKey, parts: Sequence[RequestPart]) -> list[str]:
+        """Keep each part not kept yet (by hash), in one atomic step, stamped now; returns the
+        hashes newly kept (none: nothing was written). A conversation not stored gets nothing."""
+
+    async def request_parts(self, key: ConversationKey, *, after: int = 0) -> list[RequestPart]:
+        """The parts the conversation kept, in the order first kept, after the first `after` of them."""
+
     # -- inbox ---------------------------------------------------------------------------------
 
     async def post_inbox(

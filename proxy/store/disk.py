@@ -77,6 +77,7 @@ from .base import (
     InboxFull,
     InboxMessage,
     KnowledgeVersion,
+    RequestPart,
     StoredMessage,
     StoreError,
     StoreFull,
@@ -227,6 +228,15 @@ def _response_key(tenant: str, response_id: str) -> str:
 
 def _inbox_key(key: ConversationKey, message_id: int) -> str:
     return _numbered("inbox", key, message_id, 8)
+
+
+def _request_parts_key(key: ConversationKey) -> str:
+    """The row of a conversation's request parts' index: {hash: n}, n = 1, 2, ... in order kept."""
+    return f"rparts{SEP}{key.tenant}{SEP}{key.id}"
+
+
+def _request_part_key(key: ConversationKey, number: int) -> str:
+    return _numbered("rpart", key, number, 8)
 
 
 def _knowledge_key(tenant: str, namespace: str, version: int) -> str:
@@ -825,6 +835,7 @@ class DiskStore:
                 if isinstance(turn_record, dict) and turn_record.get("response_id"):
                     self._cache.delete(_response_key(key.tenant, turn_record["response_id"]))
                 self._cache.delete(_turn_key(key, turn))
+            self._delete_request_parts(key)
             self._cache.delete(_conv_key(key))
             self._snapshots.pop(key)
             self._records.pop(key)
@@ -1238,7 +1249,52 @@ class DiskStore:
                 self._cache.set(_turn_key(key, turn["turn"]), dict(turn))
             for response_id, seq in dump.responses.items():
                 self._cache.set(_response_key(key.tenant, response_id), (key.id, seq))
+            for n, part in enumerate(dump.parts, 1):
+                self._cache.set(_request_part_key(key, n), part.to_record())
+            if dump.parts:
+                self._cache.set(_request_parts_key(key), {part.hash: n for n, part in enumerate(dump.parts, 1)})
             self._save(key, record)
+
+    # -- request parts -------------------------------------------------------------------------
+    # A row per part (written once) and an index row of their hashes: a turn that sends what is
+    # kept already reads the index and writes nothing (the caller asks only when the parts changed).
+
+    async def add_request_parts(self, key: ConversationKey, parts: Sequence[RequestPart]) -> list[str]:
+        if not parts:
+            return []
+        known = await self._run(self._cache.get, _request_parts_key(key))
+        if known is not None and all(p.hash in known for p in parts):
+            return []
+        return await self._write(self._add_request_parts, key, list(parts))
+
+    def _add_request_parts(self, key: ConversationKey, parts: list[RequestPart]) -> list[str]:
+        with self._cache.transact():
+            if self._fields(key) is None:
+                return []
+            index = dict(self._cache.get(_request_parts_key(key)) or {})
+            stamp, added = now(), []
+            for part in parts:
+                if part.hash not in index:
+                    index[part.hash] = len(index) + 1
+                    self._cache.set(_request_part_key(key, index[part.hash]), replace(part, created_at=stamp).to_record())
+                    added.append(part.hash)
+            if added:
+                self._cache.set(_request_parts_key(key), index)
+            return added
+
+    async def request_parts(self, key: ConversationKey, *, after: int = 0) -> list[RequestPart]:
+        return await self._run(self._request_parts, key, after)
+
+    def _request_parts(self, key: ConversationKey, after: int) -> list[RequestPart]:
+        index = self._cache.get(_request_parts_key(key)) or {}
+        rows = (self._cache.get(_request_part_key(key, n)) for n in range(max(after, 0) + 1, len(index) + 1))
+        return [RequestPart.from_record(row) for row in rows if row is not None]
+
+    def _delete_request_parts(self, key: ConversationKey) -> None:
+        index = self._cache.get(_request_parts_key(key)) or {}
+        for n in range(1, len(index) + 1):
+            self._cache.delete(_request_part_key(key, n))
+        self._cache.delete(_request_parts_key(key))
 
     # -- inbox ---------------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ Layout (every key starts with `prefix`, "cp:" by default):
     {prefix}{<tenant>/<id>}:idel     hash inbox id -> "seq:placement:turn:stamp", its delivery
     {prefix}{<tenant>/<id>}:iopen    set of inbox ids not yet delivered for good
     {prefix}{<tenant>/<id>}:iat      hash seq -> "id,id,...": the inbox messages delivered with it
+    {prefix}{<tenant>/<id>}:rparts   hash part hash -> "<n>:<created_at>:<JSON {kind, value}>" (never changes)
     {prefix}{<tenant>/<id>}:chg      sorted set of seqs scored by the version that last changed their
                                      part of the record (live, fwd, rw, iat)
     {prefix}convs:<tenant>           sorted set of conversation ids scored by creation order
@@ -95,6 +96,7 @@ from .base import (
     InboxFull,
     InboxMessage,
     KnowledgeVersion,
+    RequestPart,
     StoredMessage,
     StoreError,
     StoreFull,
@@ -118,6 +120,7 @@ CONVERSATION_PARTS = (
     "meta", "body", "hash", "status", "live", "fwd", "rw", "sum", "turns", "resp", "pend",
     "inbox", "idel", "iopen", "iat", "chg",
 )
+REQUEST_PARTS = "rparts"  # the conversation's system prompts and tools lists: outside the scripts' KEYS
 NO_CONVERSATION = "no such conversation"
 NO_MESSAGE = "no such message"
 CONVERSATION_EXISTS = "conversation exists"
@@ -441,7 +444,8 @@ IMPORT = PRELUDE + INBOX_ANCHORS + """
 -- body, hash, status) per message, (seq, calls) per first-forwarded mark, (seq, content) per
 -- rewrite, (id, JSON) per summary, (turn, JSON) per turn record, (meta field, value) per mark and
 -- per field that describes the conversation (title, task, model, client, failures, last_error),
--- (response id, seq) per response id, (id, JSON, delivery or '', open 1/0) per inbox message.
+-- (response id, seq) per response id, (id, JSON, delivery or '', open 1/0) per inbox message,
+-- then the request parts (below).
 if redis.call('EXISTS', meta) == 1 then
   if ARGV[4] ~= '1' then return redis.error_reply('""" + CONVERSATION_EXISTS + """') end
   local known = redis.call('SMEMBERS', resp)
@@ -495,8 +499,33 @@ for _ = 1, tonumber(ARGV[17]) do
   i = i + 4
 end
 redis.call('HSET', meta, 'inbox', ARGV[17], 'inbox_open', redis.call('SCARD', iopen))
+-- Then how many request parts, and (hash, row) per part, into the last KEY (rparts: not PRELUDE's).
+local rparts = KEYS[#KEYS]
+redis.call('DEL', rparts)
+local nparts = tonumber(ARGV[i] or '0')
+i = i + 1
+for _ = 1, nparts do
+  redis.call('HSET', rparts, ARGV[i], ARGV[i + 1])
+  i = i + 2
+end
 commit()  -- a record of its own: version 1, a new incarnation
 return 1
+"""
+
+# KEYS: meta, rparts; ARGV: the stamp, then (hash, JSON record without its number and stamp) per
+# part. Keeps the parts not kept yet as "<n>:<stamp>:<JSON>" (n = 1, 2, ... in order kept), if the
+# conversation is stored; returns the hashes newly kept. The record (meta) does not change.
+ADD_REQUEST_PARTS = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {} end
+local added = {}
+for i = 2, #ARGV, 2 do
+  if redis.call('HEXISTS', KEYS[2], ARGV[i]) == 0 then
+    local n = redis.call('HLEN', KEYS[2]) + 1
+    redis.call('HSET', KEYS[2], ARGV[i], n .. ':' .. ARGV[1] .. ':' .. ARGV[i + 1])
+    added[#added + 1] = ARGV[i]
+  end
+end
+return added
 """
 
 MESSAGES = PRELUDE + """
@@ -673,6 +702,11 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+def _request_part_row(n: int, part: RequestPart) -> str:
+    """A request part as the rparts hash keeps it (see ADD_REQUEST_PARTS)."""
+    return f"{n}:{part.created_at!r}:{_dumps({'kind': part.kind, 'value': part.value})}"
+
+
 def _turn_dumps(value: Any) -> bytes:
     """`_dumps` for what a turn writes, ~10x faster (a first turn stores its whole transcript).
     orjson writes the same values; it spells NaN and infinities null, but none reach a turn: the
@@ -752,6 +786,7 @@ class RedisStore:
         self._set_title = register(SET_TITLE)
         self._post_inbox, self._deliver_inbox = register(POST_INBOX), register(DELIVER_INBOX)
         self._inbox, self._put_knowledge = register(INBOX), register(PUT_KNOWLEDGE)
+        self._add_request_parts = register(ADD_REQUEST_PARTS)
 
     # -- keys ----------------------------------------------------------------------------------
 
@@ -966,7 +1001,7 @@ class RedisStore:
             pipe.srem(self._global("pending"), member)
             if response_ids:
                 pipe.hdel(self._responses(key.tenant), *response_ids)
-            pipe.unlink(*(self._conv(key, part) for part in CONVERSATION_PARTS))
+            pipe.unlink(*(self._conv(key, part) for part in CONVERSATION_PARTS), self._conv(key, REQUEST_PARTS))
             existed, *_ = await pipe.execute()
         return bool(existed)
 
@@ -1152,8 +1187,11 @@ class RedisStore:
             delivery = "" if m.seq is None else f"{m.seq}:{m.placement}:{m.turn}:{m.delivered_at!r}"
             body = _dumps({"content": m.content, "note": m.note, "created_at": m.created_at})
             args += [m.id, body, delivery, int(m.status != INBOX_DELIVERED)]
+        args.append(len(dump.parts))
+        for n, part in enumerate(dump.parts, 1):
+            args += [part.hash, _request_part_row(n, part)]
         try:
-            await self._import(keys=self._keys(c.key), args=args)
+            await self._import(keys=[*self._keys(c.key), self._conv(c.key, REQUEST_PARTS)], args=args)
         except ResponseError as exc:
             if CONVERSATION_EXISTS in str(exc):
                 raise ConversationExists(str(c.key)) from None
@@ -1198,6 +1236,29 @@ class RedisStore:
             if message.seq is not None:
                 out.setdefault(message.seq, []).append(message)
         return out
+
+    # -- request parts -------------------------------------------------------------------------
+
+    @_guarded
+    async def add_request_parts(self, key: ConversationKey, parts: Sequence[RequestPart]) -> list[str]:
+        if not parts:
+            return []
+        args: list[Any] = [repr(now())]
+        for part in parts:
+            args += [part.hash, _dumps({"kind": part.kind, "value": part.value})]
+        keys = [self._conv(key, "meta"), self._conv(key, REQUEST_PARTS)]
+        return list(await self._add_request_parts(keys=keys, args=args))
+
+    @_guarded
+    async def request_parts(self, key: ConversationKey, *, after: int = 0) -> list[RequestPart]:
+        rows = await self._redis.hgetall(self._conv(key, REQUEST_PARTS))  # few: a version per change
+        found = []
+        for part_hash, row in rows.items():
+            n, stamp, data = row.split(":", 2)
+            if int(n) > after:
+                record = json.loads(data)
+                found.append((int(n), RequestPart(record["kind"], part_hash, record["value"], float(stamp))))
+        return [part for _, part in sorted(found, key=lambda pair: pair[0])]
 
     # -- long-term knowledge -------------------------------------------------------------------
 

@@ -555,7 +555,11 @@
     let limit = AUTO_LOAD;
     for (;;) {
       const page = await api(base + "/trajectory", { ...query, limit: MESSAGE_PAGE, after }, signal);
-      if (after === null) view.setSummaries(page.summaries || []);
+      if (after === null) {
+        view.setSummaries(page.summaries || []);
+        const request = requestPartsCard(conversation, page.request_parts || []);
+        if (request) view.cards.after(request);
+      }
       view.renderPage(page.data);
       after = page.last_id || after;
       if (!page.has_more || !page.data.length) break;
@@ -1607,6 +1611,63 @@
       h("a", { href }, ns ? `namespace ${ns}` : "the default notes"),
       `, version ${num(used.knowledge.version)}.`
     );
+  }
+
+  /** A system prompt's text: a string, or the texts of its blocks; anything else as JSON. */
+  function systemText(value) {
+    if (typeof value === "string") return value;
+    if (Array.isArray(value) && value.every((b) => b && typeof b.text === "string")) return value.map((b) => b.text).join("\n\n");
+    return JSON.stringify(value, null, 2);
+  }
+
+  /** A tool definition's name, in any format (chat nests it under `function`). */
+  function toolName(tool) {
+    const name = tool && (tool.name || (tool.function && tool.function.name));
+    return typeof name === "string" ? name : "?";
+  }
+
+  /** One version of a request part: collapsed, its turns in the summary line. */
+  function requestPartNode(kind, value, turns, id) {
+    const text = kind === "system" ? systemText(value) : JSON.stringify(value, null, 2);
+    const what = kind === "system"
+      ? `System prompt · ${num(text.length)} chars`
+      : `Tools · ${num(Array.isArray(value) ? value.length : 0)}: ${Array.isArray(value) ? value.map(toolName).join(", ") : ""}`;
+    const used = turns && turns.length ? ` · turns ${turns.join(", ")}` : "";
+    return h(
+      "details",
+      { class: `request-part kind-${word(kind)}`, id },
+      h("summary", null, what, h("span", { class: "muted small" }, used)),
+      h("pre", { class: "request-part-value" }, text)
+    );
+  }
+
+  /** What the conversation's requests sent besides the transcript (Messages' `system`, Responses'
+   *  `instructions`, every format's tools; chat's system prompt is a message of the replay): the
+   *  current ones, collapsed, then the earlier versions with the turns that sent them. */
+  function requestPartsCard(conversation, parts) {
+    const current = { system: conversation.system, tools: conversation.tools };
+    const rows = [];
+    for (const kind of ["system", "tools"]) {
+      const versions = parts.filter((p) => p.kind === kind);
+      const value = current[kind];
+      if (value === null || value === undefined) {
+        if (!versions.length) continue;
+      } else {
+        const now = versions.find((p) => JSON.stringify(p.value) === JSON.stringify(value));
+        rows.push(requestPartNode(kind, value, now ? now.turns : null, `request-${kind}`));
+      }
+      const older = versions.filter((p) => JSON.stringify(p.value) !== JSON.stringify(value));
+      if (older.length) {
+        rows.push(h(
+          "details",
+          { class: "request-part-history", id: `request-${kind}-versions` },
+          h("summary", { class: "muted small" }, `${num(older.length)} earlier ${kind === "system" ? "system prompt" : "tools list"}${older.length > 1 ? "s" : ""}`),
+          older.map((p) => requestPartNode(kind, p.value, p.turns, null))
+        ));
+      }
+    }
+    if (!rows.length) return null;
+    return h("section", { id: "request-parts", class: "card request-parts" }, h("h2", { class: "small" }, "Sent with every request"), rows);
   }
 
   function askForTenant(namespace, err) {
