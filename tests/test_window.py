@@ -238,6 +238,23 @@ def test_the_clients_instructions_anywhere_in_the_transcript_are_never_left_out(
     assert t.report.messages_left_out == 3
 
 
+def test_the_clients_instructions_in_the_transcript_take_nothing_from_the_history_budget() -> None:
+    """Claude Code's environment block (~2k tokens, after the task) with a short tool loop and the
+    fixed parts leaving little room: the instruction counts as the leading system items do, so
+    the window cuts nothing, moves nothing, and sends the whole transcript as it came."""
+    env = system("# Environment\n - Primary working directory: /home/dev/project\n" + "Be careful. " * 400)
+    msgs = [user("Run echo hello"), env, calls("a"), result("a", "hello"), say("It printed hello."), user("Now say goodbye.")]
+    t = turn(limit=600)
+    out = run(TokenWindow(), t, msgs)
+    assert [item.raw for item in out] == msgs
+    assert t.report.messages_left_out == 0
+    assert t.report.tokens_sent > 600  # the instruction is sent, and counted as sent
+    # Past the limit, history is still cut; the instruction stays, pinned after the task.
+    long = [user("Run echo hello"), env, say("x " * 700), user("go on")]
+    out = run(TokenWindow(), turn(limit=600), long)
+    assert [item.raw for item in out if item.origin is None] == [long[0], env, long[3]]
+
+
 def test_stage_adds_to_what_earlier_stages_left_out() -> None:
     t = turn(limit=64)
     t.report.messages_left_out = 7
