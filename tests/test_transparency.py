@@ -252,8 +252,9 @@ def test_openai_sdk_responses(proxy: ProxyServer, upstream: FakeUpstream, mode: 
 # -- the OpenAI Agents SDK, on both its models ------------------------------------------------
 
 
-def agents_session(base_url: str, model_kind: str) -> None:
-    """An agent with one tool, run twice: the task, then the follow-up after the first run's items."""
+def agents_session(base_url: str, model_kind: str, streamed: bool) -> None:
+    """An agent with one tool, run twice: the task, then the follow-up after the first run's items
+    (`Runner.run_sync`, or `Runner.run_streamed` with its events read to the end)."""
     from agents import Agent, RunConfig, Runner, function_tool, set_tracing_disabled
     from agents.models.openai_chatcompletions import OpenAIChatCompletionsModel
     from agents.models.openai_responses import OpenAIResponsesModel
@@ -264,16 +265,31 @@ def agents_session(base_url: str, model_kind: str) -> None:
     agent = Agent(name="tester", instructions=SYSTEM, tools=[function_tool(run_tests)],
                   model=model_class(model="gpt-4o-mini", openai_client=client))
     config = RunConfig(tracing_disabled=True)
-    first = Runner.run_sync(agent, TASK, run_config=config)
+    follow_up = {"role": "user", "content": FOLLOW_UP}
+    if not streamed:
+        first = Runner.run_sync(agent, TASK, run_config=config)
+        again = Runner.run_sync(agent, [*first.to_input_list(), follow_up], run_config=config)
+    else:
+        async def read_to_the_end(given: Any) -> Any:
+            result = Runner.run_streamed(agent, given, run_config=config)
+            async for _ in result.stream_events():
+                pass
+            return result
+
+        async def both() -> tuple[Any, Any]:  # on one loop: the client's connections belong to it
+            first = await read_to_the_end(TASK)
+            return first, await read_to_the_end([*first.to_input_list(), follow_up])
+
+        first, again = asyncio.run(both())
     assert first.final_output == "All 12 tests passed."
-    again = Runner.run_sync(agent, [*first.to_input_list(), {"role": "user", "content": FOLLOW_UP}], run_config=config)
     assert again.final_output == "No, that was everything."
 
 
+@pytest.mark.parametrize("streamed", [False, True], ids=["run", "run_streamed"])
 @pytest.mark.parametrize("model_kind", ["responses", "chat"], ids=["OpenAIResponsesModel", "OpenAIChatCompletionsModel"])
-def test_openai_agents_sdk(proxy: ProxyServer, upstream: FakeUpstream, model_kind: str) -> None:
+def test_openai_agents_sdk(proxy: ProxyServer, upstream: FakeUpstream, model_kind: str, streamed: bool) -> None:
     def session(target: str) -> None:
-        agents_session(upstream.base_url if target == "direct" else proxy.base_url, model_kind)
+        agents_session(upstream.base_url if target == "direct" else proxy.base_url, model_kind, streamed)
 
     sent = assert_transparent(upstream, model_kind, session, tool_loop_script)  # type: ignore[arg-type]
     assert len(sent["proxied"]) == 3
@@ -282,7 +298,7 @@ def test_openai_agents_sdk(proxy: ProxyServer, upstream: FakeUpstream, model_kin
 # -- LangChain: langchain-openai's ChatOpenAI with a tool loop --------------------------------
 
 
-def langchain_session(base_url: str) -> None:
+def langchain_session(base_url: str, streamed: bool) -> None:
     from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
@@ -297,15 +313,21 @@ def langchain_session(base_url: str) -> None:
     for reply_to in (None, None, FOLLOW_UP):
         if reply_to:
             messages.append(HumanMessage(reply_to))
-        answer = llm.invoke(messages)
+        if streamed:  # the chunks added up, as LangChain's own agents do
+            answer = None
+            for chunk in llm.stream(messages):
+                answer = chunk if answer is None else answer + chunk
+        else:
+            answer = llm.invoke(messages)
         messages.append(answer)
         for call in answer.tool_calls:
             messages.append(ToolMessage(run_tests_tool.invoke(call["args"]), tool_call_id=call["id"]))
 
 
-def test_langchain_chat_openai(proxy: ProxyServer, upstream: FakeUpstream) -> None:
+@pytest.mark.parametrize("streamed", [False, True], ids=["invoke", "stream"])
+def test_langchain_chat_openai(proxy: ProxyServer, upstream: FakeUpstream, streamed: bool) -> None:
     def session(target: str) -> None:
-        langchain_session(upstream.base_url if target == "direct" else proxy.base_url)
+        langchain_session(upstream.base_url if target == "direct" else proxy.base_url, streamed)
 
     sent = assert_transparent(upstream, "chat", session, tool_loop_script)["proxied"]
     assert [m["role"] for m in sent[-1]["messages"]] == ["system", "user", "assistant", "tool", "assistant", "user"]
