@@ -254,31 +254,42 @@ def test_openai_sdk_responses(proxy: ProxyServer, upstream: FakeUpstream, mode: 
 
 def agents_session(base_url: str, model_kind: str, streamed: bool) -> None:
     """An agent with one tool, run twice: the task, then the follow-up after the first run's items
-    (`Runner.run_sync`, or `Runner.run_streamed` with its events read to the end)."""
+    (`Runner.run_sync`, or `Runner.run_streamed` with its events read to the end); "anchored":
+    each call names the previous response (`auto_previous_response_id`), and the second run
+    only the follow-up after the first run's last response."""
     from agents import Agent, RunConfig, Runner, function_tool, set_tracing_disabled
     from agents.models.openai_chatcompletions import OpenAIChatCompletionsModel
     from agents.models.openai_responses import OpenAIResponsesModel
 
     set_tracing_disabled(True)
     client = AsyncOpenAI(base_url=base_url, api_key=ALICE, max_retries=0)
-    model_class = OpenAIResponsesModel if model_kind == "responses" else OpenAIChatCompletionsModel
+    model_class = OpenAIChatCompletionsModel if model_kind == "chat" else OpenAIResponsesModel
     agent = Agent(name="tester", instructions=SYSTEM, tools=[function_tool(run_tests)],
                   model=model_class(model="gpt-4o-mini", openai_client=client))
     config = RunConfig(tracing_disabled=True)
     follow_up = {"role": "user", "content": FOLLOW_UP}
+    anchored = model_kind == "responses-anchored"
+    options: dict[str, Any] = {"auto_previous_response_id": True} if anchored else {}
+
+    def next_run(first: Any) -> tuple[Any, dict[str, Any]]:
+        if anchored:
+            return [follow_up], {**options, "previous_response_id": first.last_response_id}
+        return [*first.to_input_list(), follow_up], options
+
     if not streamed:
-        first = Runner.run_sync(agent, TASK, run_config=config)
-        again = Runner.run_sync(agent, [*first.to_input_list(), follow_up], run_config=config)
+        first = Runner.run_sync(agent, TASK, run_config=config, **options)
+        given, more = next_run(first)
+        again = Runner.run_sync(agent, given, run_config=config, **more)
     else:
-        async def read_to_the_end(given: Any) -> Any:
-            result = Runner.run_streamed(agent, given, run_config=config)
+        async def read_to_the_end(given: Any, more: dict[str, Any]) -> Any:
+            result = Runner.run_streamed(agent, given, run_config=config, **more)
             async for _ in result.stream_events():
                 pass
             return result
 
         async def both() -> tuple[Any, Any]:  # on one loop: the client's connections belong to it
-            first = await read_to_the_end(TASK)
-            return first, await read_to_the_end([*first.to_input_list(), follow_up])
+            first = await read_to_the_end(TASK, options)
+            return first, await read_to_the_end(*next_run(first))
 
         first, again = asyncio.run(both())
     assert first.final_output == "All 12 tests passed."
@@ -286,13 +297,18 @@ def agents_session(base_url: str, model_kind: str, streamed: bool) -> None:
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["run", "run_streamed"])
-@pytest.mark.parametrize("model_kind", ["responses", "chat"], ids=["OpenAIResponsesModel", "OpenAIChatCompletionsModel"])
+@pytest.mark.parametrize("model_kind", ["responses", "responses-anchored", "chat"],
+                         ids=["OpenAIResponsesModel", "OpenAIResponsesModel-previous_response_id", "OpenAIChatCompletionsModel"])
 def test_openai_agents_sdk(proxy: ProxyServer, upstream: FakeUpstream, model_kind: str, streamed: bool) -> None:
     def session(target: str) -> None:
         agents_session(upstream.base_url if target == "direct" else proxy.base_url, model_kind, streamed)
 
-    sent = assert_transparent(upstream, model_kind, session, tool_loop_script)  # type: ignore[arg-type]
+    format: Format = "chat" if model_kind == "chat" else "responses"
+    sent = assert_transparent(upstream, format, session, tool_loop_script)
     assert len(sent["proxied"]) == 3
+    if model_kind == "responses-anchored":
+        assert ["previous_response_id" in body for body in sent["direct"]] == [False, True, True]
+        assert all("previous_response_id" not in body for body in sent["proxied"])
 
 
 # -- LangChain: langchain-openai's ChatOpenAI with a tool loop --------------------------------
