@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import textwrap
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -183,50 +183,46 @@ def test_openai_sdk_chat_completions(proxy: ProxyServer, upstream: FakeUpstream,
 # -- the openai SDK: Responses ----------------------------------------------------------------
 
 
-def responses_session(client: OpenAI, anchored: bool) -> None:
-    """The tool loop over Responses: each request resends the whole input (`store: false`, the
-    reasoning's encrypted content asked for and passed back), or names the previous response and
-    carries only what is new."""
-    given: list[Any] = [{"role": "user", "content": TASK}]
-    previous = None
-    for reply_to in (None, None, FOLLOW_UP):
+class ResponsesLoop:
+    """The tool loop over Responses, one request at a time: each resends the whole input
+    (`store: false`, the reasoning's encrypted content asked for and passed back), or names the
+    previous response and carries only what is new."""
+
+    def __init__(self, anchored: bool) -> None:
+        self.anchored = anchored
+        self.given: list[Any] = [{"role": "user", "content": TASK}]
+        self.previous: str | None = None
+
+    def request(self, reply_to: str | None) -> dict[str, Any]:
         if reply_to:
-            given.append({"role": "user", "content": reply_to})
-        options: dict[str, Any] = {"previous_response_id": previous} if anchored and previous else {}
-        if not anchored:
-            options.update(store=False, include=["reasoning.encrypted_content"])
-        response = client.responses.create(model="gpt-4o-mini", instructions=SYSTEM, tools=RESPONSES_TOOLS,
-                                           input=given, **options)
+            self.given.append({"role": "user", "content": reply_to})
+        options: dict[str, Any] = {"store": False, "include": ["reasoning.encrypted_content"]}
+        if self.anchored:
+            options = {"previous_response_id": self.previous} if self.previous else {}
+        return {"model": "gpt-4o-mini", "instructions": SYSTEM, "tools": RESPONSES_TOOLS, "input": self.given, **options}
+
+    def answered(self, response: Any) -> None:
         output = [item.model_dump(exclude_none=True) for item in response.output]
         results = [{"type": "function_call_output", "call_id": item["call_id"],
                     "output": run_tests(json.loads(item["arguments"])["path"])}
                    for item in output if item["type"] == "function_call"]
-        if anchored:
-            given, previous = results, response.id
+        if self.anchored:
+            self.given, self.previous = results, response.id
         else:
-            given += [*output, *results]
+            self.given = [*self.given, *output, *results]
+
+
+def responses_session(client: OpenAI, anchored: bool) -> None:
+    loop = ResponsesLoop(anchored)
+    for reply_to in (None, None, FOLLOW_UP):
+        loop.answered(client.responses.create(**loop.request(reply_to)))
 
 
 async def responses_session_streamed(client: AsyncOpenAI, anchored: bool) -> None:
-    given: list[Any] = [{"role": "user", "content": TASK}]
-    previous = None
+    loop = ResponsesLoop(anchored)
     for reply_to in (None, None, FOLLOW_UP):
-        if reply_to:
-            given.append({"role": "user", "content": reply_to})
-        options: dict[str, Any] = {"previous_response_id": previous} if anchored and previous else {}
-        if not anchored:
-            options.update(store=False, include=["reasoning.encrypted_content"])
-        async with client.responses.stream(model="gpt-4o-mini", instructions=SYSTEM, tools=RESPONSES_TOOLS,
-                                           input=given, **options) as stream:
-            response = await stream.get_final_response()
-        output = [item.model_dump(exclude_none=True) for item in response.output]
-        results = [{"type": "function_call_output", "call_id": item["call_id"],
-                    "output": run_tests(json.loads(item["arguments"])["path"])}
-                   for item in output if item["type"] == "function_call"]
-        if anchored:
-            given, previous = results, response.id
-        else:
-            given += [*output, *results]
+        async with client.responses.stream(**loop.request(reply_to)) as stream:
+            loop.answered(await stream.get_final_response())
 
 
 @pytest.mark.parametrize("anchored", [False, True], ids=["resent", "previous_response_id"])
@@ -366,7 +362,7 @@ def test_importing_langchain_openai_opens_no_socket() -> None:
         socket.getaddrinfo("localhost", 9)  # the hook sees a lookup: the probe itself works
         print(reached)
     """)
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+    done = subprocess.run([sys.executable, "-c", probe], check=False, capture_output=True, text=True, timeout=60,
                           env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split("\n")[:2] == ["[]", "['socket.getaddrinfo localhost']"]
