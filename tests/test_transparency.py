@@ -28,7 +28,7 @@ from openai import AsyncOpenAI, OpenAI
 from tests.conftest import ALICE, MakeProxy
 from tests.fake_upstream import FakeUpstream, Reply
 from tests.harness import ProxyServer
-from tests.transparency import Format, compared, expand_anchors, first_difference
+from tests.transparency import Blanks, Format, compared, expand_anchors, first_difference
 
 SYSTEM = "You are a careful test runner. Answer in one sentence."
 TASK = "Run the tests under tests/ and tell me how many passed."
@@ -59,6 +59,11 @@ def run_tests(path: str) -> str:
     return f"{path}: 12 passed"
 
 
+API_PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
+# Each hop's own: its connection, its compression, the length of its bytes.
+TRANSPORT_HEADERS = frozenset({"host", "connection", "accept-encoding", "content-length"})
+
+
 @pytest.fixture
 def proxy(make_proxy: MakeProxy, upstream: FakeUpstream) -> ProxyServer:
     """A proxy on its default settings, in front of the fake's three APIs."""
@@ -85,15 +90,20 @@ def assert_transparent(
     queued, and assert the upstream received the same requests by meaning; `literals(target)`
     names the run's own values (its temp dirs), `patterns` a client's own run-specific values.
     Returns the requests of each run as the fake received them."""
-    sent, meant = {}, {}
+    sent, meant, headers = {}, {}, {}
     for target in ("direct", "proxied"):
         upstream.reset()
         upstream.enqueue(*script())
         session(target)
         sent[target], bodies = requests_of(upstream, format)
         meant[target] = compared(format, bodies, literals(target), patterns)
+        blanks = Blanks(literals(target), patterns)
+        headers[target] = [blanks({k: v for k, v in r.headers.items() if k not in TRANSPORT_HEADERS})
+                           for r in upstream.requests if r.path == API_PATHS[format]]
     assert len(meant["direct"]) >= 2  # a session with history, not a single call
     assert meant["direct"] == meant["proxied"], first_difference(meant["direct"], meant["proxied"])
+    # The client's headers too (its session ids, betas, versions), but for the connection's own.
+    assert headers["direct"] == headers["proxied"]
     return sent
 
 
