@@ -28,7 +28,7 @@ from openai import AsyncOpenAI, OpenAI
 from tests.conftest import ALICE, MakeProxy
 from tests.fake_upstream import FakeUpstream, Reply
 from tests.harness import ProxyServer
-from tests.transparency import Blanks, Format, compared, expand_anchors, first_difference
+from tests.transparency import TRANSCRIPT_KEY, Blanks, Format, compared, expand_anchors, first_difference, meaning
 
 SYSTEM = "You are a careful test runner. Answer in one sentence."
 TASK = "Run the tests under tests/ and tell me how many passed."
@@ -411,6 +411,83 @@ def test_anthropic_sdk(proxy: ProxyServer, upstream: FakeUpstream, stream: bool)
 
     sent = assert_transparent(upstream, "messages", session, tool_loop_script)["proxied"]
     assert [m["role"] for m in sent[-1]["messages"]] == ["user", "assistant", "user", "assistant", "user"]
+
+
+# -- instructions anywhere in the transcript, as string and as blocks ------------------------
+
+ENVIRONMENT = "# Environment\n - Primary working directory: /home/dev/project\n - Platform: linux"
+LATER = "From now on, answer in French."
+
+
+def instruction(format: Format, text: str, blocks: bool) -> dict[str, Any]:
+    """A system/developer message of the client's, in `format`, its content as blocks or a string."""
+    part = {"chat": "text", "messages": "text", "responses": "input_text"}[format]
+    role = "developer" if format == "responses" else "system"
+    return {"role": role, "content": [{"type": part, "text": text}] if blocks else text}
+
+
+def instructions_session(format: Format, base_url: str) -> None:
+    """Three turns whose transcript holds the client's instructions after the task (blocks on the
+    first turn, a string later: Claude Code's environment block) and again mid-conversation."""
+    def ask(transcript: list[dict[str, Any]]) -> str:
+        if format == "messages":
+            with anthropic.Anthropic(base_url=base_url, api_key=ALICE, max_retries=0) as client:
+                answer = client.messages.create(model="claude-test-1", max_tokens=1024, system=SYSTEM,
+                                                messages=transcript)  # type: ignore[arg-type]
+                return "".join(block.text for block in answer.content if block.type == "text")
+        with OpenAI(base_url=base_url, api_key=ALICE, max_retries=0) as client:
+            if format == "chat":
+                given = [{"role": "system", "content": SYSTEM}, *transcript]
+                return client.chat.completions.create(model="gpt-4o-mini", messages=given).choices[0].message.content or ""
+            return client.responses.create(model="gpt-4o-mini", instructions=SYSTEM, input=transcript, store=False).output_text
+
+    transcript = [{"role": "user", "content": TASK}, instruction(format, ENVIRONMENT, blocks=True)]
+    for n, follow_up in enumerate((FOLLOW_UP, "Merci.")):
+        reply = ask(transcript)
+        transcript[1] = instruction(format, ENVIRONMENT, blocks=False)  # a string on the later turns
+        transcript.append({"role": "assistant", "content": reply})
+        if n == 0:
+            transcript.append(instruction(format, LATER, blocks=True))
+        transcript.append({"role": "user", "content": follow_up})
+    ask(transcript)
+
+
+@pytest.mark.parametrize("format", ["chat", "responses", "messages"])
+def test_the_clients_instructions_in_every_position_reach_the_upstream(
+    proxy: ProxyServer, upstream: FakeUpstream, format: Format
+) -> None:
+    def session(target: str) -> None:
+        if target == "direct":
+            base_url = upstream.anthropic.base_url if format == "messages" else upstream.base_url
+        else:
+            base_url = proxy.url if format == "messages" else proxy.base_url
+        instructions_session(format, base_url)
+
+    def script() -> list[Reply]:
+        return [Reply.text("12 passed."), Reply.text("Nothing else."), Reply.text("De rien.")]
+
+    sent = assert_transparent(upstream, format, session, script)["proxied"]
+    roles = [m.get("role") for m in sent[-1][TRANSCRIPT_KEY[format]]]
+    instruction_role = "developer" if format == "responses" else "system"
+    expected = ["user", instruction_role, "assistant", instruction_role, "user", "assistant", "user"]
+    assert roles == (["system", *expected] if format == "chat" else expected)
+
+
+@pytest.mark.parametrize("format", ["chat", "responses", "messages"])
+def test_when_the_window_cuts_the_clients_instructions_still_reach_the_upstream(
+    make_proxy: MakeProxy, upstream: FakeUpstream, format: Format
+) -> None:
+    """Not transparency (the window is a documented stage), its limit: whatever the window leaves
+    out of a history over its limit, the task and every instruction of the client's still go."""
+    proxy = make_proxy(upstream={"anthropic_base_url": upstream.anthropic.base_url}, context={"history_token_limit": 300})
+    long = "The tests ran one by one and each of them passed without a warning. " * 40
+    upstream.enqueue(Reply.text(long), Reply.text(long), Reply.text("De rien."))
+    instructions_session(format, proxy.url if format == "messages" else proxy.base_url)
+    last = requests_of(upstream, format)[0][-1]
+    meant = meaning(format, last)["transcript"]
+    texts = [text for message in meant for _, text, *_ in message["parts"]]
+    assert TASK in texts and ENVIRONMENT in texts and LATER in texts and "Merci." in texts
+    assert long not in texts  # the history was cut
 
 
 # -- Codex CLI: the shell tool, then `exec resume` --------------------------------------------
