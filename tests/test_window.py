@@ -16,6 +16,7 @@ from proxy.config import ContextSettings, Profile, Settings
 from proxy.dialects.chat import CHAT
 from proxy.engine.report import TurnReport
 from proxy.identity import ConversationKey
+from proxy.pipeline.base import StageRun
 from proxy.pipeline.window import TokenWindow, build, effective_limit
 from proxy.pipeline.window import select_window as select_items
 from proxy.refs import RefSigner
@@ -253,6 +254,19 @@ def test_the_clients_instructions_in_the_transcript_take_nothing_from_the_histor
     long = [user("Run echo hello"), env, say("x " * 700), user("go on")]
     out = run(TokenWindow(), turn(limit=600), long)
     assert [item.raw for item in out if item.origin is None] == [long[0], env, long[3]]
+
+
+def test_a_new_instruction_is_never_added_by_the_fast_path_but_counted_by_the_whole_window() -> None:
+    """`extend` adds new history items to a window that sent everything; an instruction is not
+    history (it takes nothing from the history budget), so it takes the whole pipeline's count."""
+    msgs = [system(), user("fix the parser"), say("on it")]
+    t = turn(limit=1000, refill=0.5)
+    stage = TokenWindow()
+    out = run(stage, t, msgs)
+    run_of = StageRun(as_items(msgs), out, t.notes[stage.name])
+    later = as_items([*msgs, user("go on"), system("From now on answer in French.")])
+    assert asyncio.run(stage.extend(t, run_of, later[3:4])) == later[3:4]  # history: added
+    assert asyncio.run(stage.extend(t, run_of, later[3:])) is None  # an instruction among them: the whole window
 
 
 def test_stage_adds_to_what_earlier_stages_left_out() -> None:

@@ -99,6 +99,8 @@ class TokenWindow:
             return None
         if any(item.ref is not None for item in new) and not stepped.with_read_tool:
             return None  # the read tool's schema joins the prompt: the budget changes
+        if any(is_instruction(item) for item in new):
+            return None  # not history: it counts as the system items do, which the whole pipeline does
         counts = await self._count(turn, new)
         history = stepped.history_tokens + sum(counts)
         if history > stepped.limit or turn.report.tokens_sent is None:
@@ -127,6 +129,8 @@ class TokenWindow:
             return None
         if any(item.ref is not None for item in removed) and not any(item.ref is not None for item in shorter.after):
             return None  # the read tool's schema went with them alone: the budget changes
+        if any(is_instruction(item) for item in removed):
+            return None  # not counted in the history: the whole pipeline counts it
         tokens = sum(await self._count(turn, removed))
         turn.report.tokens_sent -= tokens
         return StageRun(shorter.before, shorter.after, replace(stepped, history_tokens=stepped.history_tokens - tokens))
