@@ -150,6 +150,8 @@ class Run:
             del self.history[-3:]
         elif r < 0.3:
             self.history.append(self.user(f"now step {self.calls}, please"))
+        elif r < 0.33 and self.dialect != "messages":  # an instruction mid-conversation: not history to the window
+            self.history.append({"role": "system", "content": f"From step {self.calls} on, be brief."})
         self.history += self.tool_step(self.output())
 
     def streams(self) -> bool:

@@ -16,6 +16,7 @@ from proxy.config import ContextSettings, Profile, Settings
 from proxy.dialects.chat import CHAT
 from proxy.engine.report import TurnReport
 from proxy.identity import ConversationKey
+from proxy.pipeline.base import StageRun
 from proxy.pipeline.window import TokenWindow, build, effective_limit
 from proxy.pipeline.window import select_window as select_items
 from proxy.refs import RefSigner
@@ -236,6 +237,36 @@ def test_the_clients_instructions_anywhere_in_the_transcript_are_never_left_out(
     assert [sent[0], *sent[2:5]] == [msgs[0], msgs[1], env, later] and all(item.pinned for item in out[2:5])
     assert sent[-1] == msgs[-1] and msgs[3] not in sent  # history still cut
     assert t.report.messages_left_out == 3
+
+
+def test_the_clients_instructions_in_the_transcript_take_nothing_from_the_history_budget() -> None:
+    """Claude Code's environment block (~2k tokens, after the task) with a short tool loop and the
+    fixed parts leaving little room: the instruction counts as the leading system items do, so
+    the window cuts nothing, moves nothing, and sends the whole transcript as it came."""
+    env = system("# Environment\n - Primary working directory: /home/dev/project\n" + "Be careful. " * 400)
+    msgs = [user("Run echo hello"), env, calls("a"), result("a", "hello"), say("It printed hello."), user("Now say goodbye.")]
+    t = turn(limit=600)
+    out = run(TokenWindow(), t, msgs)
+    assert [item.raw for item in out] == msgs
+    assert t.report.messages_left_out == 0
+    assert t.report.tokens_sent > 600  # the instruction is sent, and counted as sent
+    # Past the limit, history is still cut; the instruction stays, pinned after the task.
+    long = [user("Run echo hello"), env, say("x " * 700), user("go on")]
+    out = run(TokenWindow(), turn(limit=600), long)
+    assert [item.raw for item in out if item.origin is None] == [long[0], env, long[3]]
+
+
+def test_a_new_instruction_is_never_added_by_the_fast_path_but_counted_by_the_whole_window() -> None:
+    """`extend` adds new history items to a window that sent everything; an instruction is not
+    history (it takes nothing from the history budget), so it takes the whole pipeline's count."""
+    msgs = [system(), user("fix the parser"), say("on it")]
+    t = turn(limit=1000, refill=0.5)
+    stage = TokenWindow()
+    out = run(stage, t, msgs)
+    run_of = StageRun(as_items(msgs), out, t.notes[stage.name])
+    later = as_items([*msgs, user("go on"), system("From now on answer in French.")])
+    assert asyncio.run(stage.extend(t, run_of, later[3:4])) == later[3:4]  # history: added
+    assert asyncio.run(stage.extend(t, run_of, later[3:])) is None  # an instruction among them: the whole window
 
 
 def test_stage_adds_to_what_earlier_stages_left_out() -> None:

@@ -23,7 +23,8 @@ The limit is the profile's `context.history_token_limit` minus what every call s
 transcript (tool schemas, instructions; the proxy's read tool while a shortened output may go
 along), never more than the model's context window minus the
 reply's max tokens, the system items and those fixed parts, where the window is known. Items
-pinned by compaction (the task) follow the system prefix and are counted against the limit.
+pinned by compaction (the task) follow the system prefix and are counted against the limit; the
+client's instructions later in the transcript are not history and count as the system items do.
 """
 
 from __future__ import annotations
@@ -98,6 +99,8 @@ class TokenWindow:
             return None
         if any(item.ref is not None for item in new) and not stepped.with_read_tool:
             return None  # the read tool's schema joins the prompt: the budget changes
+        if any(is_instruction(item) for item in new):
+            return None  # not history: it counts as the system items do, which the whole pipeline does
         counts = await self._count(turn, new)
         history = stepped.history_tokens + sum(counts)
         if history > stepped.limit or turn.report.tokens_sent is None:
@@ -126,6 +129,8 @@ class TokenWindow:
             return None
         if any(item.ref is not None for item in removed) and not any(item.ref is not None for item in shorter.after):
             return None  # the read tool's schema went with them alone: the budget changes
+        if any(is_instruction(item) for item in removed):
+            return None  # not counted in the history: the whole pipeline counts it
         tokens = sum(await self._count(turn, removed))
         turn.report.tokens_sent -= tokens
         return StageRun(shorter.before, shorter.after, replace(stepped, history_tokens=stepped.history_tokens - tokens))
@@ -155,22 +160,30 @@ class TokenWindow:
         fixed = turn.fixed_tokens
         if any(item.ref is not None for item in items):  # the proxy's read tool may go with this prompt
             fixed += turn.proxy_tool_tokens
+        # The client's instructions after the leading system items (Claude Code's environment
+        # block after the task) are not history either: they count as those do, against the
+        # model's window but not the history limit, so the window cuts nothing for their sake.
+        at = [i for i in range(n_system, len(items)) if is_instruction(items[i])]
+        instructions = dict(zip(at, await self._count(turn, [items[i] for i in at]), strict=True))
         limit = effective_limit(
             max(turn.profile.context.history_token_limit - fixed, 0),
             turn.counter.context_window(turn.model),
             turn.reply_reserve,
-            sum(head_counts[:n_system]) + fixed,
+            sum(head_counts[:n_system]) + sum(instructions.values()) + fixed,
         )
         full_limit = limit
-        limit = max(limit - sum(head_counts[n_system:]) - quoted_tokens, 0)
-        counts, scan_from = await self._tail_counts(turn, items, head, limit)
+        pinned = sum(head_counts[i] for i in range(n_system, head) if i not in instructions)
+        limit = max(limit - pinned - quoted_tokens, 0)
+        counts, scan_from = await self._tail_counts(turn, items, head, limit + sum(instructions.values()))
         counts[:head] = head_counts
+        for i in instructions:
+            counts[i] = 0
         kept = self._stepped(turn, items, counts, limit, head, scan_from)
         with_read_tool = fixed != turn.fixed_tokens
         if not any(items[i].ref is not None for i in kept):
             fixed = turn.fixed_tokens  # no shortened output left in the prompt: no read tool either
             with_read_tool = False
-        tokens = fixed + sum(counts[i] for i in kept)
+        tokens = fixed + sum(counts[i] for i in kept) + sum(instructions.get(i, 0) for i in kept)
         history = sum(counts[i] for i in kept[head:])
         self._note(turn, items, kept, head, Stepped(None, history, limit, with_read_tool))
         return kept, tokens, tokens + limit - history, full_limit
