@@ -492,7 +492,8 @@ class Store(Protocol):
     """What the proxy needs from storage. Backends must pass tests/test_store_contract.py."""
 
     def lock(self, key: ConversationKey) -> AbstractAsyncContextManager[None]:
-        """Serialize the turns of one conversation (held for a whole request/reply cycle)."""
+        """Serialize the writes of one conversation's turns: a turn holds it while it plans and
+        writes its new items, and while it ends, never across its upstream call (proxy/turns.py)."""
 
     async def get(self, key: ConversationKey) -> Conversation | None: ...
 
@@ -610,7 +611,9 @@ class Store(Protocol):
     ) -> list[InboxMessage]:
         """In one atomic step, deliver with item `seq` every message not yet delivered for good:
         the pending ones, and those whose item failed or was left pending by a turn that never
-        ended. Returns them (oldest first). Called under the conversation's lock, once per turn."""
+        ended. Returns them (oldest first). Called once per turn, by its pipeline (no lock held:
+        two turns in flight at once may both carry a message; the one whose item goes live
+        delivers it for good)."""
 
     async def inbox_at(self, key: ConversationKey, seqs: Sequence[int]) -> dict[int, list[InboxMessage]]:
         """The messages delivered with each of `seqs` (oldest first), for the seqs that have any."""
@@ -649,8 +652,9 @@ class Store(Protocol):
 
     async def fail_pending(self) -> int:
         """Mark failed every message still pending (written by a turn that a crash cut short; a
-        conversation whose lock is held, by a turn still running elsewhere, is left alone).
-        Called at start; returns how many were marked."""
+        conversation whose lock is held, by a turn planning or ending elsewhere, is left alone).
+        Called at start; returns how many were marked. A turn still upstream on another replica
+        holds no lock: its items marked failed here become live again when it ends well."""
 
     async def health(self) -> StoreHealth:
         """Whether the store can write now (never raises): "ok", or "full", "read_only",
