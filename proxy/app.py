@@ -11,6 +11,7 @@ from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from . import connections, guard
+from .admin_token import known_admin_token, new_admin_token
 from .api import admin, count_tokens, inbox, knowledge, models, turns, ui
 from .api.passthrough import passthrough
 from .compaction import check_compactors
@@ -26,6 +27,7 @@ from .pipeline import build_pipeline
 from .prefix import PrefixCache
 from .refs import RefSigner
 from .state import (
+    ADMIN_TOKEN,
     COMPACTION,
     CONVERSATION,
     COUNTER,
@@ -97,7 +99,11 @@ async def healthz(request: web.Request) -> web.Response:
 async def _resources(app: web.Application) -> AsyncIterator[None]:
     """Open the store and the upstream session together; close them together."""
     settings = app[SETTINGS]
+    known_token = await asyncio.to_thread(known_admin_token, settings)
     app[STORE] = open_store(settings.storage)
+    # Made (and kept in the store folder) if there is none; after the store opened, whose own
+    # complaint about its folder is the one to hear first.
+    app[ADMIN_TOKEN] = known_token or await asyncio.to_thread(new_admin_token, settings)
     upstream = app[UPSTREAM] = HttpUpstream(settings.upstream)
     await upstream.start()
     router = app[ROUTER] = UpstreamRouter.from_settings(settings, upstream)

@@ -16,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
+from .admin_token import ui_url
 from .app import build_app, runner_options
 from .config import ConfigError, Settings, load_settings
 from .connections import start_site
@@ -23,6 +24,7 @@ from .errors import ProxyError
 from .logs import configure_logging
 from .memory import tune_malloc
 from .settings_doc import reference
+from .state import ADMIN_TOKEN
 from .store import ConversationExists, open_store
 from .transfer import InvalidExport, dump_from_json, dump_to_json, read_dump
 
@@ -103,6 +105,7 @@ async def serve_forever(settings: Settings, app: web.Application) -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(GC_YOUNG_THRESHOLD, 20, 20)
+    _print_ui_url(app, host, port)  # before "listening": whoever waits for that has the URL too
     log.info("listening", extra={"host": host, "port": port})
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -113,6 +116,19 @@ async def serve_forever(settings: Settings, app: web.Application) -> None:
     finally:
         log.info("stopping")
         await runner.cleanup()
+
+
+def _print_ui_url(app: web.Application, host: str, port: int) -> None:
+    """The /ui address with the token the proxy made (as Jupyter does): on the terminal only, not in
+    the log lines (a configured token is the admin's own: never printed)."""
+    token = app[ADMIN_TOKEN]
+    if not token.generated:
+        return
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else (f"[{host}]" if ":" in host else host)
+    print(
+        f"context-proxy: open {ui_url(f'http://{shown}:{port}', token)} (the admin token is kept in {token.file})",
+        file=sys.stderr, flush=True,
+    )
 
 
 class CommandFailed(Exception):

@@ -3,8 +3,8 @@
 A browser is the one client that can be made to call the proxy by someone else's page:
 - **DNS rebinding.** A page on attacker.example whose name then resolves to 127.0.0.1 is
   same-origin with the proxy, so the browser lets it read every answer. Only the `Host` header
-  gives it away. Without an admin token the admin API, /ui and /metrics serve loopback clients
-  every tenant's data, so there the Host must be localhost, a loopback address or one named in
+  gives it away. With no `admin.token` configured (the proxy's own, for local use) the admin API,
+  /ui and /metrics check it: there the Host must be localhost, a loopback address or one named in
   `server.allowed_hosts`; while the proxy listens on loopback only, that holds for every route
   (no client can reach it under another name then, short of a local reverse proxy: name it).
 - **Cross-site requests.** A page may send "simple" requests (a text/plain POST) to any origin
@@ -50,7 +50,7 @@ class GuardPolicy:
     any_host: bool
     any_origin: bool
     hosts_everywhere: bool  # listening on loopback: every route checks the Host
-    hosts_on_admin: bool  # no admin token: the admin API, /ui and /metrics check the Host
+    hosts_on_admin: bool  # no admin.token configured: the admin API, /ui and /metrics check the Host
 
     @classmethod
     def from_settings(cls, settings: Settings) -> GuardPolicy:

@@ -68,7 +68,7 @@ def test_the_file_equals_the_api_trajectory_after_each_turn(make_proxy, upstream
             assert expect_error
             del messages[-len(new):]
         settle(servers, proxy)
-        with httpx.Client(base_url=proxy.url) as http:
+        with httpx.Client(base_url=proxy.url, auth=proxy.admin_auth) as http:
             assert json.loads(path.read_bytes()) == api_trajectory(http, "run-1")
 
     turn({"role": "user", "content": "run the test suite"})
@@ -117,7 +117,7 @@ def test_a_deleted_conversation_loses_its_file(make_proxy, upstream, servers, tm
     settle(servers, proxy)
     path = root / tenant_of(ALICE) / "gone.json"
     assert path.is_file()
-    with httpx.Client(base_url=proxy.url) as http:
+    with httpx.Client(base_url=proxy.url, auth=proxy.admin_auth) as http:
         assert http.delete("/v1/conversations/gone").status_code == 200
     settle(servers, proxy)
     assert not path.exists()
@@ -133,7 +133,7 @@ def test_a_failed_write_is_logged_and_counted_and_never_fails_the_turn(make_prox
     settle(servers, proxy)
     assert proxy.app[TRAJECTORIES].failures == 1
     assert any(r.getMessage() == "trajectory file not written" for r in caplog.records)
-    with httpx.Client(base_url=proxy.url) as http:
+    with httpx.Client(base_url=proxy.url, auth=proxy.admin_auth) as http:
         metrics = http.get("/metrics").text
     assert "context_proxy_trajectory_write_failures_total 1.0" in metrics
 
@@ -141,7 +141,7 @@ def test_a_failed_write_is_logged_and_counted_and_never_fails_the_turn(make_prox
     transcript = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "reply to: hi"}, {"role": "user", "content": "again"}]
     client.chat.completions.create(model="m", messages=transcript)
     settle(servers, proxy)
-    with httpx.Client(base_url=proxy.url) as http:
+    with httpx.Client(base_url=proxy.url, auth=proxy.admin_auth) as http:
         assert json.loads((root / tenant_of(ALICE) / "blocked.json").read_bytes()) == api_trajectory(http, "blocked")
 
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
+from ..markers import NON_TEXT, shortened_quote
 from ..store import QuotedMessage
 from ..transcript import Role
 from .windows import Entry
 
 HEAD_CHARS = 240  # what a shortened message keeps: enough for the gist of an instruction
-NON_TEXT = "[a message without text: images or files]"
 
 
 def quote(seq: int, text: str | None) -> QuotedMessage:
@@ -33,11 +33,7 @@ def quoted_chars(message: QuotedMessage) -> int:
 def entry_text(message: QuotedMessage) -> str:
     if message.ref is None:
         return message.text
-    return (
-        f"{message.text}\n[context-proxy: shortened to its first {len(message.text)} of {message.chars} characters; "
-        f'the whole message is ref "{message.ref}": read_tool_output(ref="{message.ref}", offset={len(message.text)}) '
-        "reads the rest.]"
-    )
+    return message.text + shortened_quote(len(message.text), message.chars, message.ref)
 
 
 def fit_quotes(

@@ -16,12 +16,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..config import CompactionSettings
+from ..markers import FACTS_HEADER, QUOTES_HEADER, SUMMARY_HEADER
 from ..store import QuotedMessage, Summary
 from .quotes import entry_text, fit_quotes
 
-SUMMARY_HEADER = "Summary of the earlier part of this conversation (older messages are not shown):\n\n"
-FACTS_HEADER = "Key facts (kept verbatim from the summarized messages):"
-QUOTES_HEADER = "What the user said after the task, verbatim and oldest first (kept by the proxy, not summarized):"
 NO_SUMMARY_HEADER = "Earlier messages of this conversation are not shown.\n\n"
 
 

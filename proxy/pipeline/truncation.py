@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from ..config import Settings
-from ..tools.readback import READ_TOOL
+from ..markers import shortened_output
 from ..transcript import Item, Role, tool_names
 from .base import StageRun, Turn, item_by_item
 
@@ -90,15 +90,9 @@ class Truncation:
         settings = turn.profile.truncation
         shown = "a summary" if summarized else f"the first {settings.preview_length} of {total} characters"
         start = 0 if summarized else settings.preview_length
-        marker = (
-            f"\n\n[context-proxy: this tool output was shortened to {shown}. The full output "
-            f"({total} characters) is stored as ref \"{ref}\". To read more, call "
-            f"{READ_TOOL}(ref=\"{ref}\", offset={start}, length={settings.read_length}).]"
-        )
         figures = turn.ledger.figures(seq)
-        if figures is not None:
-            marker = marker[:-1] + " " + figures.line() + "]"
-        return marker
+        quota = figures.line() if figures is not None else None
+        return shortened_output(shown, total, ref, start, settings.read_length, quota)
 
     async def _summaries(self, turn: Turn, wanted: list[tuple[Item, str, str]]) -> dict[int, str]:
         """Stored summaries, and new ones made now (a failure falls back to a preview, logged)."""

@@ -319,7 +319,7 @@ class KnowledgeVersion:
     version: int  # 1, 2, ... per document; every one is kept
     text: str
     created_at: float
-    source: str  # who wrote it: "seed", "admin", "api", "agent:<conversation id>"
+    source: str  # who wrote it: "seed", "admin", "api", "agent:<conversation id> turn <n>"
 
     def to_api(self, *, with_text: bool = True) -> dict[str, Any]:
         out = {
