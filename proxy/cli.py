@@ -23,10 +23,11 @@ from .connections import start_site
 from .errors import ProxyError
 from .logs import configure_logging
 from .memory import tune_malloc
+from .refs import RefSigner
 from .settings_doc import reference
 from .state import ADMIN_TOKEN
 from .store import ConversationExists, open_store
-from .transfer import InvalidExport, dump_from_json, dump_to_json, read_dump
+from .transfer import InvalidExport, OwnedElsewhere, check_owners, dump_from_json, dump_to_json, read_dump, with_refs_of
 
 log = logging.getLogger("proxy")
 GC_YOUNG_THRESHOLD = 20_000  # allocations between young collections (CPython's default: 700)
@@ -163,14 +164,18 @@ async def export_conversation(settings: Settings, conversation_id: str, tenant: 
 async def import_conversation(settings: Settings, document: Any, *, replace: bool) -> str:
     """Write an export into the store; returns what was imported, in one line."""
     try:
-        dump = dump_from_json(document)
+        dump = dump_from_json(document, settings)
     except InvalidExport as exc:
         raise CommandFailed(f"not a valid export: {exc}") from None
     key = dump.conversation.key
     store = open_store(settings.storage)
     try:
+        dump = with_refs_of(dump, RefSigner(await store.secret()))
         async with store.lock(key):
+            await check_owners(store, dump)
             await store.import_conversation(dump, replace=replace)
+    except OwnedElsewhere as exc:
+        raise CommandFailed(f"not imported: {exc}") from None
     except ConversationExists:
         raise CommandFailed(
             f"conversation {key.id!r} of tenant {key.tenant[:12]} is already in this store: "
@@ -194,3 +199,5 @@ def _read_export(name: str) -> Any:
         raise CommandFailed(f"cannot read {name}: {exc.strerror}") from None
     except ValueError as exc:
         raise CommandFailed(f"{name} is not JSON: {exc}") from None
+    except RecursionError:  # the json module's own bound on nesting
+        raise CommandFailed(f"{name} is nested too deeply to be an export") from None

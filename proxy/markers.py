@@ -13,6 +13,10 @@ The rewrite is a pure function of the text: the same bytes every turn (prompt ca
 from __future__ import annotations
 
 import re
+import time
+from string import Template
+
+from .summarizer import prompt
 
 # -- the proxy's tools ---------------------------------------------------------------------------
 
@@ -27,6 +31,13 @@ TOOL_NAMES = frozenset({READ_TOOL, KNOWLEDGE_READ_TOOL, KNOWLEDGE_REPLACE_TOOL, 
 NOTE_PREFIX = "[context-proxy: "
 # The inbox's note (proxy/prompts/inbox_note.md holds the whole of it: a prompt, edited as one).
 INBOX_NOTE_START = NOTE_PREFIX + "a message from the user"
+
+
+def inbox_note(content: str, written_at: float) -> str:
+    """An inbox message as the agent reads it: marked as the user's, written while it worked.
+    Made from the message's content and time alone (an import rebuilds it so)."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(written_at))
+    return Template(prompt("inbox_note")).substitute(time=stamp, content=content).rstrip("\n")
 
 
 def note(text: str) -> str:

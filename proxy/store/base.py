@@ -26,6 +26,8 @@ FAILED = "failed"  # the request carrying it was refused or failed: kept in the 
 INCOMPLETE = "incomplete"  # a streamed reply the client went away from
 INTERNAL = "internal"  # a read_tool_output round the proxy answered itself: never shown to the client
 STATUSES = frozenset({PENDING, LIVE, SUPERSEDED, FAILED, INCOMPLETE, INTERNAL})
+# Marks that count rather than name a seq: a derived conversation's runs (engine.py's RUNS_MARK).
+COUNT_MARKS = frozenset({"runs"})
 
 
 def now() -> float:
@@ -374,8 +376,10 @@ class ConversationDump:
             problems.append("turn records must be numbered 1, 2, ...")
         if not set(self.responses.values()) <= set(range(1, n + 1)):
             problems.append("response ids must name stored messages")
-        if not all(0 <= seq <= n for seq in c.marks.values()):
+        if not all(0 <= seq <= n for name, seq in c.marks.items() if name not in COUNT_MARKS):
             problems.append("marks must be seqs of the conversation")
+        if not all(c.marks[name] >= 1 for name in COUNT_MARKS & set(c.marks)):
+            problems.append("the runs mark must count runs (1 or more)")
         if not 0 <= c.failures <= len(self.turns) or (c.failures > 0) != (c.last_error is not None):
             problems.append("failures must count failed turns, with the last one's error")
         if [m.id for m in self.inbox] != list(range(1, len(self.inbox) + 1)):
