@@ -49,7 +49,7 @@ from .store import Store, StoreError, open_store
 from .summarizer import Summarizer
 from .telemetry import check_telemetry, open_telemetry
 from .tokens import TokenCounter
-from .trajectory_files import TrajectoryWriter
+from .trajectory_files import TrajectoryWriter, check_trajectory_dir
 from .upstream import HttpUpstream
 from .upstream.http import redacted
 from .upstream.router import UpstreamRouter, counting_aliases, window_overrides
@@ -189,6 +189,7 @@ def build_app(settings: Settings) -> web.Application:
     """The proxy's app; raises ConfigError for a setting only start-up can check (user code)."""
     check_compactors(settings)
     check_telemetry(settings)
+    check_trajectory_dir(settings.storage.trajectory_dir)
     # The request log wraps the error boundary so that it logs the status the client really got;
     # the guard looks at headers only, before the connection's bounds read the body.
     app = web.Application(

@@ -428,3 +428,50 @@ def test_a_derived_conversation_that_started_over_round_trips(make_proxy, upstre
     done = cli("import", "--config", str(target), "-", stdin=json.dumps(document).encode())
     assert done.returncode == 0, done.stderr.decode()
     assert exported(target, ids[0]) == document
+
+
+# -- 6. the trajectory folder is trusted only as this user's own --------------------------------
+
+
+def test_an_open_trajectory_folder_is_made_private_and_a_symlinked_tenant_folder_is_never_followed(make_proxy, upstream, servers, tmp_path):
+    from proxy.identity import tenant_of
+    from proxy.state import TRAJECTORIES
+
+    root = tmp_path / "trajectories"
+    root.mkdir()
+    os.chmod(root, 0o777)  # as found: anyone could plant a link in it
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim.json").write_text("not the proxy's")
+    (root / tenant_of(ALICE)).symlink_to(outside)
+    proxy = make_proxy(storage={"trajectory_dir": str(root)})
+    assert stat.S_IMODE(root.lstat().st_mode) == 0o700  # enforced at start
+    start_conversation(proxy, "victim")
+    servers.run(proxy.app[TRAJECTORIES].idle())
+    assert proxy.app[TRAJECTORIES].failures == 1  # refused, logged and counted; the turn went on
+    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+        assert http.delete("/v1/conversations/victim", headers=AUTH).status_code == 200
+    servers.run(proxy.app[TRAJECTORIES].idle())
+    assert sorted(p.name for p in outside.iterdir()) == ["victim.json"]  # nothing written there, nothing removed
+    assert (outside / "victim.json").read_text() == "not the proxy's"
+    # A tenant folder found open is made private on the next write.
+    (root / tenant_of(ALICE)).unlink()
+    (root / tenant_of(ALICE)).mkdir(mode=0o755)
+    os.chmod(root / tenant_of(ALICE), 0o777)
+    start_conversation(proxy, "fine")
+    servers.run(proxy.app[TRAJECTORIES].idle())
+    assert (root / tenant_of(ALICE) / "fine.json").is_file()
+    assert stat.S_IMODE((root / tenant_of(ALICE)).lstat().st_mode) == 0o700
+
+
+def test_a_symlinked_trajectory_root_stops_start_up(tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "trajectories").symlink_to(tmp_path / "elsewhere")
+    config = write_config(
+        tmp_path / "config.yaml", upstream={"base_url": "http://127.0.0.1:9/v1"},
+        storage={"path": str(tmp_path / "data"), "trajectory_dir": str(tmp_path / "trajectories")},
+    )
+    done = subprocess.run([sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", "0"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith("context-proxy: storage.trajectory_dir: ") and "symlink" in done.stderr

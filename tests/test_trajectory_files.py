@@ -125,7 +125,9 @@ def test_a_deleted_conversation_loses_its_file(make_proxy, upstream, servers, tm
 
 def test_a_failed_write_is_logged_and_counted_and_never_fails_the_turn(make_proxy, upstream, servers, tmp_path, caplog):
     root = tmp_path / "trajectories"
-    root.write_text("a file where the folder should be")
+    root.mkdir()
+    blocked = root / tenant_of(ALICE)
+    blocked.write_text("a file where the tenant's folder should be")  # (a root like that stops start-up)
     proxy = make_proxy(storage={"trajectory_dir": str(root)})
     client = openai_client(proxy, headers={"X-Conversation-ID": "blocked"})
     reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
@@ -137,7 +139,7 @@ def test_a_failed_write_is_logged_and_counted_and_never_fails_the_turn(make_prox
         metrics = http.get("/metrics").text
     assert "context_proxy_trajectory_write_failures_total 1.0" in metrics
 
-    root.unlink()  # fixed: the next turn writes the whole file
+    blocked.unlink()  # fixed: the next turn writes the whole file
     transcript = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "reply to: hi"}, {"role": "user", "content": "again"}]
     client.chat.completions.create(model="m", messages=transcript)
     settle(servers, proxy)
