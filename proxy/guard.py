@@ -41,6 +41,9 @@ JSON_METHODS = frozenset({"POST", "PUT", "PATCH"})
 ALLOW_METHODS = "GET, POST, PUT, PATCH, DELETE, OPTIONS"
 PREFLIGHT_MAX_AGE_S = 600
 LOOPBACK_NAMES = frozenset({"localhost", "localhost."})
+# A Host header as browsers send it: a name or an address, a bracketed IPv6 address, an optional
+# port. Anything else ('localhost:80@evil.com', a path, spaces) names no host of ours.
+AUTHORITY = re.compile(r"(?:\[[0-9a-f:.]+\]|[a-z0-9_-]+(?:\.[a-z0-9_-]+)*\.?)(?::\d{1,5})?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +179,10 @@ def hostname(host: str) -> str:
 
 @lru_cache(maxsize=1024)  # Host values come from clients: bounded; parsing an address is slow
 def _host_facts(host: str) -> tuple[str, bool]:
-    """(the host name of a Host value, whether it names this machine's loopback)."""
+    """(the host name of a Host value, whether it names this machine's loopback); ("", False) for
+    a value that is no authority at all."""
+    if not AUTHORITY.fullmatch(host.strip().lower()):
+        return "", False
     return hostname(host), is_loopback_name(host)
 
 

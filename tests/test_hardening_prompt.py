@@ -475,3 +475,80 @@ def test_a_symlinked_trajectory_root_stops_start_up(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("context-proxy: storage.trajectory_dir: ") and "symlink" in done.stderr
+
+
+# -- 7. the small ones --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path):
+    """An 8 MB tmpfs: smaller than twice the default reserve (16 MB), which was then never made."""
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def test_a_delete_works_on_a_full_store_of_any_size(make_proxy, upstream, tiny_disk):
+    from tests.test_hardening_store import BIG, fill, live, turn
+
+    proxy = make_proxy(data_dir=tiny_disk / "data")  # the default reserve_mb
+    http = httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth)
+    for cid in ("keep", "drop"):
+        assert turn(http, cid, f"{cid}: " + BIG).status_code == 200
+    kept = live(http, "keep")
+    filler = fill(tiny_disk)
+    assert turn(http, "keep", "one more: " + BIG).status_code == 507
+    deleted = http.delete("/v1/conversations/drop")
+    assert deleted.status_code == 200, deleted.text
+    assert http.get("/v1/conversations/drop").status_code == 404 and live(http, "keep") == kept
+    filler.unlink()
+
+
+def test_a_count_of_a_fresh_start_writes_no_runs_mark(make_proxy, upstream, servers):
+    """count_tokens must write nothing: a count of a run that starts over wrote the `runs` mark, so
+    the real request after it went to a run 3 and the derived conversations drifted."""
+    from proxy.identity import ConversationKey, tenant_of
+    from proxy.state import STORE
+    from tests.messages_helpers import claude_client, messages_proxy
+
+    proxy = messages_proxy(make_proxy, upstream)
+    client = claude_client(proxy)
+    task = [{"role": "user", "content": "Build the project."}]
+    first = client.messages.create(model="claude-sonnet-4-5", max_tokens=100, system="You build.", messages=task)
+    moved_on = [*task, {"role": "assistant", "content": first.content[0].text}, {"role": "user", "content": "Now test."}]
+    client.messages.create(model="claude-sonnet-4-5", max_tokens=100, system="You build.", messages=moved_on)
+    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+        [base] = [c["id"] for c in http.get("/v1/conversations", headers=AUTH).json()["data"]]
+    key = ConversationKey(tenant_of(ALICE), base)
+    before = servers.run(proxy.app[STORE].get(key))
+    assert client.messages.count_tokens(model="claude-sonnet-4-5", system="You build.", messages=task).input_tokens > 0
+    after = servers.run(proxy.app[STORE].get(key))
+    assert after.marks == before.marks and "runs" not in after.marks
+    client.messages.create(model="claude-sonnet-4-5", max_tokens=100, system="You build.", messages=task)  # starts over
+    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+        assert sorted(c["id"] for c in http.get("/v1/conversations", headers=AUTH).json()["data"]) == [base, base + ".2"]
+
+
+def raw_status(port: int, host: bytes, token: str) -> bytes:
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"GET /v1/conversations HTTP/1.1\r\nHost: " + host + b"\r\nAuthorization: Bearer "
+                     + token.encode() + b"\r\nConnection: close\r\n\r\n")
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer.split(b"\r\n", 1)[0]
+
+
+@pytest.mark.parametrize("host", [b"localhost:80@evil.com", b"127.0.0.1:80@evil.com", b"localhost/evil.com",
+                                  b"localhost:80:81", b"evil.com#@localhost"])
+def test_the_host_check_parses_the_authority_strictly(proxy, upstream, host):
+    assert raw_status(proxy.port, host, proxy.admin_token) == b"HTTP/1.1 403 Forbidden"
+    assert raw_status(proxy.port, b"localhost:80", proxy.admin_token) == b"HTTP/1.1 200 OK"
+    assert raw_status(proxy.port, b"[::1]:80", proxy.admin_token) == b"HTTP/1.1 200 OK"

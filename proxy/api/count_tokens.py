@@ -21,7 +21,7 @@ from .turns import read_turn
 
 async def count_tokens(request: web.Request) -> web.Response:
     app = request.app
-    turn, key, report = await read_turn(request, MESSAGES)
+    turn, key, report = await read_turn(request, MESSAGES, dry_run=True)
     managed = await app[ENGINE].dry_run(turn, key, report)
     headers = report.headers()
     if app[ROUTER].is_litellm(report.model):

@@ -157,8 +157,11 @@ async def turn_request(
     )
 
 
-async def read_turn(request: web.Request, dialect: Dialect) -> tuple[TurnRequest, ConversationKey, TurnReport]:
-    """A managed request read: the turn, the conversation it belongs to, its (empty) report."""
+async def read_turn(
+    request: web.Request, dialect: Dialect, *, dry_run: bool = False
+) -> tuple[TurnRequest, ConversationKey, TurnReport]:
+    """A managed request read: the turn, the conversation it belongs to, its (empty) report
+    (`dry_run`: for a count, finding the conversation writes nothing either)."""
     settings = request.app[SETTINGS]
     # A body that extends the previous request of the conversation the client names is parsed
     # only where it is new (the fast path's first step).
@@ -173,7 +176,7 @@ async def read_turn(request: web.Request, dialect: Dialect) -> tuple[TurnRequest
     check_message_count(transcript, settings.server.max_messages, dialect.transcript_key)
     title = check_title(request.headers.get(TITLE_HEADER), TITLE_HEADER)
     turn = await turn_request(request, dialect, parsed, tenant, explicit)
-    key = await request.app[ENGINE].conversation_key(turn)
+    key = await request.app[ENGINE].conversation_key(turn, dry_run=dry_run)
     request[CONVERSATION] = key
     report = TurnReport(
         key, dialect.name, dialect.model(body), client=client_name(request.headers.get("User-Agent")), title=title

@@ -109,7 +109,7 @@ class Engine:
         # Turns past their reply, still writing: the client may already hold the whole response.
         self._ending: set[asyncio.Future[None]] = set()
 
-    async def conversation_key(self, request: TurnRequest) -> ConversationKey:
+    async def conversation_key(self, request: TurnRequest, *, dry_run: bool = False) -> ConversationKey:
         """The conversation a request belongs to, in this order: the one it names; the one that
         produced the reply it continues (Responses' previous_response_id); the client's session;
         else one derived from its run (system prompt and task)."""
@@ -131,9 +131,9 @@ class Engine:
             )
         raws = dialect.transcript(request.body)
         base = ConversationKey(tenant, derived_conversation_id(tenant, dialect.identity_basis(request.body, raws)))
-        return await self._run_of(base, request, raws)
+        return await self._run_of(base, request, raws, dry_run)
 
-    async def _run_of(self, base: ConversationKey, request: TurnRequest, raws: list) -> ConversationKey:
+    async def _run_of(self, base: ConversationKey, request: TurnRequest, raws: list, dry_run: bool) -> ConversationKey:
         """Which run of an unmodified agent a request belongs to. Runs of one agent with one task
         share a derived id; a request that starts over (its system prompt and task, nothing more)
         while the latest run has moved on is a new run, `<id>.2`, `<id>.3`, ...: the old one stays
@@ -151,7 +151,8 @@ class Engine:
         hashes = [codec.hash(r) for r in raws]
         if is_fresh_start(codec, raws, hashes):
             if latest is not None and len(latest.live) > len(raws) and latest.live_hashes[: len(raws)] == hashes:
-                await self.store.set_marks(base, {RUNS_MARK: runs + 1})
+                if not dry_run:  # a count (count_tokens) writes nothing
+                    await self.store.set_marks(base, {RUNS_MARK: runs + 1})
                 return run(runs + 1)
             return run(runs)
         # The run it shares the most history with (the newest of equals): runs of a deterministic
