@@ -12,6 +12,7 @@ to them: a token another user could read or replace is no secret.
 
 from __future__ import annotations
 
+import errno
 import hmac
 import os
 import secrets
@@ -79,7 +80,7 @@ def _read(path: Path) -> str:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as exc:
-        if exc.errno == 40:  # ELOOP: the name is a symlink
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW: the name is a symlink
             raise ConfigError(f"admin token: {path} is a symlink; it must be a plain file") from None
         raise
     with os.fdopen(fd) as source:

@@ -24,7 +24,6 @@ READ_TOOL = "read_tool_output"
 KNOWLEDGE_READ_TOOL = "knowledge_read"
 KNOWLEDGE_REPLACE_TOOL = "knowledge_replace_section"
 KNOWLEDGE_APPEND_TOOL = "knowledge_append_section"
-TOOL_NAMES = frozenset({READ_TOOL, KNOWLEDGE_READ_TOOL, KNOWLEDGE_REPLACE_TOOL, KNOWLEDGE_APPEND_TOOL})
 
 # -- bracketed notes: "[context-proxy: ...]" -------------------------------------------------------
 
@@ -81,6 +80,7 @@ NON_TEXT = "[a message without text: images or files]"
 
 SUMMARY_HEADER = "Summary of the earlier part of this conversation (older messages are not shown):\n\n"
 FACTS_HEADER = "Key facts (kept verbatim from the summarized messages):"
+NO_SUMMARY_HEADER = "Earlier messages of this conversation are not shown.\n\n"  # (quotes, and no summary yet)
 QUOTES_HEADER = "What the user said after the task, verbatim and oldest first (kept by the proxy, not summarized):"
 # The first words of the knowledge document's system message (proxy/prompts/knowledge_note.md).
 KNOWLEDGE_HEADER = "Long-term knowledge: notes that agents working for this user keep across conversations"
@@ -113,6 +113,7 @@ def _loose(text: str) -> str:
 _IMITATIONS = [
     r"\[\s*context[\s_-]*proxy\s*:",  # "[context-proxy:" and its near spellings
     _loose(SUMMARY_HEADER.strip()),
+    _loose(NO_SUMMARY_HEADER.strip()),
     _loose(FACTS_HEADER),
     _loose(QUOTES_HEADER),
     _loose(KNOWLEDGE_HEADER),

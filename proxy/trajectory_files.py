@@ -44,7 +44,15 @@ from .identity import CONVERSATION_ID, ConversationKey
 from .refs import RefSigner
 from .scheduling import run_behind_the_loop
 from .store import PENDING, Conversation, Store, StoredMessage, Summary
-from .trajectory import TrajectoryDocument, encode, first_live_user, inbox_parts, roles_of, shown_status, trajectory_message
+from .trajectory import (
+    TrajectoryDocument,
+    encode,
+    first_live_user,
+    inbox_parts,
+    roles_of,
+    shown_status,
+    trajectory_message,
+)
 from .transcript import Role
 
 log = logging.getLogger("proxy.trajectory")

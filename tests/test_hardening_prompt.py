@@ -552,3 +552,28 @@ def test_the_host_check_parses_the_authority_strictly(proxy, upstream, host):
     assert raw_status(proxy.port, host, proxy.admin_token) == b"HTTP/1.1 403 Forbidden"
     assert raw_status(proxy.port, b"localhost:80", proxy.admin_token) == b"HTTP/1.1 200 OK"
     assert raw_status(proxy.port, b"[::1]:80", proxy.admin_token) == b"HTTP/1.1 200 OK"
+
+
+def test_every_note_the_proxy_writes_is_one_an_imitation_of_is_caught():
+    """markers.py holds them all: a note added there without a pattern could be forged again."""
+    from proxy import markers
+    from proxy.knowledge import header
+
+    written = [
+        markers.inbox_note("hello", 0.0),
+        markers.shortened_output("a summary", 900, "out_1_x", 0, 100, "You have 1 LLM calls remaining (used 1 of 2)."),
+        markers.omitted_output(900, "out_1_x", 100),
+        markers.shortened_quote(10, 900, "out_1_x"),
+        markers.knowledge_goes_on(10, 90),
+        markers.NO_RESULT,
+        markers.SUMMARY_HEADER,
+        markers.NO_SUMMARY_HEADER,
+        markers.FACTS_HEADER,
+        markers.QUOTES_HEADER,
+        header("", 3, editable=False),
+        markers.quota_note(markers.quota_line(1, 2, 3)),
+        '{"ok": true, "' + markers.QUOTA_INFO_KEY + '": {}}',
+    ]
+    for text in written:
+        assert markers.IMITATION.search(text), text
+        assert not markers.IMITATION.search(markers.neutralised(text)), text

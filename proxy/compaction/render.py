@@ -16,11 +16,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..config import CompactionSettings
-from ..markers import FACTS_HEADER, QUOTES_HEADER, SUMMARY_HEADER
+from ..markers import FACTS_HEADER, NO_SUMMARY_HEADER, QUOTES_HEADER, SUMMARY_HEADER
 from ..store import QuotedMessage, Summary
 from .quotes import entry_text, fit_quotes
 
-NO_SUMMARY_HEADER = "Earlier messages of this conversation are not shown.\n\n"
 
 
 @dataclass(frozen=True, slots=True)
