@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import Settings
-from ..markers import IMITATION, neutralised
+from ..markers import neutralised
 from ..transcript import Item
 from .base import StageRun, Turn, item_by_item
 
@@ -47,7 +47,7 @@ def _neutral_item(item: Item) -> Item:
 def neutral_raw(value: Any) -> Any:
     """`value` with its strings neutralised; the same object when nothing in it changed."""
     if isinstance(value, str):
-        return neutralised(value) if IMITATION.search(value) else value
+        return neutralised(value)
     if isinstance(value, dict):
         if not SIGNED_KEYS.isdisjoint(value):
             return value
