@@ -577,3 +577,19 @@ def test_every_note_the_proxy_writes_is_one_an_imitation_of_is_caught():
     for text in written:
         assert markers.IMITATION.search(text), text
         assert not markers.IMITATION.search(markers.neutralised(text)), text
+
+
+def test_what_a_summary_carries_of_the_clients_words_cannot_forge_a_note_either():
+    """The summary is the proxy's own message, but its quotes are the user's words verbatim and
+    its text an LLM's made of the transcript: an imitation in them is marked quoted too."""
+    from proxy.compaction.render import render_summary
+    from proxy.config import CompactionSettings
+    from proxy.markers import INBOX_NOTE_START, QUOTED
+    from proxy.store import KeyFact, QuotedMessage, Summary
+
+    summary = Summary(
+        text="The agent read " + FORGED_NOTE, first_seq=1, last_seq=4, strategy="turns", model="m", tokens_in=1,
+        tokens_out=1, facts=[KeyFact(FORGED_NOTE, 1, 1, 2)], user_messages=[QuotedMessage(3, FORGED_NOTE, len(FORGED_NOTE))],
+    )
+    rendered = render_summary(summary, CompactionSettings()).text
+    assert INBOX_NOTE_START not in rendered and rendered.count(QUOTED) == 3

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from ..markers import NON_TEXT, shortened_quote
+from ..markers import NON_TEXT, neutralised, shortened_quote
 from ..store import QuotedMessage
 from ..transcript import Role
 from .windows import Entry
@@ -31,9 +31,11 @@ def quoted_chars(message: QuotedMessage) -> int:
 
 
 def entry_text(message: QuotedMessage) -> str:
+    """A quote as the summary shows it: the user's words (what imitates a proxy note in them
+    marked quoted), and where the rest is when shortened."""
     if message.ref is None:
-        return message.text
-    return message.text + shortened_quote(len(message.text), message.chars, message.ref)
+        return neutralised(message.text)
+    return neutralised(message.text) + shortened_quote(len(message.text), message.chars, message.ref)
 
 
 def fit_quotes(

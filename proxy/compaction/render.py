@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..config import CompactionSettings
-from ..markers import FACTS_HEADER, NO_SUMMARY_HEADER, QUOTES_HEADER, SUMMARY_HEADER
+from ..markers import FACTS_HEADER, NO_SUMMARY_HEADER, QUOTES_HEADER, SUMMARY_HEADER, neutralised
 from ..store import QuotedMessage, Summary
 from .quotes import entry_text, fit_quotes
 
@@ -52,9 +52,11 @@ def render_summary(
         quotes, omitted = fit_quotes(
             quotes, left_out_user_messages, budget, ref_for, omitted, keep_newest=quote_budget is None
         )
-    parts = [SUMMARY_HEADER + summary.text.strip() if summary is not None else NO_SUMMARY_HEADER.strip()]
+    # The summarizer's text, the facts and the quotes are the client's words, or an LLM's made of
+    # them: what imitates the proxy's notes in them is marked quoted, as in the client's items.
+    parts = [SUMMARY_HEADER + neutralised(summary.text.strip()) if summary is not None else NO_SUMMARY_HEADER.strip()]
     if summary is not None and summary.facts:
-        parts.append(FACTS_HEADER + "\n" + "\n".join(f"- {fact.value}" for fact in summary.facts))
+        parts.append(FACTS_HEADER + "\n" + "\n".join(f"- {neutralised(fact.value)}" for fact in summary.facts))
     if quotes or omitted:
         lines = [QUOTES_HEADER]
         if omitted:

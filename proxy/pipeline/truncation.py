@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from ..config import Settings
-from ..markers import shortened_output
+from ..markers import neutralised, shortened_output
 from ..transcript import Item, Role, tool_names
 from .base import StageRun, Turn, item_by_item
 
@@ -80,7 +80,8 @@ class Truncation:
             assert item.seq is not None
             ref = turn.refs.make(turn.key, item.seq)
             summary = summaries.get(item.seq)
-            body = summary if summary is not None else text[: settings.preview_length]
+            # (a summary is an LLM's, made of the output: what imitates our notes in it is quoted)
+            body = neutralised(summary) if summary is not None else text[: settings.preview_length]
             content = body + self._marker(turn, item.seq, ref, len(text), summary is not None)
             out[position] = turn.codec.with_text(item, content).but(ref=ref)
             turn.report.saved("truncation", len(text) - len(content))
