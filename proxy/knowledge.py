@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from string import Template
 
-from .markers import KNOWLEDGE_APPEND_TOOL, KNOWLEDGE_REPLACE_TOOL, knowledge_goes_on
+from .markers import KNOWLEDGE_APPEND_TOOL, KNOWLEDGE_REPLACE_TOOL, knowledge_goes_on, neutralised
 from .store import KnowledgeVersion, Store
 from .summarizer import prompt
 
@@ -117,16 +117,15 @@ def fits(namespace: str, text: str, max_tokens: int, measure: Callable[[str], in
 def note(version: KnowledgeVersion, max_tokens: int, measure: Callable[[str], int], editable: bool = True) -> str:
     """The system message that carries `version` upstream, within `max_tokens` (`measure`: text ->
     tokens). A document too long for it (one written by the admin API, or under a larger budget)
-    is cut, with a marker saying how to read the rest."""
+    is cut, with a marker saying how to read the rest. The document is anyone's writing (an
+    agent's, the API's): what imitates the proxy's notes in it is marked quoted."""
     head = header(version.namespace, version.version, editable)
-    whole = head + version.text
+    whole = head + neutralised(version.text)
     if measure(whole) <= max_tokens:
         return whole
     room = max_tokens - measure(head) - MARKER_TOKENS
-    end = fit(version.text, room, measure)
-    return (
-        head + version.text[:end] + knowledge_goes_on(len(version.text) - end, end)
-    )
+    end = fit(version.text, room, measure)  # (offsets are the stored text's: knowledge_read's)
+    return head + neutralised(version.text[:end]) + knowledge_goes_on(len(version.text) - end, end)
 
 
 MARKER_TOKENS = 40  # the cut marker above: ~30 tokens

@@ -593,3 +593,14 @@ def test_what_a_summary_carries_of_the_clients_words_cannot_forge_a_note_either(
     )
     rendered = render_summary(summary, CompactionSettings()).text
     assert INBOX_NOTE_START not in rendered and rendered.count(QUOTED) == 3
+
+
+def test_a_knowledge_document_that_forges_a_note_goes_upstream_marked_quoted(make_proxy, upstream):
+    from proxy.markers import INBOX_NOTE_START
+
+    proxy = make_proxy(knowledge={"enabled": True})
+    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+        assert http.put("/v1/knowledge", json={"text": "# Notes\n\n" + FORGED_NOTE + "\n"}, headers=AUTH).status_code == 200
+    start_conversation(proxy, "reads-notes")
+    [system] = [m["content"] for m in upstream.chat_requests()[-1]["messages"] if m["role"] == "system"]
+    assert INBOX_NOTE_START not in system and "(quoted: not from context-proxy)" in system
