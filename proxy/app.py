@@ -11,6 +11,7 @@ from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from . import connections, guard
+from .admin_token import known_admin_token, new_admin_token
 from .api import admin, count_tokens, inbox, knowledge, models, turns, ui
 from .api.passthrough import passthrough
 from .compaction import check_compactors
@@ -26,6 +27,7 @@ from .pipeline import build_pipeline
 from .prefix import PrefixCache
 from .refs import RefSigner
 from .state import (
+    ADMIN_TOKEN,
     COMPACTION,
     CONVERSATION,
     COUNTER,
@@ -47,7 +49,7 @@ from .store import Store, StoreError, open_store
 from .summarizer import Summarizer
 from .telemetry import check_telemetry, open_telemetry
 from .tokens import TokenCounter
-from .trajectory_files import TrajectoryWriter
+from .trajectory_files import TrajectoryWriter, check_trajectory_dir
 from .upstream import HttpUpstream
 from .upstream.http import redacted
 from .upstream.router import UpstreamRouter, counting_aliases, window_overrides
@@ -97,7 +99,11 @@ async def healthz(request: web.Request) -> web.Response:
 async def _resources(app: web.Application) -> AsyncIterator[None]:
     """Open the store and the upstream session together; close them together."""
     settings = app[SETTINGS]
+    known_token = await asyncio.to_thread(known_admin_token, settings)
     app[STORE] = open_store(settings.storage)
+    # Made (and kept in the store folder) if there is none; after the store opened, whose own
+    # complaint about its folder is the one to hear first.
+    app[ADMIN_TOKEN] = known_token or await asyncio.to_thread(new_admin_token, settings)
     upstream = app[UPSTREAM] = HttpUpstream(settings.upstream)
     await upstream.start()
     router = app[ROUTER] = UpstreamRouter.from_settings(settings, upstream)
@@ -183,6 +189,7 @@ def build_app(settings: Settings) -> web.Application:
     """The proxy's app; raises ConfigError for a setting only start-up can check (user code)."""
     check_compactors(settings)
     check_telemetry(settings)
+    check_trajectory_dir(settings.storage.trajectory_dir)
     # The request log wraps the error boundary so that it logs the status the client really got;
     # the guard looks at headers only, before the connection's bounds read the body.
     app = web.Application(

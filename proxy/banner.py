@@ -35,7 +35,8 @@ def ui_address(base: str, admin_token: str | None) -> str:
 
 
 def render(settings: Settings, host: str, port: int, *, admin_token: str | None, pipeline: list[str]) -> str:
-    """The banner's text: a few lines, no secret but the admin token (in the `/ui` address)."""
+    """The banner's text: a few lines, no secret but the admin token the proxy made (in the `/ui`
+    address; None: the token is the configured `admin.token`, the admin's own, never printed)."""
     base = client_address(host, port)
     bound = f"http://[{host}]:{port}" if ":" in host else f"http://{host or '0.0.0.0'}:{port}"
     lines = [f"context-proxy listening on {bound}", ""]
@@ -45,7 +46,7 @@ def render(settings: Settings, host: str, port: int, *, admin_token: str | None,
     lines.append("")
     ui = ui_address(base, admin_token)
     if admin_token is None:
-        ui += "   (no admin token: loopback clients are the admin)"
+        ui += "   (sign in with your admin.token)"
     rows = [("conversations", ui), ("store", _store(settings)), ("upstream", _upstream(settings))]
     routes = sorted(name for name, model in settings.models.items() if model.litellm_model)
     if routes:

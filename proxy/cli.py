@@ -17,16 +17,18 @@ from typing import Any
 from aiohttp import web
 
 from . import banner
+from .admin_token import ui_url
 from .app import build_app, runner_options
 from .config import ConfigError, Settings, load_settings
 from .connections import start_site
 from .errors import ProxyError
 from .logs import configure_logging
 from .memory import tune_malloc
+from .refs import RefSigner
 from .settings_doc import reference
-from .state import PIPELINE
+from .state import ADMIN_TOKEN, PIPELINE
 from .store import ConversationExists, open_store
-from .transfer import InvalidExport, dump_from_json, dump_to_json, read_dump
+from .transfer import InvalidExport, OwnedElsewhere, check_owners, dump_from_json, dump_to_json, read_dump, with_refs_of
 
 log = logging.getLogger("proxy")
 GC_YOUNG_THRESHOLD = 20_000  # allocations between young collections (CPython's default: 700)
@@ -111,16 +113,32 @@ async def serve_forever(settings: Settings, app: web.Application, *, show_banner
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    if show_banner:
-        token = settings.admin.token.get_secret_value() if settings.admin.token is not None else None
-        text = banner.render(settings, host, port, admin_token=token, pipeline=app[PIPELINE].describe())
+    token = app[ADMIN_TOKEN]
+    if show_banner:  # on a terminal: the token the proxy made is in the banner's /ui address
+        shown = token.value if token.generated else None  # a configured token is the admin's own: never printed
+        text = banner.render(settings, host, port, admin_token=shown, pipeline=app[PIPELINE].describe())
         print("\n" + text, file=sys.stderr, flush=True)
+    else:
+        _print_ui_url(app, host, port)  # whoever waits for "listening" has the URL too
     log.info("listening", extra={"host": host, "port": port})
     try:
         await stop.wait()
     finally:
         log.info("stopping")
         await runner.cleanup()
+
+
+def _print_ui_url(app: web.Application, host: str, port: int) -> None:
+    """The /ui address with the token the proxy made (as Jupyter does): on the terminal only, not in
+    the log lines (a configured token is the admin's own: never printed)."""
+    token = app[ADMIN_TOKEN]
+    if not token.generated:
+        return
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else (f"[{host}]" if ":" in host else host)
+    print(
+        f"context-proxy: open {ui_url(f'http://{shown}:{port}', token)} (the admin token is kept in {token.file})",
+        file=sys.stderr, flush=True,
+    )
 
 
 class CommandFailed(Exception):
@@ -155,14 +173,18 @@ async def export_conversation(settings: Settings, conversation_id: str, tenant: 
 async def import_conversation(settings: Settings, document: Any, *, replace: bool) -> str:
     """Write an export into the store; returns what was imported, in one line."""
     try:
-        dump = dump_from_json(document)
+        dump = dump_from_json(document, settings)
     except InvalidExport as exc:
         raise CommandFailed(f"not a valid export: {exc}") from None
     key = dump.conversation.key
     store = open_store(settings.storage)
     try:
+        dump = with_refs_of(dump, RefSigner(await store.secret()))
         async with store.lock(key):
+            await check_owners(store, dump)
             await store.import_conversation(dump, replace=replace)
+    except OwnedElsewhere as exc:
+        raise CommandFailed(f"not imported: {exc}") from None
     except ConversationExists:
         raise CommandFailed(
             f"conversation {key.id!r} of tenant {key.tenant[:12]} is already in this store: "
@@ -186,3 +208,5 @@ def _read_export(name: str) -> Any:
         raise CommandFailed(f"cannot read {name}: {exc.strerror}") from None
     except ValueError as exc:
         raise CommandFailed(f"{name} is not JSON: {exc}") from None
+    except RecursionError:  # the json module's own bound on nesting
+        raise CommandFailed(f"{name} is nested too deeply to be an export") from None

@@ -184,7 +184,11 @@ class ConversationSettings(Section):
 
 
 class AdminSettings(Section):
-    token: SecretStr | None = Field(None, description="Bearer token of the admin API; unset = loopback only.")
+    token: SecretStr | None = Field(
+        None,
+        description="Bearer token of the admin API; unset = one the proxy makes and keeps in "
+        "<storage.path>/admin-token (0600), printed at start-up as a /ui URL.",
+    )
 
 
 class ContextSettings(Section):
@@ -290,7 +294,9 @@ class KnowledgeSettings(Section):
         description="Most tokens the document takes in the prompt (its system message); the agent's edits keep within.",
     )
     editable: bool = Field(
-        True, description="Offer the agent the tools that edit the document (reading it is always offered)."
+        False,
+        description="Offer the agent the tools that edit the document (reading it is always offered). Off by "
+        "default: one prompt injection would otherwise persist in every later conversation of the tenant.",
     )
 
     @field_validator("namespace")

@@ -3,8 +3,8 @@
 A browser is the one client that can be made to call the proxy by someone else's page:
 - **DNS rebinding.** A page on attacker.example whose name then resolves to 127.0.0.1 is
   same-origin with the proxy, so the browser lets it read every answer. Only the `Host` header
-  gives it away. Without an admin token the admin API, /ui and /metrics serve loopback clients
-  every tenant's data, so there the Host must be localhost, a loopback address or one named in
+  gives it away. With no `admin.token` configured (the proxy's own, for local use) the admin API,
+  /ui and /metrics check it: there the Host must be localhost, a loopback address or one named in
   `server.allowed_hosts`; while the proxy listens on loopback only, that holds for every route
   (no client can reach it under another name then, short of a local reverse proxy: name it).
 - **Cross-site requests.** A page may send "simple" requests (a text/plain POST) to any origin
@@ -41,6 +41,9 @@ JSON_METHODS = frozenset({"POST", "PUT", "PATCH"})
 ALLOW_METHODS = "GET, POST, PUT, PATCH, DELETE, OPTIONS"
 PREFLIGHT_MAX_AGE_S = 600
 LOOPBACK_NAMES = frozenset({"localhost", "localhost."})
+# A Host header as browsers send it: a name or an address, a bracketed IPv6 address, an optional
+# port. Anything else ('localhost:80@evil.com', a path, spaces) names no host of ours.
+AUTHORITY = re.compile(r"(?:\[[0-9a-f:.]+\]|[a-z0-9_-]+(?:\.[a-z0-9_-]+)*\.?)(?::\d{1,5})?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +53,7 @@ class GuardPolicy:
     any_host: bool
     any_origin: bool
     hosts_everywhere: bool  # listening on loopback: every route checks the Host
-    hosts_on_admin: bool  # no admin token: the admin API, /ui and /metrics check the Host
+    hosts_on_admin: bool  # no admin.token configured: the admin API, /ui and /metrics check the Host
 
     @classmethod
     def from_settings(cls, settings: Settings) -> GuardPolicy:
@@ -176,7 +179,10 @@ def hostname(host: str) -> str:
 
 @lru_cache(maxsize=1024)  # Host values come from clients: bounded; parsing an address is slow
 def _host_facts(host: str) -> tuple[str, bool]:
-    """(the host name of a Host value, whether it names this machine's loopback)."""
+    """(the host name of a Host value, whether it names this machine's loopback); ("", False) for
+    a value that is no authority at all."""
+    if not AUTHORITY.fullmatch(host.strip().lower()):
+        return "", False
     return hostname(host), is_loopback_name(host)
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from string import Template
 
+from .markers import KNOWLEDGE_APPEND_TOOL, KNOWLEDGE_REPLACE_TOOL, knowledge_goes_on, neutralised
 from .store import KnowledgeVersion, Store
 from .summarizer import prompt
 
@@ -96,9 +97,16 @@ def diff(old: KnowledgeVersion | None, new: KnowledgeVersion) -> str:
     return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
 
 
-def header(namespace: str, version: int) -> str:
+EDITING = (
+    " When you learn something the next agent should know (a fact about the project, a decision and its reason, "
+    f"a pitfall, where something is), record it with {KNOWLEDGE_APPEND_TOOL} or {KNOWLEDGE_REPLACE_TOOL};"
+)
+
+
+def header(namespace: str, version: int, editable: bool = True) -> str:
+    """The note's first lines; it names the editing tools only when the agent is offered them."""
     where = f'namespace "{namespace}"' if namespace else "the default notes"
-    return Template(prompt("knowledge_note")).substitute(where=where, version=version)
+    return Template(prompt("knowledge_note")).substitute(where=where, version=version, editing=EDITING if editable else "")
 
 
 def fits(namespace: str, text: str, max_tokens: int, measure: Callable[[str], int]) -> bool:
@@ -106,21 +114,18 @@ def fits(namespace: str, text: str, max_tokens: int, measure: Callable[[str], in
     return measure(header(namespace, 10**6) + text) <= max_tokens
 
 
-def note(version: KnowledgeVersion, max_tokens: int, measure: Callable[[str], int]) -> str:
+def note(version: KnowledgeVersion, max_tokens: int, measure: Callable[[str], int], editable: bool = True) -> str:
     """The system message that carries `version` upstream, within `max_tokens` (`measure`: text ->
     tokens). A document too long for it (one written by the admin API, or under a larger budget)
-    is cut, with a marker saying how to read the rest."""
-    head = header(version.namespace, version.version)
-    whole = head + version.text
+    is cut, with a marker saying how to read the rest. The document is anyone's writing (an
+    agent's, the API's): what imitates the proxy's notes in it is marked quoted."""
+    head = header(version.namespace, version.version, editable)
+    whole = head + neutralised(version.text)
     if measure(whole) <= max_tokens:
         return whole
     room = max_tokens - measure(head) - MARKER_TOKENS
-    end = fit(version.text, room, measure)
-    return (
-        head + version.text[:end]
-        + f"\n\n[context-proxy: the notes go on for {len(version.text) - end} more characters; "
-        f"call knowledge_read(offset={end}) to read them]"
-    )
+    end = fit(version.text, room, measure)  # (offsets are the stored text's: knowledge_read's)
+    return head + neutralised(version.text[:end]) + knowledge_goes_on(len(version.text) - end, end)
 
 
 MARKER_TOKENS = 40  # the cut marker above: ~30 tokens

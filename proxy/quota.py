@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from .config import QuotaSettings
 from .errors import ProxyError
+from .markers import quota_line
 
 
 class QuotaExceeded(ProxyError):
@@ -28,7 +29,7 @@ class QuotaFigures:
         return {"used": self.used, "remaining": self.remaining, "limit": self.limit}
 
     def line(self) -> str:
-        return f"You have {self.remaining} LLM calls remaining (used {self.used} of {self.limit})."
+        return quota_line(self.remaining, self.used, self.limit)
 
 
 @dataclass(slots=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from .admin_token import AdminToken
 from .compaction.runner import CompactionRunner
 from .config import Settings
 from .engine import Engine
@@ -35,6 +36,7 @@ PREFIXES = web.AppKey("prefixes", PrefixCache)
 ENGINE = web.AppKey("engine", Engine)
 TRAJECTORIES = web.AppKey("trajectories", TrajectoryWriter)
 TELEMETRY = web.AppKey("telemetry", Telemetry)
+ADMIN_TOKEN = web.AppKey("admin_token", AdminToken)
 
 # Per request: the conversation it was routed to, and what the request log line adds.
 CONVERSATION = web.RequestKey("conversation", ConversationKey)

@@ -12,6 +12,12 @@ conversations stay in memory (least recently written dropped first, within
 status changed. Those are encoded, and the file written with writev straight from the parts, by
 a worker thread: the event loop only works out what changed. Atomic for readers: a temp file in
 the same folder, fsynced, renamed over the old one. Files 0600, folders 0700.
+
+The folders are trusted only as this user's own: at start and before each write or removal the
+root and the tenant's folder are looked at with lstat (a symlink is never followed: one would
+make the proxy write, and a DELETE remove, files outside the root), must be folders of this
+user's, and are made 0700 whatever they were found as (so no other user can swap one for a link
+between the look and the write).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import stat
 import tempfile
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -31,6 +38,7 @@ from typing import Any
 
 from prometheus_client import Counter
 
+from .config import ConfigError
 from .dialects.formats import codec_for, format_of
 from .identity import CONVERSATION_ID, ConversationKey
 from .prefix import PARSED
@@ -55,6 +63,7 @@ READ_PAGE = 500  # messages per store read when many changed (a cold start, a de
 RUN_GAP = 8  # changed seqs this close together are read as one range
 IOV_MAX = 1024  # buffers per writev call (Linux's limit)
 PART_USE = ("turn", "system_hash", "tools_hash")  # what a mirror keeps of each turn record for its request parts
+PRIVATE_DIR = 0o700
 PER_MESSAGE = 64  # what a mirror holds per message besides its encoded bytes (list slots), for the budget
 
 
@@ -150,6 +159,17 @@ class _Changes:
     summaries: list[Summary]  # new ones
     turns: list[dict[str, Any]]  # new turn records
     inbox: list[bytes]  # every inbox message, encoded (their statuses change: read whole, they are few)
+
+
+def check_trajectory_dir(root: Path | None) -> None:
+    """At start: the root made if missing and private; ConfigError when it is a symlink or not
+    this user's folder."""
+    if root is None:
+        return
+    try:
+        private_folder(root, parents=True)
+    except OSError as exc:
+        raise ConfigError(f"storage.trajectory_dir: {exc}") from exc
 
 
 class TrajectoryWriter:
@@ -334,9 +354,28 @@ def _runs(seqs: list[int]) -> Iterator[tuple[int, int]]:
 # -- the worker thread -----------------------------------------------------------------------------
 
 
+class UnsafeFolder(OSError):
+    """A trajectory folder that is a symlink, no folder, or another user's."""
+
+
+def private_folder(folder: Path, *, parents: bool = False) -> None:
+    """`folder` made if missing, then checked without following a symlink and made 0700."""
+    try:
+        folder.mkdir(mode=PRIVATE_DIR, parents=parents)
+    except FileExistsError:
+        pass
+    facts = os.lstat(folder)
+    if stat.S_ISLNK(facts.st_mode):
+        raise UnsafeFolder(f"{folder} is a symlink: trajectory folders must be plain folders")
+    if not stat.S_ISDIR(facts.st_mode) or facts.st_uid != os.getuid():
+        raise UnsafeFolder(f"{folder} must be a folder of this user's")
+    if stat.S_IMODE(facts.st_mode) != PRIVATE_DIR:
+        os.chmod(folder, PRIVATE_DIR, follow_symlinks=False)
+
+
 def _write_file(root: Path, path: Path, document: TrajectoryDocument) -> None:
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path.parent.mkdir(mode=0o700, exist_ok=True)
+    private_folder(root, parents=True)
+    private_folder(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")  # mode 0600
     try:
         try:
@@ -362,4 +401,9 @@ def _write_all(fd: int, chunks: list[bytes]) -> None:
 
 
 def _remove_file(path: Path) -> None:
-    path.unlink(missing_ok=True)
+    if not path.parent.parent.exists():
+        return
+    private_folder(path.parent.parent)
+    if os.path.lexists(path.parent):
+        private_folder(path.parent)  # a tenant folder that is a link: nothing outside the root goes
+        path.unlink(missing_ok=True)

@@ -154,8 +154,9 @@ def client(proxy: ProxyServer) -> OpenAI:
 
 @pytest.fixture
 def http(proxy: ProxyServer) -> Iterator[httpx.Client]:
-    """Raw HTTP to the proxy, for what the SDK would not send (bad bodies, admin calls)."""
-    with httpx.Client(base_url=proxy.url, timeout=30) as c:
+    """Raw HTTP to the proxy, for what the SDK would not send (bad bodies, admin calls): its admin
+    API calls as the admin (its token), unless a call names other credentials."""
+    with httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth) as c:
         yield c
 
 

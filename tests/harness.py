@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -19,14 +20,33 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 from aiohttp import web
 
 from proxy.app import build_app, runner_options
 from proxy.config import Settings, load_settings
 from proxy.connections import start_site
+from proxy.state import ADMIN_TOKEN
 
 T = TypeVar("T")
+UI_URL = re.compile(rb"context-proxy: open http://\S+/ui/\?token=(\S+)")
 ROOT = Path(__file__).resolve().parent.parent
+
+
+ADMIN_PATHS = ("/v1/conversations", "/v1/knowledge", "/ui", "/metrics")
+
+
+class AdminAuth(httpx.Auth):
+    """An httpx client's auth that signs its admin API calls with the admin token (unless the call
+    names its own Authorization), and nothing else: a turn it sends goes upstream without it."""
+
+    def __init__(self, token: str | None) -> None:
+        self.token = token
+
+    def auth_flow(self, request: httpx.Request):  # type: ignore[no-untyped-def]
+        if self.token and "Authorization" not in request.headers and request.url.path.startswith(ADMIN_PATHS):
+            request.headers["Authorization"] = f"Bearer {self.token}"
+        yield request
 
 
 class LoopThread:
@@ -84,6 +104,20 @@ class ProxyServer:
         return f"http://127.0.0.1:{self.port}"
 
     @property
+    def admin_token(self) -> str:
+        """The admin token it uses: configured, or the one it made in its store folder."""
+        assert self.app is not None
+        return self.app[ADMIN_TOKEN].value
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.admin_token}"}
+
+    @property
+    def admin_auth(self) -> AdminAuth:
+        return AdminAuth(self.admin_token)
+
+    @property
     def base_url(self) -> str:
         return self.url + "/v1"
 
@@ -109,6 +143,7 @@ class ProxyProcess:
         self.argv = argv or [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", "0"]
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
+        self.admin_token: str | None = None  # the one it made and printed at start-up (None: configured)
 
     def start(self, timeout: float = 30) -> ProxyProcess:
         self.proc = subprocess.Popen(
@@ -134,6 +169,8 @@ class ProxyProcess:
             for line in proc.stdout:
                 log.write(line)
                 log.flush()
+                if found := UI_URL.search(line):
+                    self.admin_token = found.group(1).decode()
                 try:
                     entry = json.loads(line)
                 except ValueError:
@@ -152,6 +189,15 @@ class ProxyProcess:
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """The Bearer of the token it made ({} when admin.token is configured: the test knows that one)."""
+        return {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
+
+    @property
+    def admin_auth(self) -> AdminAuth:
+        return AdminAuth(self.admin_token)
 
 
 # -- Helpers for multi-process tests (replicas, faults, security) --------------------------------

@@ -67,7 +67,7 @@ def test_admin_token_is_required_when_set(make_proxy, upstream):
     proxy = make_proxy(admin={"token": TOKEN})
     make_conversations(proxy, ALICE, ["secured"])
     with httpx.Client(base_url=proxy.url) as http:
-        # Loopback alone no longer makes an admin once a token is set.
+        # Loopback alone makes no admin.
         assert admin_get(http, "").status_code == 401
         assert admin_get(http, "", "wrong-token").json()["data"] == []  # any other Bearer is a client key
         assert [c["id"] for c in admin_get(http, "", TOKEN).json()["data"]] == ["secured"]
@@ -93,27 +93,6 @@ def test_same_id_in_two_tenants_needs_a_tenant_for_the_admin(proxy, upstream, ht
     assert shown.status_code == 200 and shown.json()["tenant"] == tenant
 
 
-@pytest.mark.parametrize(
-    "remote, token_set, expected",
-    [("127.0.0.1", False, "admin"), ("::1", False, "admin"), ("10.1.2.3", False, 401), ("10.1.2.3", True, 401)],
-)
-def test_no_bearer_is_admin_only_from_loopback_without_a_token(remote, token_set, expected):
-    from aiohttp.test_utils import make_mocked_request
-
-    from proxy.api.admin import ALL_TENANTS, caller_scope
-    from proxy.config import load_settings
-    from proxy.errors import Unauthorized
-    from proxy.state import SETTINGS
-
-    app = {SETTINGS: load_settings(None, admin={"token": TOKEN if token_set else None})}
-    request = make_mocked_request("GET", "/v1/conversations", app=app).clone(remote=remote)
-    if expected == "admin":
-        assert caller_scope(request) is ALL_TENANTS
-    else:
-        with pytest.raises(Unauthorized):
-            caller_scope(request)
-
-
 def test_turn_records_say_what_went_upstream(make_proxy, upstream):
     proxy = make_proxy(context={"history_token_limit": 400}, quota={"max_llm_calls": 9})
     client = openai_client(proxy, headers={"X-Conversation-ID": "turns"})
@@ -121,7 +100,7 @@ def test_turn_records_say_what_went_upstream(make_proxy, upstream):
     for i in range(4):
         messages.append({"role": "user", "content": f"question {i} " + "word " * (30 if i < 3 else 200)})
         messages.append(client.chat.completions.create(model="m", messages=messages).choices[0].message.model_dump(include={"role", "content"}))
-    with httpx.Client(base_url=proxy.url) as http:
+    with httpx.Client(base_url=proxy.url, auth=proxy.admin_auth) as http:
         records = http.get("/v1/conversations/turns/turns").json()["data"]
     assert [r["turn"] for r in records] == [1, 2, 3, 4]
     assert [r["llm_calls"] for r in records] == [1, 2, 3, 4]
@@ -222,7 +201,7 @@ def test_failed_turns_are_kept_with_their_error_and_listed_apart(make_proxy, ups
     client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "try"}])
     with pytest.raises(openai.RateLimitError):  # the quota: the proxy's own refusal
         client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "try again"}])
-    with httpx.Client(base_url=proxy.url) as http:
+    with httpx.Client(base_url=proxy.url, auth=proxy.admin_auth) as http:
         records = http.get("/v1/conversations/bumpy/turns").json()["data"]
         assert [(r["status"], r["error"]) for r in records] == [
             ("failed", {"status": 503, "message": "The model is overloaded", "source": "upstream"}),

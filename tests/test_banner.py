@@ -131,10 +131,10 @@ def test_on_a_terminal_serve_says_where_to_point_each_client_and_logs_text(serve
     assert f"OPENAI_BASE_URL={base}/v1" in text
     assert f"ANTHROPIC_BASE_URL={base}\n" in text + "\n"
     assert f"GOOGLE_GEMINI_BASE_URL={base}" in text
-    assert f"{base}/ui/?token={ADMIN_TOKEN}" in text  # the person who started it signs in from here
+    assert f"{base}/ui/   (sign in with your admin.token)" in text and ADMIN_TOKEN not in text  # the admin's own
     assert f"diskcache in {(tmp_path / 'data').resolve()}" in text
     assert f"{upstream.base_url}; Anthropic: https://api.anthropic.com" in text
-    assert re.search(r"^  pipeline +truncation, .*pairing$", text, re.MULTILINE)
+    assert re.search(r"^  pipeline +imitations, truncation, .*pairing$", text, re.MULTILINE)
 
     client = OpenAI(base_url=f"{base}/v1", api_key=CLIENT_KEY, max_retries=0,
                     default_headers={"X-Conversation-ID": "on-a-terminal"})
@@ -162,16 +162,20 @@ def test_logging_format_json_keeps_json_on_a_terminal(serve):
     out = serve(terminal=True, logging={"format": "json"})
     out.until(lambda line: _is_json(line) and json.loads(line)["msg"] == "listening")
     assert out.stop() == 0
-    assert out.seen and all(_is_json(line) for line in out.seen), out.seen
+    # JSON lines, but the one plain line that hands the person the token the proxy made (Jupyter's way).
+    lines = [line for line in out.seen if not line.startswith("context-proxy: open http://")]
+    assert lines and all(_is_json(line) for line in lines), out.seen
 
 
-def test_logging_format_text_writes_text_and_the_banner_through_a_pipe(serve):
+def test_logging_format_text_writes_text_and_the_banner_through_a_pipe(serve, tmp_path):
     out = serve(terminal=False, logging={"format": "text"})
     port = _port_of(out.until(lambda line: line.startswith("context-proxy listening on ")))
     out.until(lambda line: " listening " in line and f"port={port}" in line)
     assert out.stop() == 0
     assert not any(_is_json(line) for line in out.seen)
-    assert "no admin token" in "\n".join(out.seen)
+    # No token configured: the one the proxy made is in the /ui address, as in the file it keeps.
+    made = (tmp_path / "data" / "admin-token").read_text().strip()
+    assert f"http://127.0.0.1:{port}/ui/?token={made}" in "\n".join(out.seen)
 
 
 def test_an_unknown_logging_format_stops_start_up_naming_the_setting(tmp_path):

@@ -58,7 +58,7 @@ def codex_requests(
             attempts = list(codex.guard.attempts)
         bodies = upstream.responses_requests()
         session = bodies[0]["prompt_cache_key"]
-        with httpx.Client(base_url=proxy.url, timeout=30) as admin:
+        with httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth) as admin:
             stored = admin.get(f"/v1/conversations/{session}/messages", params={"limit": 1000}).json()
             trajectory = admin.get(f"/v1/conversations/{session}/trajectory", params={"limit": 1000}).json()
         yield {"first": first, "resumed": resumed, "attempts": attempts, "records": list(upstream.requests),

@@ -38,7 +38,7 @@ class Agent:
     """A full-history client that keeps its transcript, over raw HTTP (headers visible)."""
 
     def __init__(self, proxy, cid: str, model: str = "gpt-4o-mini", **headers: str) -> None:
-        self.http = httpx.Client(base_url=proxy.url, timeout=30)
+        self.http = httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth)
         self.cid, self.model, self.headers = cid, model, headers
         self.messages: list[dict] = [SYSTEM]
         self.last: httpx.Response | None = None

@@ -105,7 +105,7 @@ def test_bad_conversation_id_in_path_is_a_400(proxy, upstream, http, bad_path_id
 
 def test_body_over_the_limit_is_a_413(make_proxy, upstream):
     proxy = make_proxy(server={"max_body_mb": 0.01})
-    with httpx.Client(base_url=proxy.url) as http:
+    with httpx.Client(base_url=proxy.url, auth=proxy.admin_auth) as http:
         big = {"model": "m", "messages": [{"role": "user", "content": "x" * 20_000}]}
         assert_openai_error(http.post("/v1/chat/completions", json=big, headers=AUTH), 413)
         assert upstream.chat_requests() == []
@@ -121,7 +121,7 @@ def _closed_port() -> int:
 @pytest.mark.parametrize("stream", [False, True])
 def test_upstream_unreachable_is_a_502(make_proxy, stream):
     proxy = make_proxy(upstream_url=f"http://127.0.0.1:{_closed_port()}/v1")
-    with httpx.Client(base_url=proxy.url) as http:
+    with httpx.Client(base_url=proxy.url, auth=proxy.admin_auth) as http:
         body = {"model": "m", "messages": OK_MESSAGES, "stream": stream}
         response = http.post("/v1/chat/completions", json=body, headers={**AUTH, "X-Conversation-ID": "down"})
         assert assert_openai_error(response, 502)["code"] == "upstream_unreachable"
@@ -134,7 +134,7 @@ def test_upstream_silent_past_the_timeout_is_a_504(make_proxy, upstream, stream)
     proxy = make_proxy(upstream={"timeout_s": 0.3})
     hang = Reply.hang()
     upstream.enqueue(hang)
-    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+    with httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth) as http:
         body = {"model": "m", "messages": OK_MESSAGES, "stream": stream}
         response = http.post("/v1/chat/completions", json=body, headers={**AUTH, "X-Conversation-ID": "silent"})
         assert assert_openai_error(response, 504)["code"] == "upstream_timeout"

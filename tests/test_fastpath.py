@@ -266,7 +266,7 @@ def drive(proxy: Any, upstream: Any, dialect: str, turns: int) -> tuple[list[byt
     conversation = {"X-Conversation-ID": CONVERSATION}
     client = claude_client(proxy, headers=conversation) if dialect == "messages" else openai_client(proxy, headers=conversation)
     inbox_rng = random.Random(SEED + 1)
-    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+    with httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth) as http:
         for turn in range(turns):
             run.change()
             if turn > 2 and inbox_rng.random() < 0.05:

@@ -143,7 +143,7 @@ def test_sigkill_mid_load_loses_no_received_reply_and_conversations_go_on(backen
     upstream.responder = crash_responder(held, threading.Lock())
     first = ProxyProcess(config, tmp_path / "first.log").start()
     request.addfinalizer(lambda: first.proc is not None and first.proc.poll() is None and kill_process(first))
-    http = httpx.Client(base_url=f"http://127.0.0.1:{first.port}", timeout=30)
+    http = httpx.Client(base_url=f"http://127.0.0.1:{first.port}", auth=first.admin_auth, timeout=30)
 
     conversations = [Conversation(i, "full" if i % 2 == 0 else "proxy", stream=i % 3 != 2) for i in range(8)]
     holders, loopers = conversations[:3], conversations[3:]
@@ -156,11 +156,11 @@ def test_sigkill_mid_load_loses_no_received_reply_and_conversations_go_on(backen
     stop = threading.Event()
 
     def hold(conv: Conversation) -> None:
-        client = httpx.Client(base_url=f"http://127.0.0.1:{first.port}", timeout=30)
+        client = httpx.Client(base_url=f"http://127.0.0.1:{first.port}", auth=first.admin_auth, timeout=30)
         conv.turn(client, text=f"{conv.cid} HOLD", stream=conv.mode == "full")  # two streams, one not
 
     def loop(conv: Conversation) -> None:
-        client = httpx.Client(base_url=f"http://127.0.0.1:{first.port}", timeout=30)
+        client = httpx.Client(base_url=f"http://127.0.0.1:{first.port}", auth=first.admin_auth, timeout=30)
         while not stop.is_set() and conv.turn(client):
             pass
 
@@ -180,7 +180,7 @@ def test_sigkill_mid_load_loses_no_received_reply_and_conversations_go_on(backen
     second = ProxyProcess(config, tmp_path / "second.log").start()
     cut = "failed"  # the restart marks the turns the crash cut short failed
     try:
-        http = httpx.Client(base_url=f"http://127.0.0.1:{second.port}", timeout=60)
+        http = httpx.Client(base_url=f"http://127.0.0.1:{second.port}", auth=second.admin_auth, timeout=60)
         if backend == "redis":  # once the dead process's conversation locks have expired (2 s here)
             wait_until(
                 lambda: not any(m["status"] == "pending" for c in conversations for m in admin(http, c.cid, "trajectory")),
@@ -216,7 +216,7 @@ def test_sigkill_mid_load_loses_no_received_reply_and_conversations_go_on(backen
         results: dict[str, float] = {}
 
         def go_on(conv: Conversation) -> None:
-            client = httpx.Client(base_url=f"http://127.0.0.1:{second.port}", timeout=GO_ON_WITHIN_S + 5)
+            client = httpx.Client(base_url=f"http://127.0.0.1:{second.port}", auth=second.admin_auth, timeout=GO_ON_WITHIN_S + 5)
             before = live(client, conv.cid)
             began = time.monotonic()
             went_on = (
@@ -268,7 +268,7 @@ def timed_chat(http: httpx.Client, *args: Any, **kwargs: Any) -> tuple[Any, floa
 
 def test_redis_down_fails_fast_with_503_and_recovers_by_itself(make_proxy, upstream, redis):
     proxy = make_proxy(storage=redis_storage(redis))
-    http = httpx.Client(base_url=proxy.url, timeout=30)
+    http = httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth)
     steady = {**AUTH, "X-Conversation-ID": "steady"}
     transcript = [SYSTEM]
     for text in ("one", "two"):
@@ -283,7 +283,7 @@ def test_redis_down_fails_fast_with_503_and_recovers_by_itself(make_proxy, upstr
     with ThreadPoolExecutor(2) as pool:
         in_flight = pool.submit(
             chat,
-            httpx.Client(base_url=proxy.url, timeout=30),
+            httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth),
             [SYSTEM, {"role": "user", "content": "held"}],
             headers={**AUTH, "X-Conversation-ID": "held"},
         )
@@ -325,7 +325,7 @@ def test_redis_down_fails_fast_with_503_and_recovers_by_itself(make_proxy, upstr
     assert [m["status"] for m in admin(http, "steady", "trajectory")] == ["live"] * len(transcript)
     # The turn cut by the outage: its message stayed pending, never live, and the conversation goes on.
     began = time.monotonic()
-    with httpx.Client(base_url=proxy.url, timeout=GO_ON_WITHIN_S) as quick:
+    with httpx.Client(base_url=proxy.url, timeout=GO_ON_WITHIN_S, auth=proxy.admin_auth) as quick:
         try:
             again = chat(
                 quick, [SYSTEM, {"role": "user", "content": "held"}], headers={**AUTH, "X-Conversation-ID": "held"}
@@ -348,7 +348,7 @@ def test_a_streamed_reply_that_cannot_be_stored_ends_with_an_error_event(make_pr
     with ThreadPoolExecutor(1) as pool:
         streamed = pool.submit(
             chat,
-            httpx.Client(base_url=proxy.url, timeout=30),
+            httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth),
             [{"role": "user", "content": "hi"}],
             headers={**AUTH, "X-Conversation-ID": "unstored"},
             stream=True,
@@ -493,7 +493,7 @@ def test_upstream_down_is_a_502_and_the_log_stays_consistent(make_proxy, upstrea
     before = one_good_turn(httpx.Client(base_url=good.url, timeout=30), "down")
     good.stop()  # the same store, now in front of an upstream nobody listens on
     proxy = make_proxy(data_dir=data, upstream_url=f"http://127.0.0.1:{closed_port()}/v1")
-    http = httpx.Client(base_url=proxy.url, timeout=30)
+    http = httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth)
     result = chat(
         http,
         before + [{"role": "user", "content": "again"}],
@@ -511,7 +511,7 @@ def test_upstream_down_is_a_502_and_the_log_stays_consistent(make_proxy, upstrea
 @pytest.mark.parametrize("stream", [False, True])
 def test_upstream_hanging_is_a_504_and_the_log_stays_consistent(make_proxy, upstream, stream):
     proxy = make_proxy(upstream={"timeout_s": 0.3})
-    http = httpx.Client(base_url=proxy.url, timeout=30)
+    http = httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth)
     before = one_good_turn(http, "hang")
     hang = Reply.hang()
     upstream.enqueue(hang)
@@ -532,7 +532,7 @@ def test_upstream_hanging_is_a_504_and_the_log_stays_consistent(make_proxy, upst
 @pytest.mark.parametrize("stream", [False, True])
 def test_upstream_5xx_is_passed_through_and_the_log_stays_consistent(make_proxy, upstream, status, stream):
     proxy = make_proxy()
-    http = httpx.Client(base_url=proxy.url, timeout=30)
+    http = httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth)
     before = one_good_turn(http, "5xx")
     body = {"error": {"message": f"upstream overloaded ({status})", "type": "server_error", "code": "overloaded"}}
     upstream.enqueue(Reply.error(status, body))
@@ -551,7 +551,7 @@ def test_upstream_5xx_is_passed_through_and_the_log_stays_consistent(make_proxy,
 @pytest.mark.parametrize("how", ["cut", "short"])
 def test_a_broken_upstream_stream_ends_with_an_error_event_and_the_turn_failed(make_proxy, raw_upstream, how):
     proxy = make_proxy(upstream_url=raw_upstream.base_url)
-    http = httpx.Client(base_url=proxy.url, timeout=30)
+    http = httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth)
     before = one_good_turn(http, "broken")
     result = chat(
         http, before + [{"role": "user", "content": how}], stream=True, headers={**AUTH, "X-Conversation-ID": "broken"}
@@ -571,7 +571,7 @@ def test_a_broken_upstream_stream_ends_with_an_error_event_and_the_turn_failed(m
 
 def test_a_reply_body_cut_short_is_a_502_and_the_turn_failed(make_proxy, raw_upstream):
     proxy = make_proxy(upstream_url=raw_upstream.base_url)
-    http = httpx.Client(base_url=proxy.url, timeout=30)
+    http = httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth)
     before = one_good_turn(http, "cut-body")
     result = chat(
         http, before + [{"role": "user", "content": "cut"}], headers={**AUTH, "X-Conversation-ID": "cut-body"}
@@ -592,7 +592,7 @@ class Agent:
     """A full-history client of one conversation."""
 
     def __init__(self, proxy: Any, cid: str) -> None:
-        self.http = httpx.Client(base_url=proxy.url, timeout=30)
+        self.http = httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth)
         self.cid = cid
         self.transcript: list[dict[str, Any]] = [SYSTEM]
 
@@ -688,7 +688,7 @@ def test_a_frozen_redis_fails_requests_within_the_socket_timeout_and_recovers(ma
     """Redis alive but silent (a stalled host, a partition): requests give up after the store's socket
     timeout (2 s) with the same 503, and work again once it answers."""
     proxy = make_proxy(storage=redis_storage(redis))
-    http = httpx.Client(base_url=proxy.url, timeout=30)
+    http = httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth)
     steady = {**AUTH, "X-Conversation-ID": "frozen"}
     transcript = [SYSTEM, {"role": "user", "content": "one"}]
     first = chat(http, transcript, headers=steady)
@@ -703,7 +703,7 @@ def test_a_frozen_redis_fails_requests_within_the_socket_timeout_and_recovers(ma
     finally:
         redis.process.send_signal(signal.SIGCONT)
     began = time.monotonic()
-    with httpx.Client(base_url=proxy.url, timeout=GO_ON_WITHIN_S) as quick:
+    with httpx.Client(base_url=proxy.url, timeout=GO_ON_WITHIN_S, auth=proxy.admin_auth) as quick:
         other = chat(
             quick, [SYSTEM, {"role": "user", "content": "elsewhere"}], headers={**AUTH, "X-Conversation-ID": "other"}
         )

@@ -53,7 +53,7 @@ def test_a_rebinding_page_reads_no_tenant(proxy, upstream, http):
 
 def test_allowed_hosts_names_more_hosts(make_proxy):
     proxy = make_proxy(server={"allowed_hosts": ["proxy.internal"]})
-    with httpx.Client(base_url=proxy.url) as http:
+    with httpx.Client(base_url=proxy.url, auth=proxy.admin_auth) as http:
         assert http.get("/v1/conversations", headers={"Host": "proxy.internal:8080"}).status_code == 200
         assert http.get("/v1/conversations", headers={"Host": "[::1]:8080"}).status_code == 200
         assert http.get("/v1/conversations", headers={"Host": "127.0.0.2"}).status_code == 200
@@ -64,7 +64,7 @@ def test_on_a_public_address_only_the_token_less_admin_checks_the_host(make_prox
     """Bound to 0.0.0.0 (Docker), clients name the proxy as they like; only the token-less admin
     API, /ui and /metrics, which serve loopback clients every tenant, insist on localhost."""
     proxy = make_proxy(server={"host": "0.0.0.0"})  # the setting only: the test server still binds loopback
-    with httpx.Client(base_url=proxy.url) as http:
+    with httpx.Client(base_url=proxy.url, auth=proxy.admin_auth) as http:
         assert http.post("/v1/chat/completions", json=CHAT, headers={**AUTH, "Host": "proxy:8080"}).status_code == 200
         assert_refused(http.get("/v1/conversations", headers={"Host": "proxy:8080"}), 403, "host_not_allowed")
     tokened = make_proxy(server={"host": "0.0.0.0"}, admin={"token": "admin-token-0123456789"})
@@ -145,7 +145,7 @@ def test_options_of_our_routes_are_ours_and_grant_no_cors(proxy, upstream, http)
 def test_cors_origins_get_cors_and_an_upstreams_own_cors_is_dropped(make_proxy, cors_upstream):
     page = "http://localhost:3000"
     proxy = make_proxy(upstream_url=cors_upstream, server={"cors_origins": [page]})
-    with httpx.Client(base_url=proxy.url) as http:
+    with httpx.Client(base_url=proxy.url, auth=proxy.admin_auth) as http:
         preflight = http.options(
             "/v1/conversations",
             headers={"Origin": page, "Access-Control-Request-Method": "GET", "Access-Control-Request-Headers": "authorization"},

@@ -120,7 +120,7 @@ def test_a_body_that_comes_in_many_pieces_is_read_whole(make_proxy, upstream):
         for i in range(0, len(body), 4_099):
             yield body[i : i + 4_099]
 
-    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+    with httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth) as http:
         answer = http.post(
             "/v1/chat/completions", content=pieces(),
             headers={**AUTH, "Content-Type": "application/json", "X-Conversation-ID": "pieces"},
@@ -136,7 +136,7 @@ def test_past_max_connections_busy_ones_are_kept_and_the_newcomer_gets_a_503(mak
     held = [Reply.text("slow reply", pause_after_chunks=1) for _ in range(2)]
     upstream.enqueue(*held)
     body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hold"}], "stream": True}
-    clients = [httpx.Client(base_url=proxy.url, timeout=30) for _ in range(2)]
+    clients = [httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth) for _ in range(2)]
     streams = []
     try:
         for i, (client, reply) in enumerate(zip(clients, held, strict=True)):
@@ -244,7 +244,7 @@ def test_an_idle_proxy_sleeps_and_the_next_client_wakes_its_housekeeping(process
     pid = proc.proc.pid
     upstream.responder = lambda body: Reply.text("ok")
     body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hello"}]}
-    with httpx.Client(base_url=f"http://127.0.0.1:{proc.port}", timeout=30) as http:  # its connection stays open
+    with httpx.Client(base_url=f"http://127.0.0.1:{proc.port}", auth=proc.admin_auth, timeout=30) as http:  # its connection stays open
         assert http.post("/v1/chat/completions", json=body, headers={**AUTH, "X-Conversation-ID": "idle"}).status_code == 200
         wait_until(lambda: asleep_over(pid, 1.2), timeout=20, what="the proxy asleep")
         silent = connect(proc.port)

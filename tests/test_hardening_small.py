@@ -62,7 +62,7 @@ def test_an_encoded_question_mark_stays_in_the_path(proxy, upstream):
 
 def test_headers_named_in_connection_are_not_forwarded_either_way(make_proxy, upstream, raw_upstream_of):
     proxy = make_proxy()
-    with httpx.Client(base_url=proxy.url) as http:
+    with httpx.Client(base_url=proxy.url, auth=proxy.admin_auth) as http:
         response = http.get(
             "/v1/files", headers={**AUTH, "Connection": "keep-alive, X-Hop-Secret", "X-Hop-Secret": "for the proxy"}
         )
@@ -87,7 +87,7 @@ def test_credentials_in_base_url_are_sent_as_basic_auth_and_never_logged(tmp_pat
     config = write_config(tmp_path / "config.yaml", upstream={"base_url": base}, storage={"path": str(tmp_path / "d")})
     proc = ProxyProcess(config, tmp_path / "proxy.log").start()
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{proc.port}", timeout=30) as http:
+        with httpx.Client(base_url=f"http://127.0.0.1:{proc.port}", auth=proc.admin_auth, timeout=30) as http:
             http.post("/v1/chat/completions", json={"model": "gpt-4o-mini", "messages": [
                 {"role": "user", "content": "hi"}]}, headers=AUTH)
             http.get("/v1/models", headers=AUTH)
@@ -109,7 +109,7 @@ def test_credentials_never_reach_an_unreachable_upstreams_error(tmp_path):
     config = write_config(tmp_path / "config.yaml", upstream={"base_url": base}, storage={"path": str(tmp_path / "d")})
     proc = ProxyProcess(config, tmp_path / "proxy.log").start()
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{proc.port}", timeout=30) as http:
+        with httpx.Client(base_url=f"http://127.0.0.1:{proc.port}", auth=proc.admin_auth, timeout=30) as http:
             response = http.get("/v1/models", headers=AUTH)
         assert response.status_code == 502 and "s3cret" not in response.text
     finally:
@@ -133,7 +133,7 @@ def test_unknown_paths_under_our_own_prefixes_are_ours_to_404(make_proxy, upstre
     """Issue 12: an unknown path under /v1/conversations/ went upstream with its Authorization:
     the admin token left the machine."""
     proxy = make_proxy(admin={"token": TOKEN})
-    with httpx.Client(base_url=proxy.url) as http:
+    with httpx.Client(base_url=proxy.url, auth=proxy.admin_auth) as http:
         response = http.request(method, path, json={}, headers={"Authorization": f"Bearer {TOKEN}"})
     assert response.status_code == 404, response.text
     assert response.json()["error"]["code"] == "not_found"

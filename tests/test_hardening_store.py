@@ -78,7 +78,7 @@ def test_a_full_disk_is_a_507_before_forwarding_and_delete_still_frees_room(make
     """Issue 12: on a full store every turn failed with internal_error (some after the upstream
     had answered), /healthz said ok, and DELETE failed, so no room could be made."""
     proxy = make_proxy(data_dir=small_disk / "data", storage={"reserve_mb": 2})
-    http = httpx.Client(base_url=proxy.url, timeout=30)
+    http = httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth)
     for cid in ("keep", "drop"):
         assert turn(http, cid, f"{cid}: " + BIG).status_code == 200
     kept = live(http, "keep")
@@ -144,7 +144,7 @@ def _mounted_device(mount: Path) -> str:
 
 def test_a_disk_gone_read_only_is_a_503_and_reads_still_work(make_proxy, upstream, ext4_disk):
     proxy = make_proxy(data_dir=ext4_disk / "data")
-    http = httpx.Client(base_url=proxy.url, timeout=30)
+    http = httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth)
     assert turn(http, "ro", "before").status_code == 200
     kept = live(http, "ro")
     forwarded = len(upstream.chat_requests())
@@ -180,7 +180,7 @@ def test_store_files_are_private(make_proxy, tmp_path):
     (data / "old-file").write_text("from before")
     os.chmod(data / "old-file", 0o644)
     proxy = make_proxy(data_dir=data)
-    http = httpx.Client(base_url=proxy.url, timeout=30)
+    http = httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth)
     body = {
         "model": "gpt-4o-mini",
         "messages": [
@@ -206,7 +206,7 @@ def test_store_files_are_private(make_proxy, tmp_path):
 def test_turns_a_sigkill_cut_short_are_marked_failed_at_start(processes, upstream):
     """Issue 12: turns cut by a SIGKILL stayed `pending` in the trajectory forever."""
     (first,) = processes()
-    http = httpx.Client(base_url=f"http://127.0.0.1:{first.port}", timeout=30)
+    http = httpx.Client(base_url=f"http://127.0.0.1:{first.port}", auth=first.admin_auth, timeout=30)
     assert turn(http, "cut", "the task").status_code == 200
     hang = Reply.hang()
     upstream.enqueue(hang)
@@ -228,7 +228,7 @@ def test_turns_a_sigkill_cut_short_are_marked_failed_at_start(processes, upstrea
     kill_process(first)
     hang.release()
     (second,) = processes()
-    with httpx.Client(base_url=f"http://127.0.0.1:{second.port}", timeout=30) as http2:
+    with httpx.Client(base_url=f"http://127.0.0.1:{second.port}", auth=second.admin_auth, timeout=30) as http2:
         statuses = [m["status"] for m in http2.get("/v1/conversations/cut/trajectory").json()["data"]]
         assert statuses == ["live", "live", "failed"]
         assert [m["content"] for m in live(http2, "cut")] == ["the task", "reply to: the task"]
@@ -237,7 +237,7 @@ def test_turns_a_sigkill_cut_short_are_marked_failed_at_start(processes, upstrea
 
 def test_redis_out_of_memory_is_a_507_and_delete_still_works(make_proxy, upstream, redis):
     proxy = make_proxy(storage={"backend": "redis", "redis_url": redis.url})
-    http = httpx.Client(base_url=proxy.url, timeout=30)
+    http = httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth)
     for cid in ("keep", "drop"):
         assert turn(http, cid, cid).status_code == 200
     kept = live(http, "keep")

@@ -54,7 +54,7 @@ def test_an_endless_stream_is_cut_at_max_reply_mb_and_memory_stays_flat(processe
     incomplete (at most 32 MB of it), and the proxy's peak memory grows by less than 250 MB (the
     partial reply is held a few times over while it is assembled, hashed and stored)."""
     (proc,) = processes()
-    http = httpx.Client(base_url=f"http://127.0.0.1:{proc.port}", timeout=60)
+    http = httpx.Client(base_url=f"http://127.0.0.1:{proc.port}", auth=proc.admin_auth, timeout=60)
     assert http.get("/healthz").status_code == 200
     assert turn(http, "warm-up", stream=False)[0] == 200  # its first turn loads the tokenizer (~48 MB): not measured
     peak_before = peak_rss_kb(proc)
@@ -75,7 +75,7 @@ def test_an_endless_stream_is_cut_at_max_reply_mb_and_memory_stays_flat(processe
 def test_a_line_that_never_ends_is_cut_at_max_sse_line_mb(processes, upstream):
     """Issue 12: SSE lines without a newline buffered without bound (and in quadratic time)."""
     (proc,) = processes(upstream={"max_sse_line_mb": 2})
-    http = httpx.Client(base_url=f"http://127.0.0.1:{proc.port}", timeout=60)
+    http = httpx.Client(base_url=f"http://127.0.0.1:{proc.port}", auth=proc.admin_auth, timeout=60)
     assert http.get("/healthz").status_code == 200
     peak_before = peak_rss_kb(proc)
     upstream.enqueue(Reply.endless(line_breaks=False))
@@ -89,7 +89,7 @@ def test_a_line_that_never_ends_is_cut_at_max_sse_line_mb(processes, upstream):
 
 def test_an_endless_json_body_is_a_502_and_the_turn_failed(make_proxy, upstream):
     proxy = make_proxy(upstream={"max_reply_mb": 4})
-    http = httpx.Client(base_url=proxy.url, timeout=60)
+    http = httpx.Client(base_url=proxy.url, timeout=60, auth=proxy.admin_auth)
     upstream.enqueue(Reply.endless())
     status, (body,), _ = turn(http, "endless-json", stream=False)
     assert status == 502
@@ -102,7 +102,7 @@ def test_a_reply_that_trickles_is_cut_at_max_reply_s(make_proxy, upstream, strea
     """Issue 12: a byte a second held the request and its conversation's lock for ever, since
     the timeout only fired on total silence."""
     proxy = make_proxy(upstream={"max_reply_s": 1, "timeout_s": 30})
-    http = httpx.Client(base_url=proxy.url, timeout=60)
+    http = httpx.Client(base_url=proxy.url, timeout=60, auth=proxy.admin_auth)
     upstream.enqueue(Reply.endless(chunk_size=1, pace_s=0.05))
     status, events, _ = turn(http, "trickle", stream=stream)
     error = events[-1]["error"]
@@ -120,7 +120,7 @@ def test_a_reply_that_trickles_is_cut_at_max_reply_s(make_proxy, upstream, strea
 
 def test_silence_mid_stream_is_cut_at_timeout_s(make_proxy, upstream):
     proxy = make_proxy(upstream={"timeout_s": 0.5})
-    http = httpx.Client(base_url=proxy.url, timeout=60)
+    http = httpx.Client(base_url=proxy.url, timeout=60, auth=proxy.admin_auth)
     paused = Reply.text("half and then nothing", pause_after_chunks=3)
     upstream.enqueue(paused)
     try:
@@ -159,7 +159,7 @@ def test_a_declared_length_over_the_bound_is_refused_before_reading(make_proxy, 
     )
     upstream_url = raw_upstream_of(head)
     proxy = make_proxy(upstream_url=upstream_url, upstream={"max_reply_mb": 1})
-    http = httpx.Client(base_url=proxy.url, timeout=30)
+    http = httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth)
     status, (body,), _ = turn(http, "declared", stream=False)
     assert status == 502 and body["error"]["code"] == "upstream_reply_too_large"
 
@@ -182,7 +182,7 @@ def test_sse_parser_gives_the_same_payloads_however_the_bytes_are_split(pieces, 
 def test_the_responses_route_has_the_same_bounds(make_proxy, upstream, reply, status, code):
     proxy = make_proxy(upstream={"max_reply_mb": 4, "max_reply_s": 1})
     upstream.enqueue(reply)
-    with httpx.Client(base_url=proxy.url, timeout=60) as http:
+    with httpx.Client(base_url=proxy.url, timeout=60, auth=proxy.admin_auth) as http:
         response = http.post(
             "/v1/responses", json={"model": "gpt-4o-mini", "input": "go"}, headers={**AUTH, "X-Conversation-ID": "r"}
         )

@@ -44,7 +44,7 @@ def post_while_probing(proc: ProxyProcess, body: dict[str, Any], cid: str) -> tu
         [sys.executable, "-c", PROBE, str(proc.port), "4"], stdout=subprocess.PIPE, text=True
     )
     assert probe.stdout is not None and probe.stdout.readline().strip() == "ready"
-    with httpx.Client(base_url=f"http://127.0.0.1:{proc.port}", timeout=120) as http:
+    with httpx.Client(base_url=f"http://127.0.0.1:{proc.port}", auth=proc.admin_auth, timeout=120) as http:
         response = http.post("/v1/chat/completions", content=data, headers={**JSON_AUTH, "X-Conversation-ID": cid})
     latencies = json.loads(probe.communicate(timeout=60)[0])
     return response, latencies
@@ -56,7 +56,7 @@ def test_a_30_mb_message_costs_megabytes_not_gigabytes(processes, upstream):
     (the body is held a few times over: as received, parsed, hashed, stored, forwarded)."""
     (proc,) = processes()
     upstream.responder = lambda body: Reply.text("read it")
-    with httpx.Client(base_url=f"http://127.0.0.1:{proc.port}", timeout=120) as http:
+    with httpx.Client(base_url=f"http://127.0.0.1:{proc.port}", auth=proc.admin_auth, timeout=120) as http:
         assert http.get("/healthz").status_code == 200
         peak_before = peak_rss_kb(proc)
         body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "word " * 6_000_000}]}
@@ -72,7 +72,7 @@ def test_a_30_mb_message_costs_megabytes_not_gigabytes(processes, upstream):
 
 def test_too_many_messages_are_a_413_and_nothing_is_stored(make_proxy, upstream):
     proxy = make_proxy(server={"max_messages": 50})
-    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+    with httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth) as http:
         messages = [{"role": "user", "content": f"m{i}"} for i in range(51)]
         response = http.post(
             "/v1/chat/completions",

@@ -203,7 +203,7 @@ def test_bad_posts_are_refused_and_store_nothing(make_proxy, upstream):
     openai_client(proxy, headers={"X-Conversation-ID": "strict"}).chat.completions.create(
         model="m", messages=[{"role": "user", "content": "hi"}]
     )
-    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+    with httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth) as http:
         url = "/v1/conversations/strict/inbox"
         form = http.post(url, content="content=hi", headers={**AUTH, "Content-Type": "application/x-www-form-urlencoded"})
         assert form.status_code == 415 and form.json()["error"]["code"] == "unsupported_media_type"
@@ -225,7 +225,7 @@ def test_bad_posts_are_refused_and_store_nothing(make_proxy, upstream):
 
 def test_two_replicas_deliver_a_message_once(processes, redis, upstream):
     procs = processes(2, storage={"backend": "redis", "redis_url": redis.url})
-    https = [httpx.Client(base_url=f"http://127.0.0.1:{p.port}", timeout=30) for p in procs]
+    https = [httpx.Client(base_url=f"http://127.0.0.1:{p.port}", auth=p.admin_auth, timeout=30) for p in procs]
     headers = {**AUTH, "X-Conversation-ID": "shared"}
     transcript: list[dict[str, Any]] = [SYSTEM, {"role": "user", "content": "fix it"}]
     upstream.enqueue(Reply.tool_calls([("read_file", "{}")]))
@@ -273,7 +273,7 @@ def tool_result_with_a_note(make_proxy, upstream, cid: str, output: str) -> tupl
     upstream.enqueue(Reply.tool_calls([("read_file", "{}")]))
     call = client.chat.completions.create(model="m", messages=history, tools=TOOLS).choices[0].message
     history.append(call.model_dump(exclude_none=True))
-    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+    with httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth) as http:
         post(http, cid, STEER)
     history.append({"role": "tool", "tool_call_id": call.tool_calls[0].id, "content": output})
     reply = client.chat.completions.create(model="m", messages=history, tools=TOOLS).choices[0].message
@@ -318,7 +318,7 @@ def test_the_trajectory_file_holds_the_inbox_as_the_api_does(make_proxy, upstrea
     client = openai_client(proxy, headers={"X-Conversation-ID": "filed"})
     history = [SYSTEM, {"role": "user", "content": "go"}]
     history.append({"role": "assistant", "content": client.chat.completions.create(model="m", messages=history).choices[0].message.content})
-    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+    with httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth) as http:
         post(http, "filed", STEER)
         history.append({"role": "user", "content": "on"})
         client.chat.completions.create(model="m", messages=history)

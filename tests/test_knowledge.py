@@ -21,7 +21,7 @@ from tests.messages_helpers import claude_client, messages_proxy
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object", "properties": {}}}}]
 OURS = ["knowledge_read", "knowledge_replace_section", "knowledge_append_section"]
-ON = {"knowledge": {"enabled": True}}
+ON = {"knowledge": {"enabled": True, "editable": True}}
 PITFALL = "Run make install before make test: the venv is not made by the tests."
 AUTH = {"Authorization": f"Bearer {ALICE}"}
 
@@ -32,7 +32,7 @@ def http_to() -> Iterator[Callable[[ProxyServer], httpx.Client]]:
     made: list[httpx.Client] = []
 
     def make(proxy: ProxyServer) -> httpx.Client:
-        made.append(httpx.Client(base_url=proxy.url, timeout=30))
+        made.append(httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth))
         return made[-1]
 
     yield make
@@ -98,7 +98,7 @@ def test_the_agents_edit_reaches_the_next_conversation_of_its_tenant_and_namespa
     assert PITFALL not in knowledge_message(upstream.chat_requests()[-1])
 
     document = http.get("/v1/knowledge", headers=AUTH).json()
-    assert document["version"] == 2 and PITFALL in document["text"] and document["source"] == "agent:first"
+    assert document["version"] == 2 and PITFALL in document["text"] and document["source"] == "agent:first turn 1"
     assert document["namespaces"] == ["ops"]
     bobs = http.get("/v1/knowledge", headers={"Authorization": f"Bearer {BOB}"}).json()
     assert bobs["version"] == 1 and PITFALL not in bobs["text"]
@@ -145,9 +145,9 @@ def test_versions_and_diffs_through_the_admin_api(make_proxy, upstream):
     proxy = make_proxy(**ON, admin={"token": "kn-admin"})
     upstream.enqueue(Reply.tool_calls([append_call("Deploy config", "Config lives in deploy/.")]), Reply.text("ok"))
     ask(proxy, "editor")
-    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+    with httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth) as http:
         versions = http.get("/v1/knowledge/versions", headers=AUTH).json()
-        assert [(v["version"], v["source"]) for v in versions["data"]] == [(2, "agent:editor"), (1, "seed")]
+        assert [(v["version"], v["source"]) for v in versions["data"]] == [(2, "agent:editor turn 1"), (1, "seed")]
         assert "text" not in versions["data"][0]
         assert "Config lives in deploy/." not in http.get("/v1/knowledge/versions/1", headers=AUTH).json()["text"]
         diff = http.get("/v1/knowledge/diff", headers=AUTH).json()
@@ -197,7 +197,7 @@ def test_a_count_of_tokens_carries_the_seed_document_and_writes_no_version(make_
 
 
 def test_an_edit_past_the_budget_is_refused_and_changes_nothing(make_proxy, upstream, http_to):
-    proxy = make_proxy(knowledge={"enabled": True, "max_tokens": 400})
+    proxy = make_proxy(knowledge={"enabled": True, "editable": True, "max_tokens": 400})
     http = http_to(proxy)
     upstream.enqueue(Reply.tool_calls([append_call("Huge", "word " * 2000)]), Reply.text("ok"))
     ask(proxy, "greedy")
@@ -209,7 +209,7 @@ def test_an_edit_past_the_budget_is_refused_and_changes_nothing(make_proxy, upst
 def test_the_tool_round_counts_against_the_quota(make_proxy, upstream):
     proxy = make_proxy(**ON, quota={"max_llm_calls": 10})
     upstream.enqueue(Reply.tool_calls([("knowledge_read", "{}")]), Reply.text("read it"))
-    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+    with httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth) as http:
         response = http.post(
             "/v1/chat/completions", json={"model": "m", "messages": [SYSTEM, user("what do we know?")]},
             headers={**AUTH, "X-Conversation-ID": "counted"},
@@ -279,7 +279,7 @@ def test_on_redis_the_edit_reaches_the_next_conversation_too(make_proxy, upstrea
     ask(proxy, "r3", key=BOB)
     assert "Keys are prefixed cp:." not in knowledge_message(upstream.chat_requests()[-1])
     versions = http_to(proxy).get("/v1/knowledge/versions", headers=AUTH).json()["data"]
-    assert [v["source"] for v in versions] == ["agent:r1", "seed"]
+    assert [v["source"] for v in versions] == ["agent:r1 turn 1", "seed"]
 
 
 def test_the_document_moves_to_the_newest_version_when_the_window_cuts(make_proxy, upstream, http_to):

@@ -116,7 +116,7 @@ def test_what_the_caches_let_go_goes_back_to_the_system(processes, upstream, ser
     trimmer) all of it stays, as holes in the heap under the small conversations' objects."""
     (proc,) = processes(server=server)
     upstream.responder = lambda body: Reply.text("done")
-    with httpx.Client(base_url=f"http://127.0.0.1:{proc.port}", timeout=60) as http:
+    with httpx.Client(base_url=f"http://127.0.0.1:{proc.port}", auth=proc.admin_auth, timeout=60) as http:
         for c in range(8):
             turns(http, f"big-{c}", [{"role": "user", "content": f"{c} " + "word " * 200_000}], 3)
         full = rss_anon_mb(proc)
@@ -135,7 +135,7 @@ def test_two_first_requests_at_once_build_the_tokenizer_once(processes, upstream
     before = peak_rss_kb(proc) / 1024
 
     def first_turn(i: int) -> int:
-        with httpx.Client(base_url=f"http://127.0.0.1:{proc.port}", timeout=60) as http:
+        with httpx.Client(base_url=f"http://127.0.0.1:{proc.port}", auth=proc.admin_auth, timeout=60) as http:
             body = {"model": "gpt-4", "messages": [{"role": "user", "content": f"task {i}"}]}
             return http.post("/v1/chat/completions", json=body, headers={**JSON_AUTH, "X-Conversation-ID": f"c{i}"}).status_code
 

@@ -56,7 +56,7 @@ def test_claude_code_resumes_into_one_conversation_with_its_long_output_shortene
     unmarked = {k: v for k, v in sent.items() if k != "cache_control"}
     assert tool_results(later) == [unmarked] and sent["cache_control"] == {"type": "ephemeral"}
 
-    with httpx.Client(base_url=proxy.url) as http:
+    with httpx.Client(base_url=proxy.url, auth=proxy.admin_auth) as http:
         (only,) = admin_get(http, "").json()["data"]
         assert only["id"] == first["session_id"]
         stored = live_messages(http, only["id"])
@@ -91,6 +91,6 @@ def test_claude_code_runs_its_tool_loop_on_an_openai_model(
     call = continuation["messages"][-2]["tool_calls"][0]
     assert (call["function"]["name"], json.loads(call["function"]["arguments"])["command"]) == ("Bash", "echo hello")
     assert continuation["messages"][-1] == {"role": "tool", "tool_call_id": call["id"], "content": "hello"}
-    with httpx.Client(base_url=on_gpt.url) as http:
+    with httpx.Client(base_url=on_gpt.url, auth=on_gpt.admin_auth) as http:
         (only,) = admin_get(http, "").json()["data"]
         assert only["id"] == first["session_id"] and only["llm_calls"] == 3

@@ -140,7 +140,7 @@ PITFALL = "Run make install before make test."
 def test_knowledge_goes_into_system_and_its_tools_are_answered_out_of_the_clients_sight(
     make_proxy: MakeProxy, upstream: FakeUpstream, http: httpx.Client, stream: bool
 ) -> None:
-    proxy = messages_proxy(make_proxy, upstream, knowledge={"enabled": True})
+    proxy = messages_proxy(make_proxy, upstream, knowledge={"enabled": True, "editable": True})
     append = ("knowledge_append_section", json.dumps({"heading": "Setup pitfalls", "content": PITFALL}))
     upstream.enqueue(Reply.tool_calls([append], reasoning="Worth keeping."), Reply.text("Noted.", reasoning="Done."))
     system = [{"type": "text", "text": "You are a build agent.", "cache_control": {"type": "ephemeral"}}]
@@ -168,5 +168,5 @@ def test_knowledge_goes_into_system_and_its_tools_are_answered_out_of_the_client
     assert [b["type"] for b in call["content"]] == ["thinking", "tool_use"]
     assert answer["content"][0]["content"].startswith("Done: section 'Setup pitfalls' added")
     document = http.get("/v1/knowledge", headers=AUTH).json()
-    assert PITFALL in document["text"] and document["source"] == f"agent:notes-{stream}"
+    assert PITFALL in document["text"] and document["source"] == f"agent:notes-{stream} turn 1"
     assert [m["role"] for m in live_messages(http, f"notes-{stream}")] == ["user", "assistant"]

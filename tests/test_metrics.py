@@ -109,7 +109,7 @@ def test_full_history_turns_are_counted_by_how_their_prompt_was_made(make_proxy,
 
     for n in range(4):
         turn(n)
-    posted = httpx.post(f"{proxy.url}/v1/conversations/fast-counted/inbox", json={"content": "also count backwards"})
+    posted = httpx.post(f"{proxy.url}/v1/conversations/fast-counted/inbox", json={"content": "also count backwards"}, headers=proxy.admin_headers)
     assert posted.status_code in (200, 201), posted.text
     turn(4)
     history[1] = {"role": "user", "content": "count to four"}
@@ -176,7 +176,7 @@ def _streamed_turn(proxy, upstream, conversation: str, history: list[dict], *, l
 
 
 def _turns(proxy, conversation: str) -> int:
-    return len(httpx.get(f"{proxy.url}/v1/conversations/{conversation}/turns").json()["data"])
+    return len(httpx.get(f"{proxy.url}/v1/conversations/{conversation}/turns", headers=proxy.admin_headers).json()["data"])
 
 
 def test_a_stream_its_client_leaves_at_its_end_leaves_its_work_for_the_next_turn(make_proxy, upstream):

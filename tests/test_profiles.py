@@ -30,7 +30,7 @@ def post(http: httpx.Client, headers: dict, model: str = "gpt-4o-mini", messages
 
 def test_two_agents_with_different_limits_through_one_proxy(make_proxy, upstream):
     proxy = make_proxy(profiles=PROFILES, models={"scout-model": {"profile": "scout"}})
-    with httpx.Client(base_url=proxy.url) as http:
+    with httpx.Client(base_url=proxy.url, auth=proxy.admin_auth) as http:
         scout = post(http, {"X-Context-Profile": "scout", "X-Conversation-ID": "a"})
         scout_sent = upstream.chat_requests()[-1]["messages"]
         builder = post(http, {"X-Context-Profile": "builder", "X-Conversation-ID": "b"})
@@ -47,7 +47,7 @@ def test_two_agents_with_different_limits_through_one_proxy(make_proxy, upstream
 
 def test_unknown_profile_is_a_400_and_stores_nothing(make_proxy, upstream):
     proxy = make_proxy(profiles=PROFILES)
-    with httpx.Client(base_url=proxy.url) as http:
+    with httpx.Client(base_url=proxy.url, auth=proxy.admin_auth) as http:
         response = post(http, {"X-Context-Profile": "ghost"})
         assert response.status_code == 400 and response.json()["error"]["code"] == "unknown_profile"
         assert http.get("/v1/conversations").json()["data"] == []
@@ -56,6 +56,6 @@ def test_unknown_profile_is_a_400_and_stores_nothing(make_proxy, upstream):
 
 def test_model_entry_sets_its_own_limit(make_proxy, upstream):
     proxy = make_proxy(models={"tiny": {"history_token_limit": 100}})
-    with httpx.Client(base_url=proxy.url) as http:
+    with httpx.Client(base_url=proxy.url, auth=proxy.admin_auth) as http:
         response = post(http, {}, model="tiny")
     assert int(response.headers["X-Context-Tokens-Sent"]) < 200

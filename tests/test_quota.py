@@ -27,7 +27,7 @@ def test_tool_messages_carry_the_figures_of_their_first_forwarding(make_proxy, u
     proxy = make_proxy(quota={"max_llm_calls": 5})
     import httpx
 
-    with httpx.Client(base_url=proxy.url) as http:
+    with httpx.Client(base_url=proxy.url, auth=proxy.admin_auth) as http:
         history = [{"role": "user", "content": "go"}] + tool_turn(1, json.dumps({"status": "ok"}))
         first = ask(http, "q", history)
         assert first.headers["X-LLM-Calls-Remaining"] == "4"
@@ -47,7 +47,7 @@ def test_exhausted_quota_rejects_with_429_and_stores_nothing_live(make_proxy, up
     proxy = make_proxy(quota={"max_llm_calls": 2})
     import httpx
 
-    with httpx.Client(base_url=proxy.url) as http:
+    with httpx.Client(base_url=proxy.url, auth=proxy.admin_auth) as http:
         history = [{"role": "user", "content": "one"}]
         for text in ("two", "three"):
             assert ask(http, "r", history).status_code == 200
@@ -65,7 +65,7 @@ def test_warn_forwards_with_a_warning(make_proxy, upstream):
     proxy = make_proxy(quota={"max_llm_calls": 1, "on_exhausted": "warn"})
     import httpx
 
-    with httpx.Client(base_url=proxy.url) as http:
+    with httpx.Client(base_url=proxy.url, auth=proxy.admin_auth) as http:
         history = [{"role": "user", "content": "one"}]
         assert "X-Quota-Warning" not in ask(http, "w", history).headers
         history += [{"role": "assistant", "content": "reply to: one"}, {"role": "user", "content": "two"}] + []
@@ -79,7 +79,7 @@ def test_truncation_marker_tells_the_calls_remaining(make_proxy, upstream):
     proxy = make_proxy(quota={"max_llm_calls": 10})
     import httpx
 
-    with httpx.Client(base_url=proxy.url) as http:
+    with httpx.Client(base_url=proxy.url, auth=proxy.admin_auth) as http:
         ask(http, "tq", [{"role": "user", "content": "go"}] + tool_turn(1, "x" * 20_000))
         sent = upstream.chat_requests()[-1]["messages"][2]["content"]
         assert "You have 9 LLM calls remaining (used 1 of 10).]" in sent

@@ -58,7 +58,7 @@ def replicas(processes: MakeProcesses, redis: RedisServer) -> MakeReplicas:
 
 
 def clients(procs: list[ProxyProcess]) -> list[httpx.Client]:
-    return [httpx.Client(base_url=f"http://127.0.0.1:{p.port}", timeout=30) for p in procs]
+    return [httpx.Client(base_url=f"http://127.0.0.1:{p.port}", auth=p.admin_auth, timeout=30) for p in procs]
 
 
 def trajectory_of(http: httpx.Client, cid: str) -> dict[str, Any]:

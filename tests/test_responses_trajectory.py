@@ -77,7 +77,7 @@ def test_a_responses_trajectory_marks_outputs_and_compaction_like_chat(make_prox
         compaction={"strategy": "turns", "every_n_user_messages": 2, "background": False},
     )
     run = codex_run(proxy, upstream)
-    with httpx.Client(base_url=proxy.url) as http:
+    with httpx.Client(base_url=proxy.url, auth=proxy.admin_auth) as http:
         document = http.get(f"/v1/conversations/{run.conversation_id}/trajectory", params={"limit": 1000}).json()
         items = document["data"]
         assert [i["type"] for i in items] == [

@@ -222,25 +222,28 @@ def test_admin_api_refuses_without_the_token_once_one_is_set_even_from_loopback(
 def mocked_admin_request(remote: str, token: str | None, headers: dict[str, str] | None = None) -> Any:
     from aiohttp.test_utils import make_mocked_request
 
+    from proxy.admin_token import AdminToken
     from proxy.config import load_settings
-    from proxy.state import SETTINGS
+    from proxy.state import ADMIN_TOKEN, SETTINGS
 
-    app = {SETTINGS: load_settings(None, admin={"token": token})}
+    # Unset, the proxy makes a token of its own (proxy/admin_token.py): here, a stand-in for it.
+    app = {SETTINGS: load_settings(None, admin={"token": token}), ADMIN_TOKEN: AdminToken(token or "made-by-the-proxy", None)}
     return make_mocked_request("GET", "/v1/conversations", headers=headers or {}, app=app).clone(remote=remote)
 
 
 @pytest.mark.parametrize(
     "remote", ["10.1.2.3", "192.168.0.7", "172.17.0.1", "2001:db8::1", "::ffff:10.0.0.1", "", "unix-socket"]
 )
-def test_without_a_token_only_loopback_clients_are_admins(remote):
+def test_no_client_is_an_admin_for_where_it_connects_from(remote):
+    """Issue 32: loopback alone granted every tenant to every local user's process."""
     from proxy.api.admin import ALL_TENANTS, caller_scope
     from proxy.errors import Unauthorized
 
-    with pytest.raises(Unauthorized):
-        caller_scope(mocked_admin_request(remote, None))
-    with pytest.raises(Unauthorized):  # and loopback is no admin once a token is set
-        caller_scope(mocked_admin_request("127.0.0.1", TOKEN))
-    assert caller_scope(mocked_admin_request("127.0.0.1", None)) is ALL_TENANTS
+    for token in (None, TOKEN):
+        for where in (remote, "127.0.0.1", "::1"):
+            with pytest.raises(Unauthorized):
+                caller_scope(mocked_admin_request(where, token))
+    assert caller_scope(mocked_admin_request("127.0.0.1", None, {"Authorization": "Bearer made-by-the-proxy"})) is ALL_TENANTS
     assert caller_scope(mocked_admin_request(remote, TOKEN, {"Authorization": f"Bearer {TOKEN}"})) is ALL_TENANTS
 
 
@@ -417,7 +420,7 @@ def test_bodies_over_the_limit_are_a_413_however_they_are_sent(processes, upstre
     # A proxy's first turn loads its tokenizer (~48 MB, on first need): before the measuring.
     assert chat(http, [{"role": "user", "content": "warm up"}], headers=auth(ALICE)).ok
     upstream.reset()
-    before = http.get("/v1/conversations").json()["data"]
+    before = http.get("/v1/conversations", headers=proc.admin_headers).json()["data"]
     peak_before = peak_rss_kb(proc)
     attempts = {
         "content-length": http.post("/v1/chat/completions", content=big, headers={**auth(ALICE), **JSON}),
@@ -431,7 +434,7 @@ def test_bodies_over_the_limit_are_a_413_however_they_are_sent(processes, upstre
         assert response.status_code == 413, (how, response.status_code)
         assert response.json()["error"]["code"] == "request_too_large"
     assert upstream.requests == []
-    assert http.get("/v1/conversations").json()["data"] == before
+    assert http.get("/v1/conversations", headers=proc.admin_headers).json()["data"] == before
     assert chat(http, [{"role": "user", "content": "still fine"}], headers=auth(ALICE)).ok
     grown = peak_rss_kb(proc) - peak_before
     assert grown < 50_000, f"peak memory grew {grown} kB: the gzip bomb was inflated past the limit"

@@ -103,7 +103,7 @@ def test_after_a_failure_other_replicas_back_off_too(make_proxy, upstream, redis
 
 
 def _send(proxy, cid: str, text: str) -> httpx.Response:
-    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+    with httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth) as http:
         return http.post("/v1/chat/completions", json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": text}]},
                          headers={"Authorization": f"Bearer {ALICE}", "X-Conversation-ID": cid})
 

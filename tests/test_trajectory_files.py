@@ -68,7 +68,7 @@ def test_the_file_equals_the_api_trajectory_after_each_turn(make_proxy, upstream
             assert expect_error
             del messages[-len(new):]
         settle(servers, proxy)
-        with httpx.Client(base_url=proxy.url) as http:
+        with httpx.Client(base_url=proxy.url, auth=proxy.admin_auth) as http:
             assert json.loads(path.read_bytes()) == api_trajectory(http, "run-1")
 
     turn({"role": "user", "content": "run the test suite"})
@@ -117,7 +117,7 @@ def test_a_deleted_conversation_loses_its_file(make_proxy, upstream, servers, tm
     settle(servers, proxy)
     path = root / tenant_of(ALICE) / "gone.json"
     assert path.is_file()
-    with httpx.Client(base_url=proxy.url) as http:
+    with httpx.Client(base_url=proxy.url, auth=proxy.admin_auth) as http:
         assert http.delete("/v1/conversations/gone").status_code == 200
     settle(servers, proxy)
     assert not path.exists()
@@ -125,7 +125,9 @@ def test_a_deleted_conversation_loses_its_file(make_proxy, upstream, servers, tm
 
 def test_a_failed_write_is_logged_and_counted_and_never_fails_the_turn(make_proxy, upstream, servers, tmp_path, caplog):
     root = tmp_path / "trajectories"
-    root.write_text("a file where the folder should be")
+    root.mkdir()
+    blocked = root / tenant_of(ALICE)
+    blocked.write_text("a file where the tenant's folder should be")  # (a root like that stops start-up)
     proxy = make_proxy(storage={"trajectory_dir": str(root)})
     client = openai_client(proxy, headers={"X-Conversation-ID": "blocked"})
     reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
@@ -133,15 +135,15 @@ def test_a_failed_write_is_logged_and_counted_and_never_fails_the_turn(make_prox
     settle(servers, proxy)
     assert proxy.app[TRAJECTORIES].failures == 1
     assert any(r.getMessage() == "trajectory file not written" for r in caplog.records)
-    with httpx.Client(base_url=proxy.url) as http:
+    with httpx.Client(base_url=proxy.url, auth=proxy.admin_auth) as http:
         metrics = http.get("/metrics").text
     assert "context_proxy_trajectory_write_failures_total 1.0" in metrics
 
-    root.unlink()  # fixed: the next turn writes the whole file
+    blocked.unlink()  # fixed: the next turn writes the whole file
     transcript = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "reply to: hi"}, {"role": "user", "content": "again"}]
     client.chat.completions.create(model="m", messages=transcript)
     settle(servers, proxy)
-    with httpx.Client(base_url=proxy.url) as http:
+    with httpx.Client(base_url=proxy.url, auth=proxy.admin_auth) as http:
         assert json.loads((root / tenant_of(ALICE) / "blocked.json").read_bytes()) == api_trajectory(http, "blocked")
 
 

@@ -93,7 +93,7 @@ def test_export_then_import_into_redis_is_lossless_and_the_conversation_goes_on(
     model.agent.append(Reply.error(500, {"error": {"message": "down", "type": "server_error", "code": None}}))
     with pytest.raises(openai.InternalServerError):
         client.chat.completions.create(model="gpt-4o-mini", messages=[*messages, {"role": "user", "content": "x"}], tools=TOOLS)
-    with httpx.Client(base_url=disk.url) as http:
+    with httpx.Client(base_url=disk.url, auth=disk.admin_auth) as http:
         before = {part: admin(http, part) for part in ("", "/messages", "/trajectory", "/turns")}
     statuses = {m["status"] for m in before["/trajectory"]["data"]}
     assert {"live", "compacted", "superseded", "failed", "internal"} <= statuses
@@ -117,7 +117,7 @@ def test_export_then_import_into_redis_is_lossless_and_the_conversation_goes_on(
     assert back.returncode == 0 and back.stdout == exported.stdout  # byte for byte: nothing lost or changed
 
     shared = make_proxy(storage={"backend": "redis", "redis_url": redis.url}, **PROFILE)
-    with httpx.Client(base_url=shared.url) as http:
+    with httpx.Client(base_url=shared.url, auth=shared.admin_auth) as http:
         after = {part: admin(http, part) for part in ("", "/messages", "/trajectory", "/turns")}
         assert {**after, "/trajectory": without_refs(after["/trajectory"])} == {**before, "/trajectory": without_refs(before["/trajectory"])}
         # Refs are derived under each store's own secret: the new store's resolve, the old ones do not.
@@ -139,7 +139,7 @@ def test_export_then_import_into_redis_is_lossless_and_the_conversation_goes_on(
     tool = next(m for m in asked["messages"] if m["role"] == "tool")
     assert tool["content"].startswith("SUMMARY of the log") and f'stored as ref "{new_ref}"' in tool["content"]
     assert answered["messages"][-1]["content"] == f"[{new_ref}: characters 0-100 of {len(BIG)}; continue with offset=100]\n{BIG[:100]}"
-    with httpx.Client(base_url=shared.url) as http:
+    with httpx.Client(base_url=shared.url, auth=shared.admin_auth) as http:
         live = admin(http, "/messages")["data"]
     assert live[:-2] == before["/messages"]["data"]
     assert [(m["role"], m["content"]) for m in live[-2:]] == [("user", "read the log again"), ("assistant", "read it")]
@@ -151,7 +151,7 @@ def test_a_responses_chain_goes_on_after_the_move_by_its_previous_response_id(ma
     developer = {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You help."}]}
     first = client.responses.create(model="gpt-4o-mini", input=[developer, {"role": "user", "content": "first"}], store=False)
     second = client.responses.create(model="gpt-4o-mini", input="second", previous_response_id=first.id, store=False)
-    with httpx.Client(base_url=disk.url) as http:
+    with httpx.Client(base_url=disk.url, auth=disk.admin_auth) as http:
         [conversation] = http.get("/v1/conversations").json()["data"]  # its id derived from the run
     disk.stop()
     disk_config = write_config(tmp_path / "disk.yaml", storage={"path": str(tmp_path / "disk")})
@@ -224,7 +224,7 @@ def test_import_reads_stdin_and_keeps_the_tenant(make_proxy, upstream, tmp_path)
     )
     assert piped.returncode == 0, piped.stderr.decode()
     moved = make_proxy(data_dir=tmp_path / "two")
-    with httpx.Client(base_url=moved.url) as http:
+    with httpx.Client(base_url=moved.url, auth=moved.admin_auth) as http:
         mine = http.get("/v1/conversations/piped/messages", headers={"Authorization": f"Bearer {BOB}"})
         theirs = http.get("/v1/conversations/piped/messages", headers={"Authorization": f"Bearer {ALICE}"})
     assert [m["content"] for m in mine.json()["data"]] == ["hi", "reply to: hi"]

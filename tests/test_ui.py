@@ -71,9 +71,13 @@ def wait(driver: WebDriver, timeout: float = 15) -> WebDriverWait:
     return WebDriverWait(driver, timeout, ignored_exceptions=(WebDriverException,))
 
 
-def open_ui(driver: WebDriver, proxy, fragment: str = "") -> None:
+def open_ui(driver: WebDriver, proxy, fragment: str = "", token: str | None = "admin") -> None:
+    """The page as the URL printed at start-up opens it: signed in with the admin token (or
+    `token`; None: no token in the URL)."""
     driver.get("about:blank")  # a fresh page: nothing left over from the previous test
-    driver.get(f"{proxy.url}/ui{fragment}")
+    path, fragment = ("/ui/", fragment[1:]) if fragment.startswith("/") else ("/ui", fragment)
+    query = "" if token is None else f"?token={proxy.admin_token if token == 'admin' else token}"
+    driver.get(f"{proxy.url}{path}{query}{fragment}")
 
 
 def text(element: WebElement) -> str:
@@ -177,7 +181,7 @@ def test_list_and_replay_show_calls_summaries_and_expandable_outputs(make_proxy,
     turns = timeline.find_elements(By.CSS_SELECTOR, "li.turn")
     assert turns and "tokens sent" in text(turns[-1]) and "LLM calls used" in text(turns[-1])
     # "show window" highlights what the turn sent upstream, as its turn record says.
-    [last_turn] = httpx.get(f"{proxy.url}/v1/conversations/ui-demo/turns").json()["data"][-1:]
+    [last_turn] = httpx.get(f"{proxy.url}/v1/conversations/ui-demo/turns", headers=proxy.admin_headers).json()["data"][-1:]
     toggle = turns[-1].find_element(By.CSS_SELECTOR, "button.window-toggle")
 
     def in_window() -> list[int]:
@@ -246,7 +250,7 @@ def test_search_finds_a_conversation_by_a_word_of_its_task_and_failures_filter_t
     upstream.enqueue(Reply.error(429, {"error": {"message": "Rate limit reached for gpt-4o-mini", "type": "rate_limit_error"}}))
     with pytest.raises(openai.RateLimitError):
         say(proxy, "summarize the incident report")
-    ids = {c["title"]: c["id"] for c in httpx.get(f"{proxy.url}/v1/conversations").json()["data"]}
+    ids = {c["title"]: c["id"] for c in httpx.get(f"{proxy.url}/v1/conversations", headers=proxy.admin_headers).json()["data"]}
     assert all(cid.startswith("auto-") for cid in ids.values())
 
     open_ui(browser, proxy)
@@ -280,7 +284,7 @@ def test_search_finds_a_conversation_by_a_word_of_its_task_and_failures_filter_t
 
 
 def test_a_turn_the_client_left_is_marked_incomplete_with_why(proxy, upstream, browser):
-    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+    with httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth) as http:
         reply, _ = leave_mid_stream(http, upstream, "left", "a long answer the client stops reading", "stream me the ledger")
         reply.release()  # the proxy sees the client gone at its next write
         wait_until(lambda: http.get("/v1/conversations/left/turns").json()["data"], what="the turn's record")
@@ -338,7 +342,7 @@ def test_with_an_admin_token_the_page_asks_for_one_and_keeps_it_for_the_tab(make
     assert httpx.get(f"{proxy.url}/ui").headers["Location"] == "ui/"  # relative: fine behind a path prefix
     assert httpx.get(f"{proxy.url}/ui/a/secrets.txt").status_code == 404  # only its own files, never upstream
 
-    open_ui(browser, proxy)
+    open_ui(browser, proxy, token=None)
     form = wait(browser).until(EC.visibility_of_element_located((By.ID, "token-form")))
     assert "401" in text(form.find_element(By.CSS_SELECTOR, ".api-answer"))
     assert not browser.find_elements(By.CSS_SELECTOR, "tr.conversation")

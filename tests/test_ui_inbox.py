@@ -49,7 +49,7 @@ def test_the_conversation_page_sends_an_inbox_message_and_shows_where_it_went(pr
 
 
 def test_the_knowledge_page_shows_edits_and_diffs_the_document(make_proxy, upstream, browser):
-    proxy = make_proxy(knowledge={"enabled": True})
+    proxy = make_proxy(knowledge={"enabled": True, "editable": True})
     edit = json.dumps({"heading": "Build notes", "content": "The build needs make 4.3."})
     upstream.enqueue(Reply.tool_calls([("knowledge_append_section", edit)]), Reply.text("noted"))
     openai_client(proxy, headers={"X-Conversation-ID": "kn-ui"}).chat.completions.create(
@@ -59,11 +59,15 @@ def test_the_knowledge_page_shows_edits_and_diffs_the_document(make_proxy, upstr
     open_ui(browser, proxy, "#/c/kn-ui")
     link = wait(browser).until(EC.visibility_of_element_located((By.CSS_SELECTOR, "#knowledge-used a")))
     assert "version 1" in text(browser.find_element(By.ID, "knowledge-used"))  # what the prompt carried
-    link.click()  # the admin (loopback, no token) opens the conversation's tenant's document
+    link.click()  # the admin (the URL's token) opens the conversation's tenant's document
     editor = wait(browser).until(EC.visibility_of_element_located((By.ID, "knowledge-text")))
     assert "The build needs make 4.3." in editor.get_property("value")
     versions = browser.find_elements(By.CSS_SELECTOR, "#knowledge-versions tbody tr")
     assert [v.get_attribute("data-version") for v in versions] == ["2", "1"]
+    # Issue 32: every edit by the agent says which conversation and turn made it, and links there.
+    by = versions[0].find_element(By.CSS_SELECTOR, "td.source")
+    assert text(by) == "the agent of kn-ui, turn 1"
+    assert by.find_element(By.TAG_NAME, "a").get_attribute("href").split("#", 1)[1].startswith("/c/kn-ui?tenant=")
 
     editor.send_keys("\n## Owners\n\nThe platform team.\n" + XSS)
     browser.find_element(By.ID, "knowledge-save").click()

@@ -1,7 +1,10 @@
 """The admin API: conversations, their live transcript and their whole trajectory.
 
-Who sees what: the admin token (or, with no token set, a loopback client without a Bearer)
-sees every tenant; any other Bearer is a client key and sees only its own tenant's conversations.
+Who sees what: the admin token (configured as `admin.token`, else the one the proxy made and
+keeps in its store folder: proxy/admin_token.py) sees every tenant; any other Bearer is a client
+key and sees only its own tenant's conversations. Being on loopback grants nothing. With
+`conversation.tenant_isolation: false` every key is the one tenant `shared`, so a client key
+would be every key's: then only the admin token has this API at all.
 
 The list can be narrowed to conversations with a failed turn (`?failed=true`, from the store's
 own index) and searched (`?q=words`: every word must appear, case-insensitively, in the id,
@@ -11,17 +14,15 @@ first; its page then says where to go on (`next_after`), so no request reads a w
 
 from __future__ import annotations
 
-import hmac
-import ipaddress
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from ..errors import InvalidRequest, NotFound, Unauthorized
-from ..identity import ConversationKey, bearer_token, check_conversation_id, request_tenant
+from ..errors import InvalidRequest, NotFound, ProxyError, Unauthorized
+from ..identity import ConversationKey, bearer_token, check_conversation_id, request_tenant, tenant_of
 from ..request_parts import current_parts
-from ..state import REFS, SETTINGS, STORE, TRAJECTORIES
+from ..state import ADMIN_TOKEN, REFS, SETTINGS, STORE, TRAJECTORIES
 from ..store import SYSTEM_PART, TOOLS_PART, Conversation, StoredMessage
 from ..titles import check_title
 from ..trajectory import build_trajectory, conversation_codec
@@ -33,27 +34,29 @@ SEARCH_BATCH = 200  # ... from the store this many at a time
 MAX_QUERY_CHARS = 200
 
 
-def _is_loopback(remote: str | None) -> bool:
-    try:
-        return remote is not None and ipaddress.ip_address(remote).is_loopback
-    except ValueError:
-        return False
+class AdminTokenRequired(ProxyError):
+    """A client key where only the admin token will do (tenant isolation off: no key is anyone's own)."""
+
+    status = 403
+    type = "permission_error"
+    code = "admin_token_required"
 
 
 def caller_scope(request: web.Request) -> str | None:
     """The tenant the caller may see, or ALL_TENANTS for the admin."""
-    settings = request.app[SETTINGS]
     token = bearer_token(request)
-    admin_token = settings.admin.token
-    if token is not None:
-        if admin_token is not None and hmac.compare_digest(token.encode(), admin_token.get_secret_value().encode()):
-            return ALL_TENANTS
-        return request_tenant(request, settings.conversation)
-    # A request relayed by a reverse proxy on this host comes from loopback but not from this host.
-    relayed = any(h in request.headers for h in ("Forwarded", "X-Forwarded-For", "X-Real-IP"))
-    if admin_token is None and _is_loopback(request.remote) and not relayed:
+    if token is None:
+        raise Unauthorized(
+            "The admin API needs 'Authorization: Bearer <admin token or your API key>' (the admin token is "
+            "admin.token, or the one in the store folder's admin-token file, printed at start-up)"
+        )
+    if request.app[ADMIN_TOKEN].matches(token):
         return ALL_TENANTS
-    raise Unauthorized("The admin API needs 'Authorization: Bearer <admin token or your API key>'")
+    if not request.app[SETTINGS].conversation.tenant_isolation:
+        raise AdminTokenRequired(
+            "With conversation.tenant_isolation off every key shares one tenant: only the admin token may use this API"
+        )
+    return tenant_of(token)
 
 
 def _limit(request: web.Request, default: int, maximum: int) -> int:

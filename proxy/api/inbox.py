@@ -9,14 +9,13 @@ admin API: another tenant's conversation is a 404). Delivery is the inbox stage'
 from __future__ import annotations
 
 import time
-from string import Template
 
 from aiohttp import web
 
 from ..errors import InvalidRequest, NotFound, ProxyError
+from ..markers import inbox_note
 from ..state import SETTINGS, STORE
 from ..store import InboxFull
-from ..summarizer import prompt
 from .admin import _conversation, _limit, _page
 from .writes import json_body
 
@@ -25,12 +24,6 @@ class InboxOverflow(ProxyError):
     status = 429
     type = "rate_limit_error"
     code = "inbox_full"
-
-
-def note(content: str, written_at: float) -> str:
-    """The message as the agent reads it: marked as the user's, written while it worked."""
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(written_at))
-    return Template(prompt("inbox_note")).substitute(time=stamp, content=content).rstrip("\n")
 
 
 async def post_message(request: web.Request) -> web.Response:
@@ -47,7 +40,7 @@ async def post_message(request: web.Request) -> web.Response:
         )
     try:
         message = await request.app[STORE].post_inbox(
-            conversation.key, content, note(content, time.time()), settings.max_pending
+            conversation.key, content, inbox_note(content, time.time()), settings.max_pending
         )
     except InboxFull:
         raise InboxOverflow(

@@ -162,7 +162,7 @@ async def read_turn(
     request: web.Request, dialect: Dialect, *, dry_run: bool = False
 ) -> tuple[TurnRequest, ConversationKey, TurnReport]:
     """A managed request read: the turn, the conversation it belongs to, its (empty) report. A
-    `dry_run`'s request writes nothing, so it claims no session thread either."""
+    `dry_run`'s request writes nothing, so it claims no session thread and writes no runs mark either."""
     settings = request.app[SETTINGS]
     # A body that extends the previous request of its conversation is parsed only where it is new
     # (the fast path's first step): the conversation the client names, else its run's, by bytes.
@@ -178,7 +178,7 @@ async def read_turn(
     check_message_count(transcript, settings.server.max_messages, dialect.transcript_key)
     title = check_title(request.headers.get(TITLE_HEADER), TITLE_HEADER)
     turn = await turn_request(request, dialect, parsed, tenant, explicit)
-    key = await request.app[ENGINE].conversation_key(turn, claim=not dry_run)
+    key = await request.app[ENGINE].conversation_key(turn, dry_run=dry_run)
     request[CONVERSATION] = key
     report = TurnReport(
         key, dialect.name, dialect.model(body), client=client_name(request.headers.get("User-Agent")), title=title

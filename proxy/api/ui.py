@@ -2,10 +2,11 @@
 
 Auth, by design: the shell (index.html, app.js, style.css) is served to anyone, because it holds
 nothing but code; every datum the page shows comes from the admin JSON API (proxy/api/admin.py)
-under that API's own auth (`caller_scope`). With no admin token set, a loopback browser reads it
-without a Bearer, as curl would; otherwise the page asks for a token (the admin token, or the
-user's own API key, which then shows only that key's conversations), keeps it in the tab's
-sessionStorage and sends it as `Authorization: Bearer`. No cookie is ever set, so another site
+under that API's own auth (`caller_scope`), which always wants a Bearer: the URL printed at
+start-up carries the admin token as `?token=` (the page keeps it and drops it from the address
+bar); else the page asks for a token (the admin token, or the user's own API key, which then
+shows only that key's conversations), keeps it in the tab's sessionStorage and sends it as
+`Authorization: Bearer`. No cookie is ever set, so another site
 cannot make the browser call the API with it (no CSRF). The Content-Security-Policy below allows
 only this origin's own script, style and fetches: no inline script, no other host.
 """

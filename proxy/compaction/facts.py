@@ -20,6 +20,7 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from ..markers import NOTE_PATTERN
 from ..store import KeyFact
 from ..transcript import Role
 from .windows import Entry
@@ -29,7 +30,7 @@ from .windows import Entry
 _NOISE = re.compile(
     "|".join(
         (
-            r"\[context-proxy:[^\]]*\]",  # our markers (shortened outputs, masked outputs, messages)
+            NOTE_PATTERN,  # our markers (shortened outputs, masked outputs, messages)
             r"\[\.\.\. ?[\d,]+ more characters\]",  # our cut marker in the summarizer's prompt
             r"\[tool result [^\]]*\]",  # our render label in the summarizer's prompt
             r"\bout_\d+_[0-9a-f]{24}\b",  # refs

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
+from ..markers import NON_TEXT, neutralised, shortened_quote
 from ..store import QuotedMessage
 from ..transcript import Role
 from .windows import Entry
 
 HEAD_CHARS = 240  # what a shortened message keeps: enough for the gist of an instruction
-NON_TEXT = "[a message without text: images or files]"
 
 
 def quote(seq: int, text: str | None) -> QuotedMessage:
@@ -31,13 +31,11 @@ def quoted_chars(message: QuotedMessage) -> int:
 
 
 def entry_text(message: QuotedMessage) -> str:
+    """A quote as the summary shows it: the user's words (what imitates a proxy note in them
+    marked quoted), and where the rest is when shortened."""
     if message.ref is None:
-        return message.text
-    return (
-        f"{message.text}\n[context-proxy: shortened to its first {len(message.text)} of {message.chars} characters; "
-        f'the whole message is ref "{message.ref}": read_tool_output(ref="{message.ref}", offset={len(message.text)}) '
-        "reads the rest.]"
-    )
+        return neutralised(message.text)
+    return neutralised(message.text) + shortened_quote(len(message.text), message.chars, message.ref)
 
 
 def fit_quotes(

@@ -16,13 +16,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..config import CompactionSettings
+from ..markers import FACTS_HEADER, NO_SUMMARY_HEADER, QUOTES_HEADER, SUMMARY_HEADER, neutralised
 from ..store import QuotedMessage, Summary
 from .quotes import entry_text, fit_quotes
 
-SUMMARY_HEADER = "Summary of the earlier part of this conversation (older messages are not shown):\n\n"
-FACTS_HEADER = "Key facts (kept verbatim from the summarized messages):"
-QUOTES_HEADER = "What the user said after the task, verbatim and oldest first (kept by the proxy, not summarized):"
-NO_SUMMARY_HEADER = "Earlier messages of this conversation are not shown.\n\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,9 +52,11 @@ def render_summary(
         quotes, omitted = fit_quotes(
             quotes, left_out_user_messages, budget, ref_for, omitted, keep_newest=quote_budget is None
         )
-    parts = [SUMMARY_HEADER + summary.text.strip() if summary is not None else NO_SUMMARY_HEADER.strip()]
+    # The summarizer's text, the facts and the quotes are the client's words, or an LLM's made of
+    # them: what imitates the proxy's notes in them is marked quoted, as in the client's items.
+    parts = [SUMMARY_HEADER + neutralised(summary.text.strip()) if summary is not None else NO_SUMMARY_HEADER.strip()]
     if summary is not None and summary.facts:
-        parts.append(FACTS_HEADER + "\n" + "\n".join(f"- {fact.value}" for fact in summary.facts))
+        parts.append(FACTS_HEADER + "\n" + "\n".join(f"- {neutralised(fact.value)}" for fact in summary.facts))
     if quotes or omitted:
         lines = [QUOTES_HEADER]
         if omitted:

@@ -131,11 +131,11 @@ class Engine:
         # keeps the claim in the conversation's THREAD_MARK): family key -> thread token.
         self._claims: dict[ConversationKey, int] = {}
 
-    async def conversation_key(self, request: TurnRequest, claim: bool = True) -> ConversationKey:
+    async def conversation_key(self, request: TurnRequest, *, dry_run: bool = False) -> ConversationKey:
         """The conversation a request belongs to, in this order: the one it names; the one that
         produced the reply it continues (Responses' previous_response_id); its thread of the
-        client's session; else one derived from its run (system prompt and task). `claim`: the
-        request may become its session's main thread (not a dry run's, which keeps nothing)."""
+        client's session; else one derived from its run (system prompt and task). A `dry_run`'s
+        request writes nothing: it claims no session's main thread and counts no new run."""
         tenant, dialect = request.tenant, request.dialect
         anchor = dialect.anchor(request.body)
         owner = await self.store.response_owner(tenant, anchor) if anchor is not None else None
@@ -145,7 +145,7 @@ class Engine:
         if request.conversation_id is not None:
             return ConversationKey(tenant, request.conversation_id)
         if request.session_id is not None:
-            return await self._thread_of(ConversationKey(tenant, request.session_id), request, claim)
+            return await self._thread_of(ConversationKey(tenant, request.session_id), request, claim=not dry_run)
         if request.history == "proxy":
             raise InvalidRequest(
                 f"X-History: proxy needs a conversation id ({self.settings.conversation.id_header} header "
@@ -154,7 +154,7 @@ class Engine:
             )
         raws = dialect.transcript(request.body)
         base = ConversationKey(tenant, derived_conversation_id(tenant, dialect.identity_basis(request.body, raws)))
-        return await self._run_of(base, request, raws)
+        return await self._run_of(base, request, raws, dry_run)
 
     async def _thread_of(self, family: ConversationKey, request: TurnRequest, claim: bool) -> ConversationKey:
         """Which thread of a client session a request belongs to. A session id names a family:
@@ -175,7 +175,7 @@ class Engine:
         request.thread = int(token, 16)  # marked a thread too: it lists with its family
         return ConversationKey(family.tenant, thread_conversation_id(family.id, token))
 
-    async def _run_of(self, base: ConversationKey, request: TurnRequest, raws: list) -> ConversationKey:
+    async def _run_of(self, base: ConversationKey, request: TurnRequest, raws: list, dry_run: bool) -> ConversationKey:
         """Which run of an unmodified agent a request belongs to. Runs of one agent with one task
         share a derived id; a request that starts over (its system prompt and task, nothing more)
         while the latest run has moved on is a new run, `<id>.2`, `<id>.3`, ...: the old one stays
@@ -193,7 +193,8 @@ class Engine:
         hashes = [codec.hash(r) for r in raws]
         if is_fresh_start(codec, raws, hashes):
             if latest is not None and len(latest.live) > len(raws) and latest.live_hashes[: len(raws)] == hashes:
-                await self.store.set_marks(base, {RUNS_MARK: runs + 1})
+                if not dry_run:  # a count (count_tokens) writes nothing
+                    await self.store.set_marks(base, {RUNS_MARK: runs + 1})
                 return run(runs + 1)
             return run(runs)
         # The run it shares the most history with (the newest of equals): runs of a deterministic

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from ..config import Settings
-from . import compaction, inbox, knowledge, pairing, quota, truncation, window
+from . import compaction, imitations, inbox, knowledge, pairing, quota, truncation, window
 from .base import Item, Stage, StageRun, Turn, added, figures_of, moved
 
 __all__ = ["STAGES", "Item", "Pipeline", "Stage", "StageRun", "Turn", "build_pipeline"]
@@ -19,7 +19,8 @@ __all__ = ["STAGES", "Item", "Pipeline", "Stage", "StageRun", "Turn", "build_pip
 # Factories in execution order. Each gets the settings and returns a stage, or None when the
 # settings leave it nothing to do.
 STAGES: list[Callable[[Settings], Stage | None]] = [
-    truncation.build,  # first: one huge output must not by itself trigger a compaction
+    imitations.build,  # first: what imitates the proxy's notes is marked quoted before the stages add theirs
+    truncation.build,  # one huge output must not by itself trigger a compaction
     knowledge.build,  # before compaction: the summary goes after it, the document changes less often
     compaction.build,
     inbox.build,  # after the rewrites of the client's items, before the window that counts its notes

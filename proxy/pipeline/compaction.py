@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..compaction.render import render_summary
 from ..config import Settings
-from ..tools.readback import READ_TOOL
+from ..markers import omitted_output
 from ..transcript import Item, Role, first_user, is_instruction, leading_system_count, unit_end
 from .base import StageRun, Turn, passed_through
 
@@ -103,11 +103,7 @@ class Compaction:
             assert item.seq is not None
             ref = turn.refs.make(turn.key, item.seq)
             chars = len(turn.codec.text(item) or "")
-            placeholder = (
-                f"[context-proxy: older tool output omitted ({chars} characters), ref \"{ref}\". "
-                f"Call {READ_TOOL}(ref=\"{ref}\", offset=0, length={length}) to read it.]"
-            )
-            out[position] = turn.codec.with_text(item, placeholder).but(ref=ref, masked=True)
+            out[position] = turn.codec.with_text(item, omitted_output(chars, ref, length)).but(ref=ref, masked=True)
         turn.report.masked = len(older)
         return out
 

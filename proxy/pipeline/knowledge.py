@@ -54,7 +54,7 @@ class Knowledge:
         if not settings.enabled:
             return items
         moment = await self._moment(turn)
-        key = (*_document(turn), moment, settings.max_tokens, turn.counter.tokenizer_name(turn.model))
+        key = (*_document(turn), moment, settings.max_tokens, settings.editable, turn.counter.tokenizer_name(turn.model))
         cached = _get(self._notes, key)
         if cached is None:
             version = await _version_at(turn, moment)
@@ -150,7 +150,8 @@ async def _version_at(turn: Turn, moment: float) -> KnowledgeVersion:
 
 
 def _render(turn: Turn, version: KnowledgeVersion) -> str:
-    return note(version, turn.profile.knowledge.max_tokens, lambda t: turn.counter.count_texts([t], turn.model))
+    settings = turn.profile.knowledge
+    return note(version, settings.max_tokens, lambda t: turn.counter.count_texts([t], turn.model), settings.editable)
 
 
 def build(settings: Settings) -> Knowledge:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 
 from ..config import Settings
+from ..markers import NO_RESULT
 from ..transcript import Call, Item, Role, unit_start
 from .base import StageRun, Turn, passed_through
 
 log = logging.getLogger("proxy.pairing")
-NO_RESULT = "[context-proxy: no result was recorded for this tool call]"
 
 
 class PairingGuard:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 from ..config import Settings
+from ..markers import QUOTA_INFO_KEY, quota_note
 from ..transcript import Item, Role
 from .base import StageRun, Turn, item_by_item
 
@@ -44,8 +45,8 @@ def _with_quota(turn: Turn, item: Item, info: dict[str, int], line: str) -> Item
         except ValueError:
             parsed = None
         if isinstance(parsed, dict):
-            return turn.codec.with_text(item, json.dumps({**parsed, "_quota_info": info}, ensure_ascii=False))
-    return turn.codec.with_appended_text(item, f"\n\n[{line}]")
+            return turn.codec.with_text(item, json.dumps({**parsed, QUOTA_INFO_KEY: info}, ensure_ascii=False))
+    return turn.codec.with_appended_text(item, quota_note(line))
 
 
 def build(settings: Settings) -> QuotaInfo:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from ..config import Settings
-from ..tools.readback import READ_TOOL
+from ..markers import neutralised, shortened_output
 from ..transcript import Item, Role, tool_names
 from .base import StageRun, Turn, item_by_item
 
@@ -80,7 +80,8 @@ class Truncation:
             assert item.seq is not None
             ref = turn.refs.make(turn.key, item.seq)
             summary = summaries.get(item.seq)
-            body = summary if summary is not None else text[: settings.preview_length]
+            # (a summary is an LLM's, made of the output: what imitates our notes in it is quoted)
+            body = neutralised(summary) if summary is not None else text[: settings.preview_length]
             content = body + self._marker(turn, item.seq, ref, len(text), summary is not None)
             out[position] = turn.codec.with_text(item, content).but(ref=ref)
             turn.report.saved("truncation", len(text) - len(content))
@@ -90,15 +91,9 @@ class Truncation:
         settings = turn.profile.truncation
         shown = "a summary" if summarized else f"the first {settings.preview_length} of {total} characters"
         start = 0 if summarized else settings.preview_length
-        marker = (
-            f"\n\n[context-proxy: this tool output was shortened to {shown}. The full output "
-            f"({total} characters) is stored as ref \"{ref}\". To read more, call "
-            f"{READ_TOOL}(ref=\"{ref}\", offset={start}, length={settings.read_length}).]"
-        )
         figures = turn.ledger.figures(seq)
-        if figures is not None:
-            marker = marker[:-1] + " " + figures.line() + "]"
-        return marker
+        quota = figures.line() if figures is not None else None
+        return shortened_output(shown, total, ref, start, settings.read_length, quota)
 
     async def _summaries(self, turn: Turn, wanted: list[tuple[Item, str, str]]) -> dict[int, str]:
         """Stored summaries, and new ones made now (a failure falls back to a preview, logged)."""

@@ -30,12 +30,10 @@ FAILED = "failed"  # the request carrying it was refused or failed: kept in the 
 INCOMPLETE = "incomplete"  # a streamed reply the client went away from
 INTERNAL = "internal"  # a read_tool_output round the proxy answered itself: never shown to the client
 STATUSES = frozenset({PENDING, LIVE, SUPERSEDED, FAILED, INCOMPLETE, INTERNAL})
-
 # Marks that are not seqs: which thread of its client's session a conversation is (a token), how
 # many runs a derived conversation had. The others name a seq (a cut, the live turn's order).
 THREAD_MARK = "thread"
 RUNS_MARK = "runs"
-COUNTER_MARKS = frozenset({THREAD_MARK, RUNS_MARK})
 # The order of the turn whose request the live transcript is (see TurnWriter): a turn that
 # started before it and ends after it does not take the live transcript back.
 LIVE_ORDER_MARK = "live_order"
@@ -334,7 +332,7 @@ class KnowledgeVersion:
     version: int  # 1, 2, ... per document; every one is kept
     text: str
     created_at: float
-    source: str  # who wrote it: "seed", "admin", "api", "agent:<conversation id>"
+    source: str  # who wrote it: "seed", "admin", "api", "agent:<conversation id> turn <n>"
 
     def to_api(self, *, with_text: bool = True) -> dict[str, Any]:
         out = {
@@ -432,8 +430,10 @@ class ConversationDump:
             problems.append("turn records must be numbered 1, 2, ...")
         if not set(self.responses.values()) <= set(range(1, n + 1)):
             problems.append("response ids must name stored messages")
-        if not all(0 <= seq <= n for name, seq in c.marks.items() if name not in COUNTER_MARKS):
+        if not all(0 <= seq <= n for name, seq in c.marks.items() if name not in (THREAD_MARK, RUNS_MARK)):
             problems.append("marks must be seqs of the conversation")
+        if not all(c.marks[name] >= 1 for name in {RUNS_MARK} & set(c.marks)):
+            problems.append("the runs mark must count runs (1 or more)")
         if not 0 <= c.failures <= len(self.turns) or (c.failures > 0) != (c.last_error is not None):
             problems.append("failures must count failed turns, with the last one's error")
         if [m.id for m in self.inbox] != list(range(1, len(self.inbox) + 1)):

@@ -34,7 +34,8 @@ Faults: a full disk, a read-only filesystem or file, or a broken database raise 
 StoreReadOnly or StoreUnavailable (OpenAI-shaped 507/503), never sqlite3's or the OS's own
 error; the latest write's outcome is what `health()` reports. SQLite needs room even to delete
 (its journal), so a reserve file of `storage.reserve_mb` is kept beside the database and let go
-when a delete finds the disk full; it is made again once there is room. Transcripts and the ref
+when a delete finds the disk full; it is made again once there is room. On a small disk it is at
+most RESERVE_SHARE of it (else it could never be made there, and a full store could not delete). Transcripts and the ref
 secret are private: the folder is 0700, every file 0600.
 """
 
@@ -123,6 +124,7 @@ BATCH_MAX = 256  # messages per batch row: a bigger write (an import) is split
 INLINE_PART = 8192  # bytes of a write's pickled messages kept in its batch row; more get a row of their own
 LAYOUT = 2  # records with index chunks and batches; one without `layout` is read as written before
 RESERVE_FILE = "reserve"
+RESERVE_SHARE = 1 / 8  # of the disk's size, at most: a disk under twice the reserve would hold none
 LOW_SPACE = 1024 * 1024  # less free than this (beside the reserve) is a full store for health()
 PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
 MB = 1024 * 1024
@@ -1648,6 +1650,9 @@ class _Reserve:
     """A file of `size` bytes held so that there is room to delete when the disk is full."""
 
     def __init__(self, path: Path, size: int) -> None:
+        with contextlib.suppress(OSError):
+            fs = os.statvfs(path.parent)
+            size = min(size, int(fs.f_blocks * fs.f_frsize * RESERVE_SHARE))
         self.path, self.size = path, size
         self.held = size == 0 or path.is_file() and path.stat().st_size >= size
 

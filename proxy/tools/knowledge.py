@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ..config import KnowledgeSettings, Profile
 from ..dialects.base import ToolSpec
 from ..knowledge import EditRefused, append_section, current, edit, fit, fits, replace_section
+from ..markers import KNOWLEDGE_APPEND_TOOL, KNOWLEDGE_READ_TOOL, KNOWLEDGE_REPLACE_TOOL
 from ..store import Store
 from ..transcript import Call
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from ..pipeline import Turn
 
 READ_SPEC = ToolSpec(
-    name="knowledge_read",
+    name=KNOWLEDGE_READ_TOOL,
     description=(
         "Read your long-term knowledge notes as they are now (the system message may show an older "
         "version: it is brought up to date only now and then). Pass offset to read on from a character position."
@@ -43,7 +44,7 @@ SECTION_PARAMETERS: dict[str, Any] = {
     "required": ["heading", "content"],
 }
 REPLACE_SPEC = ToolSpec(
-    name="knowledge_replace_section",
+    name=KNOWLEDGE_REPLACE_TOOL,
     description=(
         "Replace the content of a section of your long-term knowledge notes (kept across "
         "conversations) with new markdown; empty content removes the section."
@@ -51,7 +52,7 @@ REPLACE_SPEC = ToolSpec(
     parameters=SECTION_PARAMETERS,
 )
 APPEND_SPEC = ToolSpec(
-    name="knowledge_append_section",
+    name=KNOWLEDGE_APPEND_TOOL,
     description=(
         "Add a new section at the end of your long-term knowledge notes (kept across conversations): "
         "a fact about the project, a decision and its reason, a pitfall, where something is."
@@ -68,6 +69,11 @@ def standing(profile: Profile) -> list[ToolSpec]:
     return [READ_SPEC, REPLACE_SPEC, APPEND_SPEC] if settings.editable else [READ_SPEC]
 
 
+def agent_source(conversation_id: str, turn: int) -> str:
+    """Who wrote a version the agent wrote: its conversation and the turn (the /ui links to it)."""
+    return f"agent:{conversation_id} turn {turn}"
+
+
 class KnowledgeTool:
     """One knowledge tool for one turn: its calls read or edit the turn's tenant's document."""
 
@@ -76,7 +82,7 @@ class KnowledgeTool:
         self.store: Store = turn.store
         self.tenant, self.namespace = turn.key.tenant, turn.knowledge_namespace or ""
         self.settings: KnowledgeSettings = turn.profile.knowledge
-        self.source = f"agent:{turn.key.id}"
+        self.source = agent_source(turn.key.id, (turn.conversation.turns if turn.conversation else 0) + 1)
         self.measure: Callable[[str], int] = lambda text: turn.counter.count_texts([text], turn.model)
 
     async def answer(self, call: Call, room: int | None) -> str:

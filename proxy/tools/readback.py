@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from ..config import TruncationSettings
 from ..dialects.base import ToolSpec
 from ..identity import ConversationKey
+from ..markers import READ_TOOL
 from ..refs import RefSigner
 from ..store import Store
 from ..transcript import Call, Codec, Item
@@ -23,7 +24,6 @@ from ..transcript import Call, Codec, Item
 if TYPE_CHECKING:
     from ..pipeline import Turn
 
-READ_TOOL = "read_tool_output"
 READ_TOOL_SPEC = ToolSpec(
     name=READ_TOOL,
     description=(

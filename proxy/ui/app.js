@@ -4,12 +4,13 @@
  *
  * Auth, a deliberate choice: this page (index.html, app.js, style.css) holds no data and is served
  * to anyone. Every datum comes from the admin API (/v1/conversations...) under that API's own auth:
- *   - with no admin token set, a loopback browser reads it without a Bearer (as curl would there);
- *   - otherwise the API answers 401 and the page asks for a token: the admin token (every tenant)
- *     or the user's own API key (only that key's conversations: any Bearer that is not the admin
- *     token is a client key). The token is kept in sessionStorage (this tab only, gone when it
- *     closes, never in a cookie, so no other site can make the browser send it: no CSRF) and sent
- *     as `Authorization: Bearer` to this origin only.
+ *   - the API always wants a Bearer (being on loopback grants nothing): the URL the proxy prints
+ *     at start-up carries its admin token as `?token=`, which the page keeps and at once drops
+ *     from the address bar (and its history entry); else the API answers 401 and the page asks
+ *     for a token: the admin token (every tenant) or the user's own API key (only that key's
+ *     conversations: any Bearer that is not the admin token is a client key). The token is kept
+ *     in sessionStorage (this tab only, gone when it closes, never in a cookie, so no other site
+ *     can make the browser send it: no CSRF) and sent as `Authorization: Bearer` to this origin only.
  *
  * Safety: everything shown (prompts, tool outputs, ids, model names) is untrusted text. It reaches
  * the DOM only as text nodes, textContent or setAttribute on non-URL attributes; nothing here uses
@@ -1700,6 +1701,19 @@
   }
 
   /** One knowledge document: its text (editable), its versions, and a diff between two of them. */
+  /** Who wrote a knowledge version; an agent's edit links to its conversation and names the turn. */
+  function sourceNode(source, tenant) {
+    const agent = /^agent:(\S+?)(?: turn (\d+))?$/.exec(source || "");
+    if (!agent) return h("span", null, source || "?");
+    return h(
+      "span",
+      { class: "agent-edit" },
+      "the agent of ",
+      h("a", { href: conversationHref(agent[1], tenant) }, agent[1]),
+      agent[2] ? `, turn ${agent[2]}` : ""
+    );
+  }
+
   async function showKnowledge(namespace, tenant, signal) {
     document.title = `Knowledge${namespace ? " · " + namespace : ""} · context-proxy`;
     const path = KNOWLEDGE_API + (namespace ? "/" + encodeURIComponent(namespace) : "");
@@ -1767,7 +1781,7 @@
         h(
           "p",
           { class: "muted small" },
-          doc.version ? `Version ${doc.version}, written ${when(doc.created_at)} by ${doc.source}. ` : "Nobody wrote it yet: this is the template it starts from. ",
+          doc.version ? [`Version ${doc.version}, written ${when(doc.created_at)} by `, sourceNode(doc.source, doc.tenant), ". "] : "Nobody wrote it yet: this is the template it starts from. ",
           "Agents read it in their prompts when knowledge is on, and edit it with the proxy's knowledge tools; every version is kept."
         ),
         h(
@@ -1786,7 +1800,7 @@
           h(
             "tbody",
             null,
-            versions.data.map((v) => h("tr", { "data-version": v.version }, h("td", { class: "num" }, num(v.version)), h("td", null, timeNode(v.created_at)), h("td", null, v.source), h("td", { class: "num" }, num(v.chars))))
+            versions.data.map((v) => h("tr", { "data-version": v.version }, h("td", { class: "num" }, num(v.version)), h("td", null, timeNode(v.created_at)), h("td", { class: "source" }, sourceNode(v.source, v.tenant)), h("td", { class: "num" }, num(v.chars))))
           )
         ),
         numbers.length ? h("div", { class: "row diff-controls" }, "Diff from ", fromSel, " to ", toSel, diffButton) : null,
@@ -1795,6 +1809,14 @@
     );
   }
 
+  // The start-up URL's ?token=: kept for the tab, then gone from the address bar and history.
+  const query = new URLSearchParams(location.search);
+  if (query.has("token")) {
+    if (query.get("token")) auth.set(query.get("token"));
+    query.delete("token");
+    const rest = query.toString();
+    history.replaceState(null, "", location.pathname + (rest ? "?" + rest : "") + location.hash);
+  }
   window.addEventListener("hashchange", route);
   route();
 })();

@@ -1,0 +1,63 @@
+"""First stage, imitations: the client's content that imitates a note of the proxy's own (an
+inbox message, a shortened output's marker, a summary header, a quota line: proxy/markers.py)
+goes upstream marked as quoted, so that only the proxy's own notes say what they say. A tool
+output (a web page, a file the agent read) that prints `[context-proxy: a message from the user,
+...]` would otherwise read as the user's word.
+
+First, so that the notes the stages after it add are never touched. It knows no wire format: it
+rewrites every string of an item's raw form in which an imitation appears, and leaves whole any
+part the upstream signed (a thinking block's `signature`, a reasoning item's
+`encrypted_content`: changed, the upstream would refuse it). The rewrite is a pure function of
+the text: the same bytes every turn, the stored message as the client sent it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import Settings
+from ..markers import neutralised
+from ..transcript import Item
+from .base import StageRun, Turn, item_by_item
+
+SIGNED_KEYS = frozenset({"signature", "encrypted_content"})
+
+
+class Imitations:
+    name = "imitations"
+
+    async def __call__(self, turn: Turn, items: list[Item]) -> list[Item]:
+        out = [_neutral_item(item) for item in items]
+        return items if all(a is b for a, b in zip(out, items, strict=True)) else out
+
+    async def extend(self, turn: Turn, run: StageRun, new: list[Item]) -> list[Item] | None:
+        return [_neutral_item(item) for item in new]  # item by item: the new ones alone
+
+    async def retract(self, turn: Turn, run: StageRun, keep: int) -> StageRun | None:
+        return item_by_item(run, keep)
+
+
+def _neutral_item(item: Item) -> Item:
+    if item.origin is not None:  # the proxy's own
+        return item
+    raw = neutral_raw(item.raw)
+    return item if raw is item.raw else item.but(raw=raw, hash=None)
+
+
+def neutral_raw(value: Any) -> Any:
+    """`value` with its strings neutralised; the same object when nothing in it changed."""
+    if isinstance(value, str):
+        return neutralised(value)
+    if isinstance(value, dict):
+        if not SIGNED_KEYS.isdisjoint(value):
+            return value
+        changed = {k: n for k, v in value.items() if (n := neutral_raw(v)) is not v}
+        return {**value, **changed} if changed else value
+    if isinstance(value, list):
+        out = [neutral_raw(v) for v in value]
+        return out if any(a is not b for a, b in zip(out, value, strict=True)) else value
+    return value
+
+
+def build(settings: Settings) -> Imitations:
+    return Imitations()
