@@ -62,12 +62,18 @@ def plan_full_history(raws: list[Raw], hashes: list[str], conversation: Conversa
 _first, _second = itemgetter(0), itemgetter(1)
 
 
-def plan_proxy_history(codec: Codec, raws: list[Raw], hashes: list[str], live: list[StoredMessage]) -> TurnPlan:
+def plan_proxy_history(
+    codec: Codec, raws: list[Raw], hashes: list[str], live: list[StoredMessage], first: bool | None = None
+) -> TurnPlan:
+    """`first`: the conversation's first turn, whose system prompt joins the record (default: no
+    live transcript yet; the engine says no when another first turn in flight wrote it already)."""
     request = codec.items(raws, [None] * len(raws), hashes)
     stored = codec.items([m.message for m in live], [m.seq for m in live], [m.hash for m in live])
     n_system = leading_system_count(request)
     n_stored_system = leading_system_count(stored)
-    if not live:  # the first turn: everything joins the record, the system prompt included
+    if first is None:
+        first = not live
+    if first:  # the first turn: everything joins the record, the system prompt included
         return TurnPlan(new=raws, new_hashes=hashes, upstream=raws, upstream_hashes=hashes, branch=False)
     history = live[n_stored_system:]
     if n_system:  # the client's current system prompt leads; the stored one stays in the record as it was

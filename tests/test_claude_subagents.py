@@ -78,7 +78,7 @@ def test_a_subagent_is_a_thread_of_its_own_and_the_session_reaches_the_upstream_
     assert {"main", "sub"} == {s[0] for s in shapes(through)}
 
     main_id = result["session_id"]
-    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+    with httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth) as http:
         listed = {c["id"]: c for c in admin_get(http, "").json()["data"]}
         (sub_id,) = set(listed) - {main_id}
         assert sub_id.startswith(main_id + ":") and {c["family"] for c in listed.values()} == {main_id}

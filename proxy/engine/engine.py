@@ -37,7 +37,7 @@ from ..quota import QuotaLedger
 from ..refs import RefSigner
 from ..request_limits import validated_hashes
 from ..request_parts import RequestParts
-from ..store import LIVE, RUNS_MARK, THREAD_MARK, Conversation, Store
+from ..store import LIVE, PENDING, RUNS_MARK, THREAD_MARK, Conversation, Store
 from ..summarizer import Summarizer
 from ..telemetry import NO_TELEMETRY, Telemetry, TurnTrace
 from ..titles import task_of
@@ -440,4 +440,9 @@ class Engine:
         if request.history == "full":
             return plan_full_history(raws, hashes, conversation)
         live = await self.store.messages(key, live_only=True) if conversation else []
-        return plan_proxy_history(request.dialect.codec, raws, hashes, live)
+        # Nothing live yet, but a first turn in flight (on any replica: planning holds the lock)
+        # has written its system prompt as pending: this one need not write it again.
+        started = not live and conversation is not None and any(
+            m.status == PENDING for m in await self.store.messages(key, live_only=False)
+        )
+        return plan_proxy_history(request.dialect.codec, raws, hashes, live, first=not live and not started)
