@@ -158,7 +158,7 @@ def test_export_and_import_keep_them_and_import_checks_them(
     conversation: list[dict[str, Any]] = []
     ask(client, conversation, "first", system=TERSE, tools=[WEATHER])
     ask(client, conversation, "second", system=VERBOSE, tools=[WEATHER])
-    with httpx.Client(base_url=disk.url) as http:
+    with httpx.Client(base_url=disk.url, auth=disk.admin_auth) as http:
         before = document(http, "parts-x", "/trajectory")
     disk.stop()
     exported = cli("export", "--config", str(write_config(tmp_path / "disk.yaml", storage={"path": str(tmp_path / "disk")})), "parts-x")
@@ -177,13 +177,13 @@ def test_export_and_import_keep_them_and_import_checks_them(
     assert cli("export", "--config", redis_config, "parts-x").stdout == exported.stdout  # byte for byte
 
     shared = messages_proxy(make_proxy, upstream, storage={"backend": "redis", "redis_url": redis.url})
-    with httpx.Client(base_url=shared.url) as http:
+    with httpx.Client(base_url=shared.url, auth=shared.admin_auth) as http:
         after = document(http, "parts-x", "/trajectory")
         assert after["request_parts"] == before["request_parts"]
         assert document(http, "parts-x")["system"] == VERBOSE
     # The conversation goes on there: the same prompt and tools again add nothing.
     ask(claude_client(shared, headers={"X-Conversation-ID": "parts-x"}), conversation, "third", system=VERBOSE, tools=[WEATHER])
-    with httpx.Client(base_url=shared.url) as http:
+    with httpx.Client(base_url=shared.url, auth=shared.admin_auth) as http:
         assert shown_parts(document(http, "parts-x", "/trajectory")) == [
             ("system", TERSE, [1]), ("tools", [WEATHER], [1, 2, 3]), ("system", VERBOSE, [2, 3]),
         ]
@@ -270,7 +270,7 @@ def test_claude_codes_own_system_prompt_and_tools_are_in_its_record(
     with ClaudeAgent(proxy.url, tmp_path) as agent:
         assert agent.run("Run `echo hi` with Bash.")["result"] == "It printed hi."
     sent = upstream.messages_requests()
-    with httpx.Client(base_url=proxy.url) as http:
+    with httpx.Client(base_url=proxy.url, auth=proxy.admin_auth) as http:
         (conversation,) = admin_get(http, "").json()["data"]
         trajectory = document(http, conversation["id"], "/trajectory")
         shown = document(http, conversation["id"])
