@@ -612,7 +612,7 @@ class Bench:
                 if t.pid and t.status == "ok":
                     self.data.setdefault("final_memory_mb", {})[t.name] = memory_mb(t.pid)
             if self.args.profile:
-                for name in ("proxy",):
+                for name in ("proxy", "proxy-named"):  # derived ids and named: where they differ
                     t = self.targets.get(name)
                     if t and t.status == "ok":
                         log(f"profile: {name}")
