@@ -3,9 +3,10 @@
 `python -m bench.run` (or `make bench`) runs everything; `python -m bench.run --smoke` is the tiny
 version `tests/test_bench_smoke.py` runs. Modules:
 
-- workload.py       the deterministic agent transcript and the full-history client's request bodies
+- workload.py       the deterministic agent transcript and the growing full-history client's bodies
 - mock_upstream.py  the fast OpenAI-compatible upstream every target forwards to
-- forwarder.py      a bare aiohttp forwarder with no logic: the floor
+- forwarder.py      a bare aiohttp forwarder with no logic, and (--store) the floor: the same plus
+                    a minimal durable append of each turn's bytes in raw SQLite
 - loadgen.py        the load generator (its own process, driven over stdin/stdout)
 - procs.py          starting, pinning, measuring (/proc) and stopping the processes
 - litellm_target.py LiteLLM's proxy in its own venv, in front of the same mock

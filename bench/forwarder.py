@@ -1,34 +1,34 @@
-"""The floor: a bare aiohttp forwarder with no logic, and the same with the contract's two writes.
+"""The references: a bare aiohttp forwarder with no logic, and the same with a minimal durable append.
 
 `python -m bench.forwarder --port P --upstream http://127.0.0.1:M/v1 [--store DIR]`
 
 Any request goes to the upstream as it came (body read whole, headers minus hop-by-hop ones) and
 the reply comes back streamed, each read forwarded as it arrives. No JSON, no storage, no logging:
-whatever context-proxy spends beyond this is the price of its logic.
+whatever context-proxy spends beyond this is the price of its logic and its storage.
 
-With `--store` (the bench's `floor` target) it also does the least DESIGN.md's storage asks of a
-turn, with context-proxy's own diskcache store and nothing else of it: a request's new messages
-written before it is forwarded, the reply written once it is whole, before the client's response
-ends (Storage: "written before forwarding", "the reply is written when it completes"), each
-write on the store's thread (nothing blocking on the loop). What is new is found the cheapest way
-there is: a conversation's first request is parsed and all its transcript items stored; a later
-one stores the bytes past the previous request's length as one item (no parsing, no checking, no
-token counting, no window). What context-proxy spends beyond this target is the price of its
-logic beyond what the contract's storage costs at the least.
+With `--store` (the bench's `floor` target) it also keeps every turn durably the least way a real
+server would, built outside context-proxy's code (none of it is imported): one SQLite file (raw
+sqlite3, WAL, `synchronous=NORMAL`), one INSERT of the request's new bytes before it is forwarded
+and one of the reply once it is whole, before the client's response ends; each on one writer
+thread (nothing blocking on the event loop), each its own transaction. A run is named by its
+`X-Conversation-ID` (or Claude Code's session header) if it names one, else by its bytes up to the
+first reply, as context-proxy derives an unnamed run's key. Its new bytes are those past the
+previous request's length (the first request: all of it): no parsing, no checking, no tokens, no
+window. What context-proxy spends beyond this target is the price of what it does beyond keeping
+a turn's bytes.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
+import asyncio
 import hashlib
-import time
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import aiohttp
-import orjson
 from aiohttp import web
 
 HOP_BY_HOP = frozenset(
@@ -36,53 +36,46 @@ HOP_BY_HOP = frozenset(
     for h in ("Connection", "Keep-Alive", "Transfer-Encoding", "Upgrade", "Host", "Content-Length", "Content-Encoding", "Accept-Encoding", "TE", "Trailer")
 )
 SESSION = web.AppKey("session", aiohttp.ClientSession)
-GC_YOUNG_THRESHOLD = 20_000  # as `serve` sets it (proxy/cli.py): the floor gets the proxy's collector
 CONVERSATION_HEADERS = ("X-Conversation-ID", "X-Claude-Code-Session-Id")  # what the bench's clients name theirs by
-TRANSCRIPT_KEYS = ("messages", "input")  # chat and Messages; Responses
+REPLY_MARKER = b'"assistant"'  # the first reply's role in every wire format: what precedes it names a run
+REQUEST, REPLY = 0, 1  # the journal's row kinds
 
 
-class Writes:
-    """The contract's two writes of a turn, at the least (see the module docstring)."""
+class Journal:
+    """The minimal durable append (see the module docstring): one row per write, one writer thread."""
 
     def __init__(self, path: Path) -> None:
-        # Imported here: the bare forwarder's figures (its resident set above all) carry none of context-proxy.
-        from proxy.identity import ConversationKey
-        from proxy.request_limits import off_loop
-        from proxy.store.disk import DiskStore
+        path.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(path / "journal.sqlite3", isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute("CREATE TABLE IF NOT EXISTS appended (id INTEGER PRIMARY KEY, run BLOB NOT NULL, kind INTEGER NOT NULL, data BLOB NOT NULL)")
+        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal")
+        self.sizes: dict[bytes, int] = {}  # the previous request's length, per run (the bench's runs: bounded by them)
 
-        self.key_of, self.off_loop = ConversationKey, off_loop
-        self.store = DiskStore(path)
-        self.sizes: dict[Any, int] = {}  # the previous request's length, per conversation
+    def _insert(self, run: bytes, kind: int, data: bytes) -> None:
+        self.db.execute("INSERT INTO appended (run, kind, data) VALUES (?, ?, ?)", (run, kind, data))  # autocommit: one transaction
 
-    async def before(self, key: Any, data: bytes) -> list[int]:
-        """The request's new items, stored pending: all of a first request's, else its new bytes."""
-        previous = self.sizes.get(key)
-        self.sizes[key] = len(data)
-        if previous is None or previous >= len(data):  # parsed and hashed off the loop past 256 KB, as the proxy does
-            items, hashes = await self.off_loop(len(data), _transcript, data)
-        else:
-            items = [{"role": "tool", "content": data[previous:].decode(errors="replace")}]
-            hashes = [_digest(data[previous:])]
-        return await self.store.append(key, items, hashes, "pending") if items else []
+    async def append(self, run: bytes, kind: int, data: bytes) -> None:
+        await asyncio.get_running_loop().run_in_executor(self.writer, self._insert, run, kind, data)
 
-    async def after(self, key: Any, seqs: list[int], reply: bytes) -> None:
-        """The items live, the reply kept with a turn record: one write, as context-proxy's turn end."""
-        message = {"role": "assistant", "content": reply.decode(errors="replace")}
-        record = {"created_at": time.time(), "sent": len(seqs)}
-        await self.store.finish_turn(
-            key, dict.fromkeys(seqs, "live"), [(message, _digest(reply))], "live", record,
-        )
+    async def request(self, run: bytes, data: bytes) -> None:
+        """The request's new bytes, durable before it is forwarded."""
+        previous = self.sizes.get(run, 0)
+        self.sizes[run] = len(data)
+        await self.append(run, REQUEST, data[previous:] if 0 < previous < len(data) else data)
+
+    def close(self) -> None:
+        self.writer.shutdown(wait=True)
+        self.db.close()
 
 
-def _transcript(data: bytes) -> tuple[list[dict[str, Any]], list[str]]:
-    body = orjson.loads(data)
-    found = next((body[k] for k in TRANSCRIPT_KEYS if isinstance(body, dict) and isinstance(body.get(k), list)), [])
-    items = [i if isinstance(i, dict) else {"content": i} for i in found]
-    return items, [_digest(orjson.dumps(i)) for i in items]
-
-
-def _digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()[:32]
+def run_key(name: str | None, data: bytes) -> bytes:
+    """The conversation's name, or its bytes up to the first reply (an unnamed run's)."""
+    if name is not None:
+        return name.encode()
+    at = data.find(REPLY_MARKER)
+    return hashlib.blake2b(data[:at] if at >= 0 else data, digest_size=16).digest()
 
 
 def _headers(headers: Mapping[str, str]) -> dict[str, str]:
@@ -91,20 +84,19 @@ def _headers(headers: Mapping[str, str]) -> dict[str, str]:
 
 def build_app(upstream: str, store: Path | None = None) -> web.Application:
     base = upstream.rstrip("/")
-    writes = Writes(store) if store is not None else None
+    journal = Journal(store) if store is not None else None
 
     async def forward(request: web.Request) -> web.StreamResponse:
         path = request.path_qs
         if path.startswith("/v1/") or path == "/v1":  # the upstream base URL carries /v1 already
             path = path[3:]
         data = await request.read()
-        name = next((request.headers[h] for h in CONVERSATION_HEADERS if h in request.headers), None)
-        if writes is None or name is None or request.method != "POST" or not data:
+        if journal is None or request.method != "POST" or not data:
             return await relay(request, path, data)
-        key = writes.key_of("floor", name)
-        async with writes.store.lock(key):  # one turn at a time per conversation, as the contract has it
-            seqs = await writes.before(key, data)
-            return await relay(request, path, data, lambda reply: writes.after(key, seqs, reply))
+        name = next((request.headers[h] for h in CONVERSATION_HEADERS if h in request.headers), None)
+        run = run_key(name, data)
+        await journal.request(run, data)
+        return await relay(request, path, data, lambda reply: journal.append(run, REPLY, reply))
 
     async def relay(
         request: web.Request, path: str, data: bytes, kept: Callable[[bytes], Awaitable[None]] | None = None
@@ -130,30 +122,21 @@ def build_app(upstream: str, store: Path | None = None) -> web.Application:
         )
         yield
         await app[SESSION].close()
-        if writes is not None:
-            await writes.store.close()
-
-    async def collector(app: web.Application) -> None:
-        # As `serve` does: what start-up made is frozen, young collections come every 20,000
-        # allocations, not 700 (with the store's records held, the default walks them every turn).
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(GC_YOUNG_THRESHOLD, 20, 20)
+        if journal is not None:
+            journal.close()
 
     app = web.Application(client_max_size=256 * 1024 * 1024)
     app.cleanup_ctx.append(session)
-    if writes is not None:
-        app.on_startup.append(collector)
     app.router.add_route("*", "/{tail:.*}", forward)
     return app
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="bare aiohttp forwarder (the bench's floor)")
+    parser = argparse.ArgumentParser(description="bare aiohttp forwarder (the bench's references)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", required=True, help="upstream base URL, e.g. http://127.0.0.1:9000/v1")
-    parser.add_argument("--store", type=Path, help="the contract's two writes a turn, in a diskcache store here")
+    parser.add_argument("--store", type=Path, help="also append each turn's new bytes and reply durably to a SQLite file here (the floor)")
     args = parser.parse_args()
     web.run_app(build_app(args.upstream, args.store), host=args.host, port=args.port, access_log=None, print=None)
 

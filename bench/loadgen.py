@@ -2,9 +2,12 @@
 
 `python -m bench.loadgen` (run.py starts it pinned to the client core). Commands, one per line:
 
-  {"op": "open", "pool": P, "kind": "agent200|small|empty", "ids": [...], "url": BASE_URL, "wire": W}
+  {"op": "open", "pool": P, "kind": "agent200|small|empty", "ids": [...], "url": BASE_URL, "wire": W,
+   "named": bool}
         full-history conversations in wire format W (chat, responses or messages: bench/wires.py;
-        chat by default) and one keep-alive HTTP session
+        chat by default) and one keep-alive HTTP session; named (default true): each request names
+        its conversation by the wire's header (X-Conversation-ID, Claude Code's session id), else
+        by nothing (the zero-code-change agent: the proxy derives its conversation)
   {"op": "run", "pool": P, "requests": N, "concurrency": C, "warmup": W, "stream": bool, "model": M,
    "gap_ms": G}
         C workers; worker w owns conversations w, w+C, ... and takes turns on them round-robin.
@@ -46,6 +49,7 @@ class Pool:
     url: str
     session: aiohttp.ClientSession
     wire: Wire
+    named: bool = True  # whether requests carry the conversation's id in a header
 
 
 @dataclass
@@ -66,7 +70,7 @@ class Outcome:
 
 async def one_request(pool: Pool, conv: Any, model: str, stream: bool, out: Outcome | None) -> None:
     body = conv.body(model, stream)
-    headers = {"Content-Type": "application/json", **pool.wire.headers(API_KEY, conv.id)}
+    headers = {"Content-Type": "application/json", **pool.wire.headers(API_KEY, conv.id if pool.named else None)}
     first_turn = conv.turn == 0
     start = time.perf_counter()
     try:
@@ -172,7 +176,8 @@ async def handle(pools: dict[str, Pool], cmd: dict[str, Any]) -> dict[str, Any]:
         )
         wire = WIRES[cmd.get("wire", "chat")]
         url = cmd["url"].rstrip("/") + wire.path
-        pools[cmd["pool"]] = Pool([wire.make(c, cmd["kind"], n) for n, c in enumerate(cmd["ids"])], url, session, wire)
+        conversations = [wire.make(c, cmd["kind"], n) for n, c in enumerate(cmd["ids"])]
+        pools[cmd["pool"]] = Pool(conversations, url, session, wire, cmd.get("named", True))
         return {}
     if op == "run":
         return await run(

@@ -1,14 +1,21 @@
 """The bench: `python -m bench.run` (full, ~10 min; `make bench`) or `python -m bench.run --smoke`.
 
-Side by side in one run, against one mock upstream on loopback:
-  direct     the load generator straight to the mock (the baseline every "added" figure is over)
-  forwarder  bare aiohttp forwarder (bench/forwarder.py): no logic at all
-  floor      the same with the contract's two writes a turn in context-proxy's store (`--store`):
-             the least a turn costs under DESIGN.md's storage, new messages found the cheapest way
-  proxy-off  context-proxy, shipped config.yaml, pipeline stages turned off by env vars
-  proxy      context-proxy, shipped config.yaml
-  proxy-base the same from another source tree (`--base-src`, e.g. main's): before/after in one run
-  litellm    LiteLLM's proxy (its own venv), same mock
+Side by side in one run, against one mock upstream on loopback. The main scenario is the growing,
+zero-code-change agent: it names no conversation (no header: the proxy derives the id), its
+transcript starts at 200 messages (~200 KB) and each request is the previous one + the reply as
+received + a new ~1.5 KB observation, compact JSON as httpx/openai-python and JavaScript clients
+send it (bench/workload.py). Every target gets that agent but proxy-named, whose agents are the
+same ones naming their conversation (X-Conversation-ID; Claude Code's session header in Messages).
+  direct      the load generator straight to the mock (the baseline every "added" figure is over)
+  forwarder   bare aiohttp forwarder (bench/forwarder.py): no logic at all
+  floor       the same plus a minimal durable append of the same bytes, outside our code
+              (`--store`: raw sqlite3, WAL, synchronous=NORMAL, one INSERT of the request's new
+              bytes before forwarding and one of the reply before the response ends, on a thread)
+  proxy-off   context-proxy, shipped config.yaml, pipeline stages turned off by env vars
+  proxy       context-proxy, shipped config.yaml (derived ids)
+  proxy-named the same, its agents naming their conversation
+  proxy-base  the same as proxy from another source tree (`--base-src`, e.g. main's): before/after
+  litellm     LiteLLM's proxy (its own venv), same mock
 
 Phases, per target and per repeat (targets interleaved within a repeat so drift hits all alike,
 their order rotated from one repeat to the next because the place matters too: `in_turn`;
@@ -73,7 +80,9 @@ MODELS_TABLE_ENV = {
     "BENCH_UNUSED_PROVIDER_KEY": "unused",
 }
 
-TARGETS = ["direct", "forwarder", "floor", "proxy-off", "proxy", "proxy-models", "proxy-base", "litellm"]
+TARGETS = ["direct", "forwarder", "floor", "proxy-off", "proxy", "proxy-named", "proxy-models", "proxy-base", "litellm"]
+# Whose agents name their conversation by a header; every other target's agents name none.
+NAMED_TARGETS = frozenset({"proxy-named"})
 
 
 @dataclass
@@ -108,8 +117,9 @@ SMOKE = Settings(
 
 
 def fast_path_turns(t: Any) -> dict[str, float]:
-    """The proxy's fast-path turn counters by outcome (taken, declined, none), from its /metrics;
-    empty for a target that is not this proxy (or predates the counter)."""
+    """The proxy's fast-path turn counters from its /metrics: by outcome (taken, declined, none),
+    and the turns not taken by reason (`not_taken:<reason>`); empty for a target that is not this
+    proxy (or predates the counters)."""
     if not t.name.startswith("proxy") or not t.url:
         return {}
     try:
@@ -118,7 +128,13 @@ def fast_path_turns(t: Any) -> dict[str, float]:
     except OSError:
         return {}
     found = re.findall(r'^context_proxy_fast_path_turns_total\{outcome="(\w+)"\} ([0-9.e+]+)$', text, re.MULTILINE)
-    return {outcome: float(n) for outcome, n in found}
+    reasons = re.findall(r'^context_proxy_fast_path_not_taken_turns_total\{reason="([\w-]+)"\} ([0-9.e+]+)$', text, re.MULTILINE)
+    return {**{outcome: float(n) for outcome, n in found}, **{f"not_taken:{why}": float(n) for why, n in reasons}}
+
+
+def counted_since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The counters' growth between two reads of fast_path_turns (zero rows left out)."""
+    return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0)}
 
 
 class BenchError(RuntimeError):
@@ -180,6 +196,11 @@ class Target:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
+    @property
+    def named(self) -> bool:
+        """Whether its agents name their conversation (else the proxy derives it)."""
+        return self.name in NAMED_TARGETS
+
 
 class Bench:
     def __init__(self, args: argparse.Namespace, s: Settings) -> None:
@@ -218,7 +239,7 @@ class Bench:
         if "direct" in self.targets:
             self.targets["direct"].url = mock_url
         starting: list[Target] = []
-        for name in ("forwarder", "floor", "proxy-off", "proxy", "proxy-models", "proxy-base"):
+        for name in ("forwarder", "floor", "proxy-off", "proxy", "proxy-named", "proxy-models", "proxy-base"):
             if name in self.targets:
                 t = self.targets[name]
                 t.proc = self._make(name, mock_url)
@@ -286,8 +307,8 @@ class Bench:
             s, lg = self.s, self.lg
             seq, mem = f"mp-{self.run_id}-seq", f"mp-{self.run_id}-mem"
             n_mem = min(300, max(s.memory_conversations))  # tracing is slow: a sample of the load is enough
-            lg(op="open", pool=seq, kind="agent200", ids=[f"{seq}-{i}" for i in range(s.seq_conversations)], url=t.url)
-            lg(op="open", pool=mem, kind="small", ids=[f"{mem}-{i}" for i in range(n_mem)], url=t.url)
+            lg(op="open", pool=seq, kind="agent200", ids=[f"{seq}-{i}" for i in range(s.seq_conversations)], url=t.url, named=t.named)
+            lg(op="open", pool=mem, kind="small", ids=[f"{mem}-{i}" for i in range(n_mem)], url=t.url, named=t.named)
             try:
                 lg(op="run", pool=seq, requests=s.seq_conversations + min(100, s.seq_requests))
                 lg(op="run", pool=mem, requests=2 * n_mem, concurrency=s.memory_concurrency if n_mem % s.memory_concurrency == 0 else 1)
@@ -336,7 +357,7 @@ class Bench:
         assert self.lg is not None
         pool = f"prime-{t.name}"
         try:
-            self.lg(op="open", pool=pool, kind="agent200", ids=[f"prime-{self.run_id}-{t.name}-{i}" for i in range(2)], url=t.url)
+            self.lg(op="open", pool=pool, kind="agent200", ids=[f"prime-{self.run_id}-{t.name}-{i}" for i in range(2)], url=t.url, named=t.named)
             for stream, n in ((False, self.s.prime_requests), (True, 4)):
                 r = self.lg(op="run", pool=pool, requests=n, concurrency=2, stream=stream, model=stream_model(16))
                 if r["errors"]:
@@ -367,6 +388,13 @@ class Bench:
                 r[f"{key}_sys_share"] = c.sys_s / c.stat_s if c.stat_s else None
         return r
 
+    def measured_turns(self, t: Target, **cmd: Any) -> dict[str, Any]:
+        """`measured`, with how the proxy made the turns' prompts (its fast-path counters' growth)."""
+        before = fast_path_turns(t)
+        r = self.measured(t, **cmd)
+        r["fast_path"] = counted_since(before, fast_path_turns(t))
+        return r
+
     def block(self, t: Target, rep: int) -> dict[str, Any]:
         """One repeat of every phase against one target."""
         assert self.lg is not None
@@ -374,16 +402,16 @@ class Bench:
         tag = f"{self.run_id}-r{rep}-{t.name}"
         out: dict[str, Any] = {"target": t.name, "repeat": rep}
         seq, conc = f"seq-{tag}", f"conc-{tag}"
-        lg(op="open", pool=seq, kind="agent200", ids=[f"{tag}-s{i}" for i in range(s.seq_conversations)], url=t.url)
+        lg(op="open", pool=seq, kind="agent200", ids=[f"{tag}-s{i}" for i in range(s.seq_conversations)], url=t.url, named=t.named)
         try:
             out["first"] = self.measured(t, pool=seq, requests=s.seq_conversations, concurrency=1)
-            out["seq"] = self.measured(t, pool=seq, requests=s.seq_requests, concurrency=1, warmup=2)
+            out["seq"] = self.measured_turns(t, pool=seq, requests=s.seq_requests, concurrency=1, warmup=2)
             out["paced"] = self.measured(t, pool=seq, requests=s.paced_requests, concurrency=1, gap_ms=s.paced_gap_ms)
             # Each conversation turns to streaming first, unmeasured: a client keeps to one (Codex and
             # Claude Code stream every turn), and the turn that changes the body's `stream` field is no
             # extension of the last (the whole pipeline): counted, half the 16-event turns were such.
             lg(op="run", pool=seq, requests=s.seq_conversations, concurrency=1, stream=True, model=stream_model(s.stream_chunks))
-            out["stream"] = self.measured(
+            out["stream"] = self.measured_turns(
                 t, pool=seq, requests=s.stream_requests, concurrency=1, warmup=1, stream=True,
                 model=stream_model(s.stream_chunks),
             )
@@ -397,7 +425,7 @@ class Bench:
             )
         finally:
             lg(op="close", pool=seq)
-        lg(op="open", pool=conc, kind="agent200", ids=[f"{tag}-c{i}" for i in range(s.concurrency)], url=t.url)
+        lg(op="open", pool=conc, kind="agent200", ids=[f"{tag}-c{i}" for i in range(s.concurrency)], url=t.url, named=t.named)
         try:
             lg(op="run", pool=conc, requests=s.concurrency, concurrency=s.concurrency)  # their first turns
             out["conc"] = self.measured(t, pool=conc, requests=s.conc_requests, concurrency=s.concurrency, warmup=1)
@@ -451,7 +479,7 @@ class Bench:
         assert self.lg is not None and self.mock is not None
         s, lg = self.s, self.lg
         pool = f"scale-{self.run_id}-{t.name}"
-        lg(op="open", pool=pool, kind="empty", ids=[pool], url=t.url)
+        lg(op="open", pool=pool, kind="empty", ids=[pool], url=t.url, named=t.named)
         done = 0  # turns answered so far
         points: list[dict[str, Any]] = []
         try:
@@ -477,8 +505,7 @@ class Bench:
                         "messages": r["messages"],
                     })
                 rt = lg(op="json_rt", pool=pool, repeat=3)
-                after = fast_path_turns(t)
-                fast = {k: after[k] - before.get(k, 0) for k in after}
+                fast = {k: v for k, v in counted_since(before, fast_path_turns(t)).items() if ":" not in k}
                 points.append({"turn": turn, "samples": samples, "json_rt_ms": rt["ms"], "fast_path": fast})
         finally:
             lg(op="close", pool=pool)
@@ -496,7 +523,7 @@ class Bench:
             n = min(s.memory_batch, max(s.memory_conversations) - made)
             pool = f"mem-{self.run_id}-{t.name}-{made}"
             ids = [f"{pool}-{i}" for i in range(n)]
-            lg(op="open", pool=pool, kind="small", ids=ids, url=t.url)
+            lg(op="open", pool=pool, kind="small", ids=ids, url=t.url, named=t.named)
             try:
                 # requests = 2 per conversation, shared evenly: every conversation gets exactly two turns.
                 conc = s.memory_concurrency if n % s.memory_concurrency == 0 else 1
@@ -537,7 +564,7 @@ class Bench:
         for scenario, tag, kind, n_conv, before, turns in scenarios:
             stream = tag == "stream"
             pool = f"prof-{self.run_id}-{t.name}-{tag}"
-            lg(op="open", pool=pool, kind=kind, ids=[f"{pool}-{i}" for i in range(n_conv)], url=t.url)
+            lg(op="open", pool=pool, kind=kind, ids=[f"{pool}-{i}" for i in range(n_conv)], url=t.url, named=t.named)
             try:
                 if before:
                     lg(op="run", pool=pool, requests=before)  # unprofiled
@@ -585,7 +612,7 @@ class Bench:
                 if t.pid and t.status == "ok":
                     self.data.setdefault("final_memory_mb", {})[t.name] = memory_mb(t.pid)
             if self.args.profile:
-                for name in ("proxy",):
+                for name in ("proxy", "proxy-named"):  # derived ids and named: where they differ
                     t = self.targets.get(name)
                     if t and t.status == "ok":
                         log(f"profile: {name}")

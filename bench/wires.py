@@ -29,7 +29,9 @@ class Wire:
     name: str  # as the bench's tables name it
     path: str  # under the target's base URL (which ends in /v1)
     make: Callable[[str, str, int], Any]  # (conversation id, transcript kind, index in its pool) -> a client
-    headers: Callable[[str, str], dict[str, str]]  # (api key, conversation id) -> request headers
+    # (api key, conversation id or None) -> request headers; None: the client names no conversation
+    # (the zero-code-change agent, whose conversation the proxy derives from the transcript)
+    headers: Callable[[str, str | None], dict[str, str]]
     advance: Callable[[Any, bytes, bool], None]  # the reply's bytes (JSON or SSE) into the client's transcript
 
 
@@ -58,24 +60,28 @@ def _messages_advance(conversation: MessagesConversation, data: bytes, stream: b
     conversation.advance(content)
 
 
+def _named(header: str, conversation_id: str | None) -> dict[str, str]:
+    return {} if conversation_id is None else {header: conversation_id}
+
+
 WIRES = {
     "chat": Wire(
         "chat completions", "/chat/completions",
         lambda cid, kind, i: Conversation(cid, kind, i),
-        lambda key, cid: {"Authorization": f"Bearer {key}", "X-Conversation-ID": cid},
+        lambda key, cid: {"Authorization": f"Bearer {key}", **_named("X-Conversation-ID", cid)},
         _chat_advance,
     ),
     "messages": Wire(
         "messages", "/messages?beta=true",
         lambda cid, kind, i: MessagesConversation(cid, kind, i),
         lambda key, cid: {"x-api-key": key, "anthropic-version": "2023-06-01", "anthropic-beta": "claude-code-20250219",
-                          "X-Claude-Code-Session-Id": cid},
+                          **_named("X-Claude-Code-Session-Id", cid)},
         _messages_advance,
     ),
     "responses": Wire(
         "responses", "/responses",
         lambda cid, kind, i: ResponsesConversation(cid, kind, i),
-        lambda key, cid: {"Authorization": f"Bearer {key}", "X-Conversation-ID": cid},
+        lambda key, cid: {"Authorization": f"Bearer {key}", **_named("X-Conversation-ID", cid)},
         _responses_advance,
     ),
 }

@@ -6,9 +6,10 @@ size mix of real agent runs (file reads of a few KB, short edits, test/grep outp
 10-16 KB log or file, i.e. over the proxy's default truncation limit of 10,000 characters).
 
 A `Conversation` is a full-history client: every request resends the whole transcript, byte for
-byte, plus what is new since the last request (the assistant reply it got back and one new tool
-result). Messages are serialized once and kept as bytes, so building a 2 MB body at turn 1,000
-costs a join, not a `json.dumps` of the whole history: the load generator must stay cheap.
+byte, plus what is new since the last request (the assistant reply it got back and one new ~1.5 KB
+tool result), serialized compactly as httpx/openai-python and JavaScript clients do. Messages
+are serialized once and kept as bytes, so building a 2 MB body at turn 1,000 costs a join, not a
+`json.dumps` of the whole history: the load generator must stay cheap.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ Message = dict[str, Any]
 SEED = 20240611
 BASE_MESSAGES = 200  # system + task + 99 x (assistant tool call, tool result)
 TOOL_POOL = 64  # distinct tool outputs the continuation turns cycle through
+OBSERVATION_CHARS = (1_200, 1_800)  # a continuation turn's new tool output: ~1.5 KB
 
 
 def dumps(obj: Any) -> bytes:
@@ -169,10 +171,11 @@ def base_parts(kind: str) -> tuple[bytes, ...]:
 
 @cache
 def tool_pool() -> tuple[str, ...]:
-    """Tool outputs the continuation turns answer with (same size mix as the transcript)."""
+    """Tool outputs the continuation turns answer with: ~1.5 KB each (a file read, a test run or
+    a search), the observation a growing agent's transcript gains a turn besides the reply."""
     rng = random.Random(SEED + 1)
-    # One in 16 is over the truncation limit, like the transcript's mix.
-    return tuple(_tool_step(rng, "x", big=i % 16 == 5)[1]["content"] for i in range(TOOL_POOL))
+    kinds = (_code_line, _test_line, _grep_line)
+    return tuple(_text(rng, kinds[i % len(kinds)], rng.randint(*OBSERVATION_CHARS)) for i in range(TOOL_POOL))
 
 
 def own_ids(transcript: bytes, conversation_id: str) -> bytes:

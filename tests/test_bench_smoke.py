@@ -1,9 +1,11 @@
 """The bench works end to end, in its tiny mode: it proves the machinery, it measures nothing.
 
 `python -m bench.run --smoke` starts the mock upstream, the load generator, the bare forwarder (also
-as the floor, with the contract's store writes) and the context-proxy configurations as real processes on loopback, sends a few requests through
-each phase (first turns, later turns, streaming, concurrency, scaling, memory), and prints the
-side-by-side table. LiteLLM is not installed in this mode; its row must say so.
+as the floor, with its minimal durable append) and the context-proxy configurations as real
+processes on loopback (their agents naming no conversation, proxy-named's naming theirs), sends a
+few requests through each phase (first turns, later turns, streaming, concurrency, scaling,
+memory), and prints the side-by-side tables. LiteLLM is not installed in this mode; its row must
+say so.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ import pytest
 from bench.report import COLUMNS, WIRE_NAMES
 
 REPO = Path(__file__).resolve().parent.parent
-TARGETS = ["direct", "forwarder", "floor", "proxy-off", "proxy", "proxy-models", "litellm"]
+TARGETS = ["direct", "forwarder", "floor", "proxy-off", "proxy", "proxy-named", "proxy-models", "litellm"]
 NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
 # What the direct row has no figure for: it has no process of its own between client and mock.
-DIRECT_BLANK = {"CPU ms/req", "CPU ms/1st req", "ctx sw/req", "paced CPU ms/req", "CPU µs/chunk", "peak RSS MB"}
+DIRECT_BLANK = {"CPU ms/req", "stream CPU ms/req", "CPU ms/1st req", "ctx sw/req", "paced CPU ms/req", "CPU µs/chunk", "peak RSS MB"}
 
 
 def _cells(line: str) -> list[str]:
@@ -58,7 +60,7 @@ def test_bench_smoke_runs_every_target_and_prints_the_table(tmp_path: Path) -> N
     assert header == expected
     assert list(rows) == TARGETS
 
-    for target in ("direct", "forwarder", "floor", "proxy-off", "proxy"):
+    for target in ("direct", "forwarder", "floor", "proxy-off", "proxy", "proxy-named"):
         for name, value in zip(header[1:], rows[target][1:]):
             if target == "direct" and name in DIRECT_BLANK:
                 assert value == "—", (target, name, value)
@@ -81,7 +83,19 @@ def test_bench_smoke_runs_every_target_and_prints_the_table(tmp_path: Path) -> N
     assert all({"proxy-off", "proxy"} <= set(v) for v in data["summary"]["verdicts"])
     # The floor is judged too, so a run says which targets lie below what the contract's writes cost.
     assert all("floor" in v for v in data["summary"]["verdicts"])
-    assert "storage rule alone spends more than the target allows" in proc.stdout
+    assert "keeping a turn durably at all spends more than the target allows" in proc.stdout
+
+    # Issue 31's table: every proxy's later turns say how their prompts were made, derived and named
+    # alike, from the proxy's own counters (every measured turn counted, under some outcome).
+    assert "## Later turns of the growing agents" in proc.stdout
+    rows = data["summary"]["rows"]
+    settings = data["settings"]
+    for target in ("proxy", "proxy-named"):
+        counted = {k: n for k, n in rows[target]["seq_fast_path"].items() if ":" not in k}
+        assert sum(counted.values()) == settings["seq_requests"] + 2, (target, counted)  # + the 2 warm-up turns
+        assert 0 <= rows[target]["seq_fast_share"] <= 1
+        assert f"- {target}, later turns: " in proc.stdout
+    assert "seq_fast_path" not in rows["forwarder"] and "seq_fast_path" not in rows["floor"]
 
 
 @pytest.mark.parametrize("wire", ["responses", "messages"])
