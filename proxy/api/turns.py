@@ -181,22 +181,27 @@ async def read_turn(request: web.Request, dialect: Dialect) -> tuple[TurnRequest
     return turn, key, report
 
 
+async def run_turn(request: web.Request, dialect: Dialect) -> web.StreamResponse:
+    """One managed turn of `dialect`, from the request to its response."""
+    app = request.app
+    turn, key, report = await read_turn(request, dialect)
+    sink = ResponseSink(request)
+    try:
+        outcome = await app[ENGINE].run(turn, key, report, sink)
+    finally:  # failed turns are measured and logged too
+        report.observe(app[METRICS])
+        request[LOG_FIELDS].update(report.log_fields())
+    if outcome.body is None:
+        assert sink.response is not None
+        return sink.response
+    return web.Response(body=outcome.body, status=outcome.status, headers=outcome.headers)
+
+
 def managed(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     """The handler of one managed wire format."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        app = request.app
-        turn, key, report = await read_turn(request, dialect)
-        sink = ResponseSink(request)
-        try:
-            outcome = await app[ENGINE].run(turn, key, report, sink)
-        finally:  # failed turns are measured and logged too
-            report.observe(app[METRICS])
-            request[LOG_FIELDS].update(report.log_fields())
-        if outcome.body is None:
-            assert sink.response is not None
-            return sink.response
-        return web.Response(body=outcome.body, status=outcome.status, headers=outcome.headers)
+        return await run_turn(request, dialect)
 
     return handler
 

@@ -1,0 +1,479 @@
+"""The Gemini API (`POST /v1beta/models/{model}:generateContent`, `:streamGenerateContent?alt=sse`):
+Gemini CLI's wire format.
+
+Items. One item per content (roles `user` and `model`), except that a user content's
+`functionResponse` parts each become a TOOL item of their own: a user content holding that part
+(with the other parts that stood before it, or after the last one; a response sent twice under
+one id, as Gemini CLI's `--resume` does, stays with the first), joining the item before it, so
+truncation, quota, the window and the pairing guard work per response. A model content's
+`functionCall` parts are its calls: with the following responses they form one unit. What goes
+upstream is the contents rebuilt: a run of TOOL items becomes one user content again, its parts
+in order and byte for byte. Thought signatures, ids and every part the proxy does not rewrite
+stay as the client sent them. A call or response without an `id` (the API sends none; Gemini CLI
+adds its own) is known to the engine by its name: the API pairs calls and responses by order.
+
+The model and whether the reply streams are in the URL, not the body: a request's dialect is
+`GEMINI.bound(model, stream, version)`, and its upstream body a GeminiRequest that carries them.
+
+`systemInstruction` stays the client's; the proxy's own notes (knowledge, the summary) are
+appended to its parts. An inbox message goes into the newest functionResponse when the prompt
+ends in one, else as a user content of its own (consecutive user contents are valid). Gemini CLI
+replays a reply without its thought parts, with its own call ids, and on `--resume` with dummy
+signatures: the canonical hash compares contents by meaning, so none of that looks new.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from ..errors import InvalidRequest, ProxyError
+from ..messages import MAX_DEPTH, canonical_digest, too_deep
+from ..tokens import IMAGE_TOKENS, PER_MESSAGE, PER_TOOL_CALL
+from ..transcript import Call, Item, Raw, Role
+from ..upstream.base import GeminiRequest
+from .base import JSONBody, ReplyRead, ToolSpec, token_limit
+from .gemini_stream import SIGNATURE, GeminiRelay, call_id, calls_of, error_body, first_candidate, without_our_calls
+
+log = logging.getLogger("proxy.gemini")
+
+# Sent first when the window leaves a prompt starting on a model content (the API wants a user turn first).
+OMITTED_NOTE = "(Earlier messages of this conversation are not shown.)"
+SIGNATURE_TOKENS = 20  # an opaque blob the model reads back: a flat estimate
+METHODS = {"generateContent": False, "streamGenerateContent": True}  # method -> whether it streams
+
+
+def _role(content: Raw) -> str:
+    return content.get("role") or "user"
+
+
+def _is_response(part: Any) -> bool:
+    return type(part) is dict and "functionResponse" in part
+
+
+def _response_id(part: dict[str, Any]) -> str | None:
+    response = part.get("functionResponse")
+    given = response.get("id") if type(response) is dict else None
+    return given if isinstance(given, str) and given else None
+
+
+def split_content(content: Any) -> list[Any]:
+    """The stored parts of one client content: the content itself, or for a user content holding
+    functionResponse parts, one part per response (see the module docstring)."""
+    if type(content) is not dict or _role(content) != "user":
+        return [content]
+    parts = content.get("parts")
+    if type(parts) is not list or len(parts) < 2 or not any(_is_response(p) for p in parts):
+        return [content]
+    pieces: list[list[Any]] = []
+    waiting: list[Any] = []  # parts before the next response
+    for part in parts:
+        if not _is_response(part):
+            waiting.append(part)
+            continue
+        last = pieces[-1] if pieces else None
+        if last is not None and not waiting and (rid := _response_id(part)) is not None and any(
+            _response_id(p) == rid for p in last if _is_response(p)
+        ):
+            last.append(part)  # the same response again: it goes with its first
+            continue
+        pieces.append([*waiting, part])
+        waiting = []
+    if waiting:
+        pieces[-1].extend(waiting)
+    return [{**content, "parts": piece} for piece in pieces]
+
+
+def response_part(raw: Raw) -> dict[str, Any] | None:
+    """The functionResponse of a TOOL part, else None."""
+    parts = raw.get("parts")
+    if _role(raw) != "user" or type(parts) is not list:
+        return None
+    return next((p["functionResponse"] for p in parts if _is_response(p) and type(p["functionResponse"]) is dict), None)
+
+
+def is_note(raw: Raw) -> bool:
+    """A system note of the proxy's own: a text part it adds to `systemInstruction`."""
+    return "parts" not in raw and "text" in raw
+
+
+def system_key(body: dict[str, Any]) -> str:
+    return "system_instruction" if "system_instruction" in body and "systemInstruction" not in body else "systemInstruction"
+
+
+def system_parts(body: dict[str, Any]) -> list[Any]:
+    system = body.get(system_key(body))
+    parts = system.get("parts") if isinstance(system, dict) else None
+    return list(parts) if isinstance(parts, list) else []
+
+
+def declarations(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The function declarations of the body's tools."""
+    out = []
+    for tool in body.get("tools") or ():
+        if isinstance(tool, dict):
+            found = tool.get("functionDeclarations", tool.get("function_declarations"))
+            out.extend(d for d in found or () if isinstance(d, dict))
+    return out
+
+
+# -- meaning, not bytes -------------------------------------------------------------------------
+
+
+def canonical_parts(parts: Any) -> Any:
+    """Parts by meaning: no thought parts (Gemini CLI drops them), no signatures (replayed as
+    dummies on `--resume`), no call ids (Gemini CLI adds its own), adjacent texts as one, a
+    response sent twice once."""
+    if not isinstance(parts, list):
+        return parts
+    out: list[Any] = []
+    for part in parts:
+        if not isinstance(part, dict):
+            out.append(part)
+            continue
+        if part.get("thought") is True:
+            continue
+        part = {k: v for k, v in part.items() if k != SIGNATURE}
+        for key in ("functionCall", "functionResponse"):
+            if isinstance(part.get(key), dict) and "id" in part[key]:
+                part[key] = {k: v for k, v in part[key].items() if k != "id"}
+        if set(part) == {"text"}:
+            if not part["text"]:
+                continue
+            if out and isinstance(out[-1], dict) and set(out[-1]) == {"text"}:
+                out[-1] = {"text": str(out[-1]["text"]) + str(part["text"])}
+                continue
+        if out and part == out[-1] and "functionResponse" in part:
+            continue
+        out.append(part)
+    return out
+
+
+def canonical(raw: Raw) -> Raw:
+    return {"role": _role(raw), "parts": canonical_parts(raw.get("parts"))}
+
+
+# -- text ---------------------------------------------------------------------------------------
+
+
+def response_text(response: dict[str, Any]) -> str:
+    """A functionResponse's text: its `output` (or `error`) string, else its JSON."""
+    body = response.get("response")
+    if isinstance(body, dict):
+        for key in ("output", "error"):
+            if isinstance(body.get(key), str) and len(body) == 1:
+                return body[key]
+    return orjson.dumps(body).decode()
+
+
+def _with_response_text(response: dict[str, Any], text: str, append: bool) -> dict[str, Any]:
+    body = response.get("response")
+    if isinstance(body, dict) and len(body) == 1:
+        key = next(iter(body))
+        if key in ("output", "error") and isinstance(body[key], str):
+            return {**response, "response": {key: body[key] + text if append else text}}
+    return {**response, "response": {"output": response_text(response) + text if append else text}}
+
+
+def _text_parts(parts: Any) -> str | None:
+    texts = [p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str) and not p.get("thought")] if isinstance(parts, list) else []
+    return "".join(texts) if texts else None
+
+
+class GeminiCodec:
+    def items(self, raws: Sequence[Raw], seqs: Sequence[int | None], hashes: Sequence[str | None]) -> list[Item]:
+        out: list[Item] = []
+        append = out.append
+        for raw, seq, digest in zip(raws, seqs, hashes, strict=True):
+            if "parts" not in raw and "text" in raw:  # a note of the proxy's (is_note): it stands alone
+                append(Item(raw, Role.SYSTEM, seq, digest))
+                continue
+            if _role(raw) == "model":
+                append(Item(raw, Role.ASSISTANT, seq, digest, calls=calls_of(raw.get("parts"))))
+                continue
+            response = response_part(raw)
+            if response is not None:
+                append(Item(raw, Role.TOOL, seq, digest, answers=call_id(response), joins=True))
+            else:
+                append(Item(raw, Role.USER, seq, digest))
+        return out
+
+    def hash(self, raw: Raw) -> str:
+        return canonical_digest(canonical(raw) if "parts" in raw else raw)
+
+    def text(self, item: Item) -> str | None:
+        raw = item.raw
+        if is_note(raw):
+            return str(raw.get("text") or "")
+        if item.role is Role.TOOL:
+            response = response_part(raw)
+            return response_text(response) if response is not None else None
+        return _text_parts(raw.get("parts"))
+
+    def with_text(self, item: Item, text: str) -> Item:
+        return item.but(raw=self._changed(item, text, append=False), hash=None)
+
+    def with_appended_text(self, item: Item, text: str) -> Item:
+        return item.but(raw=self._changed(item, text, append=True), hash=None)
+
+    @staticmethod
+    def _changed(item: Item, text: str, append: bool) -> Raw:
+        raw = item.raw
+        if is_note(raw):
+            return {**raw, "text": (str(raw.get("text") or "") + text) if append else text}
+        parts = list(raw.get("parts") or ())
+        if item.role is Role.TOOL:  # every copy of its response (a response sent twice stays twice)
+            first = response_part(raw)
+            rid = call_id(first) if first is not None else None
+            parts = [
+                {**p, "functionResponse": _with_response_text(p["functionResponse"], text, append)}
+                if _is_response(p) and call_id(p["functionResponse"]) == rid else p
+                for p in parts
+            ]
+            return {**raw, "parts": parts}
+        if append:
+            return {**raw, "parts": [*parts, {"text": text}]}
+        # Text replaced: the first text part takes it, the other text parts go; the rest stays in place.
+        out, placed = [], False
+        for part in parts:
+            if isinstance(part, dict) and "text" in part and not part.get("thought"):
+                if not placed:
+                    out.append({**part, "text": text})
+                    placed = True
+                continue
+            out.append(part)
+        return {**raw, "parts": out if placed else [*out, {"text": text}]}
+
+    def counted_parts(self, raw: Raw) -> tuple[tuple[str, ...], int]:
+        if is_note(raw):
+            return (str(raw.get("text") or ""),), 0
+        texts = [_role(raw)]
+        extra = PER_MESSAGE
+        for part in raw.get("parts") or ():
+            if not isinstance(part, dict):
+                continue
+            if isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            elif isinstance(part.get("functionCall"), dict):
+                call = part["functionCall"]
+                texts.append(str(call.get("name") or ""))
+                texts.append(orjson.dumps(call.get("args")).decode())
+                extra += PER_TOOL_CALL
+            elif isinstance(part.get("functionResponse"), dict):
+                texts.append(str(part["functionResponse"].get("name") or ""))
+                texts.append(response_text(part["functionResponse"]))
+            elif "inlineData" in part or "fileData" in part:
+                extra += IMAGE_TOKENS
+            else:  # executable code, its result...: their JSON, as an estimate
+                texts.append(orjson.dumps(part).decode())
+            if SIGNATURE in part:
+                extra += SIGNATURE_TOKENS
+        return tuple(texts), extra
+
+    def system_note(self, text: str) -> Item:
+        return Item({"text": text}, Role.SYSTEM)
+
+    def user_note(self, text: str) -> Item:
+        return Item({"role": "user", "parts": [{"text": text}]}, Role.USER)
+
+    def tool_result(self, call: Call, text: str) -> Item:
+        response: dict[str, Any] = {"name": call.name, "response": {"output": text}}
+        if not call.id.startswith("#"):  # an id the model or the client gave the call
+            response = {"id": call.id, **response}
+        return Item({"role": "user", "parts": [{"functionResponse": response}]}, Role.TOOL, answers=call.id, joins=True)
+
+
+# -- the request body ---------------------------------------------------------------------------
+
+
+def rebuild_contents(items: Sequence[Item]) -> tuple[list[Raw], list[Raw]]:
+    """(the contents to send, the proxy's notes for `systemInstruction`) from the transcript's
+    items: a run of TOOL items is one user content again (what one client content held is sent
+    as it came); a model content left empty (a reply that held only the proxy's calls) is not
+    sent, the API refuses empty parts; the prompt starts on a user content, as the API wants."""
+    contents: list[Raw] = []
+    notes: list[Raw] = []
+    merged = -1  # the index of the content rebuilt from TOOL items (our copy), if the last one is
+    open_tool = False
+    for item in items:
+        raw = item.raw
+        if item.role is Role.SYSTEM and is_note(raw):
+            notes.append(raw)
+            continue
+        if item.role is Role.TOOL:
+            if open_tool:
+                if merged != len(contents) - 1:
+                    contents[-1] = {**contents[-1], "parts": list(contents[-1].get("parts") or ())}
+                    merged = len(contents) - 1
+                contents[-1]["parts"].extend(raw.get("parts") or ())
+                continue
+            contents.append(raw)
+            open_tool = True
+            continue
+        open_tool = False
+        if item.role is Role.ASSISTANT and not raw.get("parts"):
+            continue
+        contents.append(raw)
+    if contents and _role(contents[0]) == "model":
+        contents.insert(0, {"role": "user", "parts": [{"text": OMITTED_NOTE}]})
+    return contents, notes
+
+
+class GeminiDialect(JSONBody):
+    """The Gemini dialect of one request's URL: its model, whether it streams, its API version."""
+
+    name = "gemini"
+    transcript_key = "contents"
+
+    def __init__(self, model: str = "", stream: bool = False, version: str = "v1beta", codec: GeminiCodec | None = None) -> None:
+        self.codec = codec or GeminiCodec()
+        self._model, self._stream, self.version = model, stream, version
+        self._last: tuple[dict[str, Any], list[Raw]] | None = None  # see MessagesDialect._last
+
+    def bound(self, model: str, stream: bool, version: str = "v1beta") -> GeminiDialect:
+        """This dialect for a request to `model` (its URL's), streamed or not."""
+        return GeminiDialect(model, stream, version, self.codec)
+
+    def model(self, body: dict[str, Any]) -> str:
+        return self._model
+
+    def streaming(self, body: dict[str, Any]) -> bool:
+        return self._stream
+
+    def transcript(self, body: dict[str, Any]) -> list[Raw]:
+        last = self._last
+        if last is not None and last[0] is body:
+            return last[1]
+        contents = body.get("contents")
+        if not isinstance(contents, list) or not contents:
+            raise InvalidRequest("* GenerateContentRequest.contents: contents is not specified", param="contents")
+        out = self.transcript_parts(contents)
+        self._last = (body, out)
+        return out
+
+    @staticmethod
+    def transcript_parts(contents: list[Any]) -> list[Raw]:
+        """The transcript's items of a `contents` array, content by content (the body cache,
+        proxy/prefix.py, splits only what a request adds)."""
+        out: list[Raw] = []
+        for content in contents:
+            out.extend(split_content(content))
+        return out
+
+    def validate(self, raws: Sequence[Raw], start: int) -> None:
+        for i in range(start, len(raws)):
+            _validate_part(raws[i], i)
+
+    def anchor(self, body: dict[str, Any]) -> str | None:
+        return None  # a Gemini request carries its history
+
+    def detach_anchor(self, body: dict[str, Any]) -> dict[str, Any]:
+        return body
+
+    def session_id(self, body: dict[str, Any], headers: Mapping[str, str]) -> str | None:
+        return None  # Gemini CLI sends none: its runs are told apart by their derived ids
+
+    def identity_basis(self, body: dict[str, Any], raws: Sequence[Raw]) -> Any:
+        system = canonical_parts(system_parts(body))
+        first_user = next(
+            (canonical_parts(r.get("parts")) for r in raws if isinstance(r, dict) and "parts" in r and _role(r) == "user"),
+            None,
+        )
+        return [system, first_user]
+
+    def reply_reserve(self, body: dict[str, Any]) -> int:
+        config = body.get("generationConfig", body.get("generation_config"))
+        if not isinstance(config, dict):
+            return 0
+        return token_limit(config.get("maxOutputTokens", config.get("max_output_tokens")))
+
+    def fixed_parts(self, body: dict[str, Any]) -> list[str]:
+        parts = [str(p.get("text") or "") for p in system_parts(body) if isinstance(p, dict)]
+        tools = body.get("tools")
+        return parts + ([orjson.dumps(tools).decode()] if isinstance(tools, list) and tools else [])
+
+    def has_tool(self, body: dict[str, Any], name: str) -> bool:
+        return any(d.get("name") == name for d in declarations(body))
+
+    def tool_definition(self, tool: ToolSpec) -> dict[str, Any]:
+        return {"name": tool.name, "description": tool.description, "parametersJsonSchema": tool.parameters}
+
+    def upstream_body(self, body: dict[str, Any], items: Sequence[Item], tools: Sequence[ToolSpec]) -> dict[str, Any]:
+        contents, notes = rebuild_contents(items)
+        out = {**body, "contents": contents}
+        if notes:
+            key = system_key(body)
+            system = body.get(key) if isinstance(body.get(key), dict) else {}
+            out[key] = {**system, "parts": [*system_parts(body), *notes]}
+        if tools:
+            out["tools"] = [*(body.get("tools") or ()), {"functionDeclarations": [self.tool_definition(t) for t in tools]}]
+        return GeminiRequest(out, self._model, self._stream, self.version)
+
+    def read_reply(self, data: bytes) -> ReplyRead | None:
+        try:
+            parsed = orjson.loads(data)
+            if not isinstance(parsed, dict):
+                raise TypeError
+        except (ValueError, TypeError):
+            log.warning("upstream 2xx reply that is not a GenerateContentResponse; nothing to persist")
+            return None
+        usage = parsed.get("usageMetadata") if isinstance(parsed.get("usageMetadata"), dict) else None
+        candidate = first_candidate(parsed)
+        content = candidate.get("content") if candidate is not None else None
+        if not isinstance(content, dict) or not isinstance(content.get("parts"), list) or not content["parts"]:
+            # Blocked (promptFeedback), or nothing said: no content to store, the turn still ends.
+            return ReplyRead([], [], usage, response_id=parsed.get("responseId"), complete=candidate is not None)
+        message = content if "role" in content else {"role": "model", **content}
+        return ReplyRead(
+            [message], list(calls_of(content["parts"])), usage, response_id=parsed.get("responseId"),
+            complete=candidate.get("finishReason") is not None,  # type: ignore[union-attr]
+        )
+
+    def without_calls(self, data: bytes, reply: ReplyRead, keep: Sequence[Call]) -> tuple[bytes, ReplyRead]:
+        parsed = orjson.loads(data)
+        candidate = first_candidate(parsed)
+        content = candidate["content"]  # type: ignore[index]
+        parts, _ = without_our_calls(content["parts"], frozenset(), keep_ids=frozenset(c.id for c in keep))
+        content = {**content, "parts": parts or [{"text": ""}]}
+        parsed["candidates"] = [{**candidate, "content": content}, *parsed["candidates"][1:]]
+        message = content if "role" in content else {"role": "model", **content}
+        return orjson.dumps(parsed), ReplyRead([message], list(calls_of(content["parts"])), reply.usage, reply.response_id)
+
+    def relay(self) -> GeminiRelay:
+        return GeminiRelay()
+
+    def error_body(self, exc: ProxyError) -> dict[str, Any]:
+        return error_body(exc)
+
+
+def _validate_part(raw: Any, i: int) -> None:
+    """What storing and forwarding need: objects, the two roles, non-empty parts that are objects,
+    the names and arguments the engine reads. The upstream checks the rest (and its refusal
+    reaches the client)."""
+    where = f"contents (part {i})"
+    if not isinstance(raw, dict):
+        raise InvalidRequest(f"{where}: Input should be an object", param="contents")
+    if raw.get("role", "user") not in ("user", "model"):
+        raise InvalidRequest("Please use a valid role: user, model.", param="contents")
+    parts = raw.get("parts")
+    if not isinstance(parts, list) or not parts:
+        raise InvalidRequest(f"{where}: contents.parts must not be empty.", param="contents")
+    for part in parts:
+        if not isinstance(part, dict):
+            raise InvalidRequest(f"{where}: every part must be an object", param="contents")
+        call = part.get("functionCall")
+        if call is not None and not (isinstance(call, dict) and isinstance(call.get("name"), str) and isinstance(call.get("args", {}), dict)):
+            raise InvalidRequest(f"{where}: a functionCall needs a string name and object args", param="contents")
+        response = part.get("functionResponse")
+        if response is not None and not (
+            isinstance(response, dict) and isinstance(response.get("name"), str) and isinstance(response.get("response"), dict)
+        ):
+            raise InvalidRequest(f"{where}: a functionResponse needs a string name and an object response", param="contents")
+    if too_deep(raw, MAX_DEPTH - 2):
+        raise InvalidRequest(f"{where} is nested too deeply", param="contents", code="invalid_json")
+
+
+GEMINI = GeminiDialect()
