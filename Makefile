@@ -18,6 +18,7 @@ test: $(STAMP)
 	scripts/ensure-chromium.sh
 	scripts/ensure-claude.sh
 	scripts/ensure-codex.sh
+	scripts/ensure-gemini.sh
 	$(VENV)/bin/python -m pytest
 
 # The same phases over the Responses API and Anthropic Messages (LiteLLM is measured over chat
