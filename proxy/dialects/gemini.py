@@ -170,11 +170,21 @@ def response_text(response: dict[str, Any]) -> str:
 
 
 def _with_response_text(response: dict[str, Any], text: str, append: bool) -> dict[str, Any]:
+    """`response` with its text replaced (or `text` appended): in its `output` (or `error`)
+    string; a structured response replaced by the JSON object `text` is (the quota's figures
+    added to it), else its text goes as `output`."""
     body = response.get("response")
     if isinstance(body, dict) and len(body) == 1:
         key = next(iter(body))
         if key in ("output", "error") and isinstance(body[key], str):
             return {**response, "response": {key: body[key] + text if append else text}}
+    if not append and text.startswith("{"):
+        try:
+            parsed = orjson.loads(text)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            return {**response, "response": parsed}
     return {**response, "response": {"output": response_text(response) + text if append else text}}
 
 

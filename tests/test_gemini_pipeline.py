@@ -1,0 +1,149 @@
+"""The pipeline in Gemini's terms, over raw HTTP against the strict fake Gemini upstream: the
+summary in `systemInstruction` after the client's own parts, asked of the conversation's own
+model at the Gemini API; the window dropping a call with its responses; the quota's figures in
+function responses; the inbox in the newest function response or as a user content."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import ALICE, MakeProxy, live_messages, trajectory
+from tests.fake_upstream import FakeUpstream, Reply
+from tests.harness import ProxyServer
+from tests.responders import SUMMARIZER_MARK, TOOL_SUMMARY_MARK
+
+MODEL = "gemini-2.5-pro"
+SYSTEM = {"role": "user", "parts": [{"text": "You are a build agent."}]}
+TOOLS = [{"functionDeclarations": [{"name": "run_build", "description": "Run the build", "parametersJsonSchema": {"type": "object"}}]}]
+BUILD_LOG = "".join(f"step {i:05d}: compiled module_{i % 97}.c ok\n" for i in range(900)) + "FAILED at step 00900: linker error\n"
+
+
+def gemini_proxy(make_proxy: MakeProxy, fake: FakeUpstream, upstream_url: str | None = None, **sections: Any) -> ProxyServer:
+    merged: dict[str, Any] = {"upstream": {"gemini_base_url": fake.gemini.base_url}}
+    for name, values in sections.items():
+        merged.setdefault(name, {}).update(values)
+    return make_proxy(upstream_url=upstream_url, **merged)
+
+
+@pytest.fixture
+def proxy(make_proxy: MakeProxy, upstream: FakeUpstream) -> ProxyServer:  # the `http` fixture's proxy too
+    return gemini_proxy(make_proxy, upstream)
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"role": "user", "parts": [{"text": text}]}
+
+
+def responses(model_content: dict[str, Any], output: str) -> dict[str, Any]:
+    calls = [p["functionCall"] for p in model_content["parts"] if "functionCall" in p]
+    return {"role": "user", "parts": [{"functionResponse": {"name": c["name"], "response": {"output": output}}} for c in calls]}
+
+
+def turn(proxy: ProxyServer, contents: list[dict[str, Any]], cid: str, **headers: str) -> dict[str, Any]:
+    """One generateContent turn; the model content it answered with."""
+    body = {"contents": contents, "systemInstruction": SYSTEM, "tools": TOOLS}
+    response = httpx.post(
+        proxy.url + f"/v1beta/models/{MODEL}:generateContent", json=body,
+        headers={"x-goog-api-key": ALICE, "X-Conversation-ID": cid, **headers}, timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    return response.json()["candidates"][0]["content"]
+
+
+def system_text(body: dict[str, Any]) -> str:
+    return "".join(p.get("text", "") for p in (body.get("systemInstruction") or {}).get("parts", []))
+
+
+def is_summary(body: dict[str, Any]) -> bool:
+    return SUMMARIZER_MARK in system_text(body) or TOOL_SUMMARY_MARK in system_text(body)
+
+
+def agent_calls(upstream: FakeUpstream) -> list[dict[str, Any]]:
+    return [b for b in upstream.gemini.requests() if not is_summary(b)]
+
+
+def test_summaries_are_asked_of_its_own_model_at_the_gemini_api_and_go_after_the_clients_system(
+    make_proxy: MakeProxy, upstream: FakeUpstream
+) -> None:
+    proxy = gemini_proxy(
+        make_proxy, upstream,
+        upstream_url="http://127.0.0.1:9/v1",  # the OpenAI API is unreachable here
+        truncation={"tools": {"run_build": "summarize"}},
+        compaction={"strategy": "budget", "background": False, "max_history_summary_length": 1000},
+    )
+    upstream.responder = lambda body: (
+        Reply.text("The build fails at step 900.") if is_summary(body) else Reply.tool_calls([("run_build", "{}")])
+    )
+    contents = [user("Why does the build fail?")]
+    for _ in range(3):
+        reply = turn(proxy, contents, "own-summary")
+        contents += [reply, responses(reply, BUILD_LOG)]
+    turn(proxy, contents, "own-summary")
+
+    summaries = [c for c in upstream.gemini.calls() if is_summary(c.body)]
+    assert {SUMMARIZER_MARK in system_text(c.body) for c in summaries} == {True, False}  # history and tool output
+    assert all(c.model == MODEL and not c.stream and c.body["generationConfig"]["maxOutputTokens"] > 0 for c in summaries)
+    assert all(c.headers["x-goog-api-key"] == ALICE for c in summaries)  # the client's own key
+    sent = agent_calls(upstream)[-1]
+    parts = sent["systemInstruction"]["parts"]
+    assert parts[0] == SYSTEM["parts"][0] and "Summary of the earlier part" in parts[-1]["text"]
+    assert sent["contents"][0] == contents[0]  # the task, pinned
+    assert "The build fails at step 900." in json.dumps(sent["contents"][-1])  # the output's summary
+    assert len(sent["contents"]) < len(contents)
+
+
+def test_the_window_drops_a_call_with_its_responses(make_proxy: MakeProxy, upstream: FakeUpstream) -> None:
+    proxy = gemini_proxy(make_proxy, upstream, context={"history_token_limit": 600})
+    contents = [user("Build five times.")]
+    for n in range(5):
+        upstream.enqueue(Reply.tool_calls([("run_build", json.dumps({"n": n})), ("run_build", json.dumps({"n": -n}))]))
+        reply = turn(proxy, contents, "window-1")
+        contents += [reply, responses(reply, f"build {n}: " + "ok " * 60)]
+    upstream.enqueue(Reply.text("Done."))
+    turn(proxy, contents, "window-1")
+    sent = upstream.gemini.requests()[-1]["contents"]  # the fake checked calls and responses pair up
+    assert sent[0] == contents[0] and len(sent) < len(contents)
+    assert sent[-2:] == contents[-2:]
+    for i, content in enumerate(sent):
+        if any("functionResponse" in p for p in content["parts"]):
+            assert len(content["parts"]) == 2 and sent[i - 1]["role"] == "model"
+
+
+def test_function_responses_carry_the_quota_when_first_forwarded(make_proxy: MakeProxy, upstream: FakeUpstream) -> None:
+    proxy = gemini_proxy(make_proxy, upstream, quota={"max_llm_calls": 10})
+    upstream.enqueue(Reply.tool_calls([("run_build", "{}"), ("run_build", '{"docs": true}')]))
+    contents = [user("Build it all.")]
+    reply = turn(proxy, contents, "quota-1")
+    contents += [reply, {"role": "user", "parts": [
+        {"functionResponse": {"name": "run_build", "response": {"output": json.dumps({"status": "ok"})}}},
+        {"functionResponse": {"name": "run_build", "response": {"output": "docs built"}}},
+    ]}]
+    turn(proxy, contents, "quota-1")
+    sent = upstream.gemini.requests()[-1]["contents"][-1]["parts"]
+    first, second = (p["functionResponse"]["response"]["output"] for p in sent)
+    assert json.loads(first) == {"status": "ok", "_quota_info": {"used": 2, "remaining": 8, "limit": 10}}
+    assert second == "docs built\n\n[You have 8 LLM calls remaining (used 2 of 10).]"
+
+
+def test_an_inbox_message_goes_into_the_newest_function_response_once(
+    proxy: ProxyServer, upstream: FakeUpstream, http: httpx.Client
+) -> None:
+    upstream.enqueue(Reply.tool_calls([("run_build", "{}")]), Reply.text("The linker fails."), Reply.text("Welcome."))
+    contents = [user("Why does the build fail?")]
+    reply = turn(proxy, contents, "steer-1")
+    posted = http.post("/v1/conversations/steer-1/inbox", json={"content": "It is the linker."}, headers={"Authorization": f"Bearer {ALICE}"})
+    assert posted.status_code == 200, posted.text
+    contents += [reply, responses(reply, "compile ok; link failed")]
+    contents += [turn(proxy, contents, "steer-1"), user("Thanks.")]
+    turn(proxy, contents, "steer-1")
+    _, delivered, later = upstream.gemini.requests()
+    output = delivered["contents"][-1]["parts"][0]["functionResponse"]["response"]["output"]
+    assert output.startswith("compile ok; link failed\n\n[context-proxy: a message from the user") and output.endswith("It is the linker.")
+    assert later["contents"][: len(delivered["contents"])] == delivered["contents"]  # the same bytes, in place
+    stored = live_messages(http, "steer-1")
+    assert stored[2]["parts"][0]["functionResponse"]["response"] == {"output": "compile ok; link failed"}
+    assert {m["status"] for m in trajectory(http, "steer-1")} == {"live"}
