@@ -43,9 +43,11 @@ def responses(model_content: dict[str, Any], output: str) -> dict[str, Any]:
     return {"role": "user", "parts": [{"functionResponse": {"name": c["name"], "response": {"output": output}}} for c in calls]}
 
 
-def turn(proxy: ProxyServer, contents: list[dict[str, Any]], cid: str, **headers: str) -> dict[str, Any]:
-    """One generateContent turn; the model content it answered with."""
-    body = {"contents": contents, "systemInstruction": SYSTEM, "tools": TOOLS}
+def turn(proxy: ProxyServer, contents: list[dict[str, Any]], cid: str, thoughts: bool = False, **headers: str) -> dict[str, Any]:
+    """One generateContent turn (asking for the model's thoughts, or not); the model content it answered with."""
+    body: dict[str, Any] = {"contents": contents, "systemInstruction": SYSTEM, "tools": TOOLS}
+    if thoughts:
+        body["generationConfig"] = {"thinkingConfig": {"includeThoughts": True}}
     response = httpx.post(
         proxy.url + f"/v1beta/models/{MODEL}:generateContent", json=body,
         headers={"x-goog-api-key": ALICE, "X-Conversation-ID": cid, **headers}, timeout=30,
