@@ -17,6 +17,7 @@ from tests.conftest import ALICE, BOB, MakeProxy, admin_get, live_messages, traj
 from tests.fake_gemini import gemini_error
 from tests.fake_upstream import FakeUpstream, Reply
 from tests.harness import ProxyServer
+from tests.test_telemetry import has_turns, otlp, turns  # noqa: F401  # `otlp` is a fixture
 
 MODEL = "gemini-2.5-pro"
 MODEL_3 = "gemini-3-flash-preview"
@@ -215,7 +216,9 @@ def test_the_conversation_named_by_header_or_path_and_the_tenant_by_key(
     body = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
     by_query = httpx.post(proxy.url + f"/v1beta/models/{MODEL}:generateContent?key={BOB}", json=body, headers={"X-Conversation-ID": "bobs"}, timeout=30)
     assert by_query.status_code == 200, by_query.text
-    assert upstream.gemini.calls()[-1].query["key"] == BOB  # the credential went on as it came
+    sent = upstream.gemini.calls()[-1]
+    assert sent.query["key"] == BOB  # the credential went on as it came,
+    assert sent.headers["x-goog-api-key"] == BOB  # and as the header calls without the query (summaries) carry
     assert admin_get(http, "/bobs", BOB).status_code == 200
     assert admin_get(http, "/bobs", ALICE).status_code == 404  # another key's conversation
 
@@ -237,3 +240,17 @@ def test_other_gemini_paths_go_to_the_gemini_api(proxy: ProxyServer, upstream: F
     response = httpx.get(proxy.url + "/v1beta/models", headers={"x-goog-api-key": ALICE}, timeout=30)
     assert response.status_code == 401  # the fake's catch-all wants a Bearer: it reached the fake's root
     assert upstream.requests[-1].path == "/v1beta/models"
+
+
+def test_gemini_turns_are_gemini_chat_spans_with_its_usage(make_proxy: MakeProxy, upstream: FakeUpstream, otlp: Any) -> None:
+    proxy = make_proxy(telemetry={"otlp_endpoint": otlp.endpoint}, upstream={"gemini_base_url": upstream.gemini.base_url})
+    client = client_of(proxy.url, headers={"X-Conversation-ID": "gemini-ledger"})
+    reply = client.models.generate_content(model=MODEL, contents="Sum the ledger.", config=config())
+    spans = otlp.wait_for(lambda spans: has_turns(1)(spans) and any(s.kind == "CLIENT" for s in spans))
+    (turn,) = turns(spans)
+    a = turn.attributes
+    assert turn.name == f"chat {MODEL}" and a["gen_ai.provider.name"] == "gcp.gemini"
+    assert a["gen_ai.conversation.id"] == "gemini-ledger" and a["server.port"] == upstream.port
+    assert a["gen_ai.usage.input_tokens"] == reply.usage_metadata.prompt_token_count
+    assert a["gen_ai.usage.output_tokens"] == reply.usage_metadata.candidates_token_count
+    assert a["gen_ai.response.id"] == reply.response_id
