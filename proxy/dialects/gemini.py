@@ -9,8 +9,9 @@ truncation, quota, the window and the pairing guard work per response. A model c
 `functionCall` parts are its calls: with the following responses they form one unit. What goes
 upstream is the contents rebuilt: a run of TOOL items becomes one user content again, its parts
 in order and byte for byte. Thought signatures, ids and every part the proxy does not rewrite
-stay as the client sent them. A call or response without an `id` (the API sends none; Gemini CLI
-adds its own) is known to the engine by its name: the API pairs calls and responses by order.
+stay as the client sent them. A call without an `id` (the API sends none; Gemini CLI adds its
+own) is known to the engine by its name; a response without one answers the call in its place,
+as the API pairs them (the k-th response after a model content, its k-th call).
 
 The model and whether the reply streams are in the URL, not the body: a request's dialect is
 `GEMINI.bound(model, stream, version)`, and its upstream body a GeminiRequest that carries them.
@@ -195,20 +196,32 @@ def _text_parts(parts: Any) -> str | None:
 
 class GeminiCodec:
     def items(self, raws: Sequence[Raw], seqs: Sequence[int | None], hashes: Sequence[str | None]) -> list[Item]:
+        # A response without an id answers the call in its place: the k-th response after a model
+        # content, its k-th call (the API's own rule; `raws` start where a unit does).
         out: list[Item] = []
         append = out.append
+        open_calls: tuple[Call, ...] = ()
+        answered = 0
         for raw, seq, digest in zip(raws, seqs, hashes, strict=True):
             if "parts" not in raw and "text" in raw:  # a note of the proxy's (is_note): it stands alone
                 append(Item(raw, Role.SYSTEM, seq, digest))
                 continue
             if _role(raw) == "model":
-                append(Item(raw, Role.ASSISTANT, seq, digest, calls=calls_of(raw.get("parts"))))
+                open_calls, answered = calls_of(raw.get("parts")), 0
+                append(Item(raw, Role.ASSISTANT, seq, digest, calls=open_calls))
                 continue
             response = response_part(raw)
-            if response is not None:
-                append(Item(raw, Role.TOOL, seq, digest, answers=call_id(response), joins=True))
-            else:
+            if response is None:
+                open_calls = ()
                 append(Item(raw, Role.USER, seq, digest))
+                continue
+            given = response.get("id")
+            if isinstance(given, str) and given:
+                answers = given
+            else:
+                answers = open_calls[answered].id if answered < len(open_calls) else call_id(response)
+            answered += 1
+            append(Item(raw, Role.TOOL, seq, digest, answers=answers, joins=True))
         return out
 
     def hash(self, raw: Raw) -> str:
