@@ -38,7 +38,7 @@ HOP_BY_HOP = frozenset(
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 GC_YOUNG_THRESHOLD = 20_000  # as `serve` sets it (proxy/cli.py): the floor gets the proxy's collector
 CONVERSATION_HEADERS = ("X-Conversation-ID", "X-Claude-Code-Session-Id")  # what the bench's clients name theirs by
-TRANSCRIPT_KEYS = ("messages", "input")  # chat and Messages; Responses
+TRANSCRIPT_KEYS = ("messages", "input", "contents")  # chat and Messages; Responses; Gemini
 
 
 class Writes:
