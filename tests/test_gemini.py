@@ -17,6 +17,7 @@ from tests.conftest import ALICE, BOB, MakeProxy, admin_get, live_messages, traj
 from tests.fake_gemini import gemini_error
 from tests.fake_upstream import FakeUpstream, Reply
 from tests.harness import ProxyServer
+from tests.test_metrics import scrape, value
 from tests.test_telemetry import has_turns, otlp, turns  # noqa: F401  # `otlp` is a fixture
 
 MODEL = "gemini-2.5-pro"
@@ -254,3 +255,17 @@ def test_gemini_turns_are_gemini_chat_spans_with_its_usage(make_proxy: MakeProxy
     assert a["gen_ai.usage.input_tokens"] == reply.usage_metadata.prompt_token_count
     assert a["gen_ai.usage.output_tokens"] == reply.usage_metadata.candidates_token_count
     assert a["gen_ai.response.id"] == reply.response_id
+
+
+def test_a_later_turn_reuses_the_previous_ones_work(proxy: ProxyServer, upstream: FakeUpstream) -> None:
+    """The body cache and the fast path work for a transcript in the middle of the body (Gemini's
+    `contents` come before `systemInstruction` and `tools`): later turns are rewritten only where new."""
+    client = client_of(proxy.url, headers={"X-Conversation-ID": "fast-1"})
+    contents = [user("Build it.")]
+    for _ in range(4):
+        upstream.enqueue(Reply.tool_calls([("run_build", "{}")]))
+        reply = ask(client, contents, stream=True)
+        contents += [reply.candidates[0].content, results(reply, "ok")]
+    samples = scrape(proxy)
+    counted = {o: value(samples, "context_proxy_fast_path_turns_total", outcome=o) for o in ("taken", "declined", "none")}
+    assert counted == {"none": 1.0, "taken": 3.0, "declined": 0.0}
