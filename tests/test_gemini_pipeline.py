@@ -56,6 +56,12 @@ def turn(proxy: ProxyServer, contents: list[dict[str, Any]], cid: str, thoughts:
     return response.json()["candidates"][0]["content"]
 
 
+def reply_text(sse: str) -> str:
+    """The text a reply's chunks (`data:` lines) say, joined."""
+    chunks = [json.loads(line[6:]) for line in sse.splitlines() if line.startswith("data: ")]
+    return "".join(p.get("text", "") for c in chunks for p in c["candidates"][0]["content"]["parts"])
+
+
 def system_text(body: dict[str, Any]) -> str:
     return "".join(p.get("text", "") for p in (body.get("systemInstruction") or {}).get("parts", []))
 
@@ -149,3 +155,34 @@ def test_an_inbox_message_goes_into_the_newest_function_response_once(
     stored = live_messages(http, "steer-1")
     assert stored[2]["parts"][0]["functionResponse"]["response"] == {"output": "compile ok; link failed"}
     assert {m["status"] for m in trajectory(http, "steer-1")} == {"live"}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_knowledge_goes_after_the_clients_system_and_its_tools_are_answered_out_of_sight(
+    make_proxy: MakeProxy, upstream: FakeUpstream, stream: bool
+) -> None:
+    proxy = gemini_proxy(make_proxy, upstream, knowledge={"enabled": True})
+    pitfall = "Run `make deps` before the first build."
+    append = ("knowledge_append_section", json.dumps({"heading": "Setup pitfalls", "content": pitfall}))
+    upstream.enqueue(Reply.tool_calls([append]), Reply.text("Noted."))
+    body = {"contents": [user("Set up the project.")], "systemInstruction": SYSTEM, "tools": TOOLS}
+    method = "streamGenerateContent?alt=sse" if stream else "generateContent"
+    response = httpx.post(
+        proxy.url + f"/v1beta/models/{MODEL}:{method}", json=body,
+        headers={"x-goog-api-key": ALICE, "X-Conversation-ID": f"notes-{stream}"}, timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    assert "knowledge_append_section" not in response.text
+    assert reply_text(response.text if stream else "data: " + response.text) == "Noted."
+    asked, answered = upstream.gemini.requests()  # both valid at the strict fake
+    assert asked["systemInstruction"]["parts"][0] == SYSTEM["parts"][0]
+    assert "Long-term knowledge" in asked["systemInstruction"]["parts"][1]["text"]
+    declared = [d["name"] for t in asked["tools"] for d in t.get("functionDeclarations", [])]
+    assert declared[0] == "run_build" and "knowledge_append_section" in declared
+    call, answer = answered["contents"][-2:]
+    assert call["parts"][0]["functionCall"]["name"] == "knowledge_append_section"
+    assert answer["parts"][0]["functionResponse"]["response"]["output"].startswith("Done: section 'Setup pitfalls' added")
+    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+        document = http.get("/v1/knowledge", headers={"Authorization": f"Bearer {ALICE}"}).json()
+        assert pitfall in document["text"]
+        assert [m["role"] for m in live_messages(http, f"notes-{stream}")] == ["user", "model"]
