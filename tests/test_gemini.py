@@ -269,3 +269,56 @@ def test_a_later_turn_reuses_the_previous_ones_work(proxy: ProxyServer, upstream
     samples = scrape(proxy)
     counted = {o: value(samples, "context_proxy_fast_path_turns_total", outcome=o) for o in ("taken", "declined", "none")}
     assert counted == {"none": 1.0, "taken": 3.0, "declined": 0.0}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_a_reply_mixing_our_call_with_the_clients_gives_the_client_the_signature(
+    proxy: ProxyServer, upstream: FakeUpstream, stream: bool
+) -> None:
+    """Gemini 3 signs a step's first call only: when that is ours, taken out, the client's call
+    gets the signature, and the client's next request passes the API's check."""
+    client = client_of(proxy.url, headers={"X-Conversation-ID": f"mixed-{stream}"})
+    upstream.enqueue(Reply.tool_calls([("run_build", "{}")]))
+    contents = [user("Why does the build fail?")]
+    first = ask(client, contents, stream, model=MODEL_3)
+    contents += [first.candidates[0].content, results(first, BUILD_LOG)]
+    upstream.responder = lambda body: Reply.tool_calls(
+        [("read_tool_output", json.dumps({"ref": "out_1_000000000000000000000000", "offset": 0})), ("run_build", '{"clean": true}')]
+    )
+    second = ask(client, contents, stream, model=MODEL_3)
+    (call,) = second.function_calls
+    assert (call.name, call.args) == ("run_build", {"clean": True})
+    signed = [p for p in second.candidates[0].content.parts if p.function_call is not None]
+    assert signed[0].thought_signature  # moved from our call, taken out
+    upstream.responder = lambda body: Reply.text("Clean build passes.")
+    contents += [second.candidates[0].content, results(second, "ok")]
+    assert ask(client, contents, stream, model=MODEL_3).text == "Clean build passes."  # the fake checked the signature
+
+
+def test_side_calls_in_json_mode_or_with_search_get_none_of_our_functions(make_proxy: MakeProxy, upstream: FakeUpstream) -> None:
+    proxy = make_proxy(upstream={"gemini_base_url": upstream.gemini.base_url}, knowledge={"enabled": True})
+    router = {"contents": [{"role": "user", "parts": [{"text": "classify"}]}, {"role": "user", "parts": [{"text": "run echo hi"}]}],
+              "generationConfig": {"responseMimeType": "application/json", "responseJsonSchema": {"type": "OBJECT"}}}
+    search = {"contents": [{"role": "user", "parts": [{"text": "x"}]}], "tools": [{"googleSearch": {}}]}
+    for body in (router, search):
+        response = httpx.post(proxy.url + f"/v1beta/models/{MODEL}:generateContent", json=body, headers={"x-goog-api-key": ALICE}, timeout=30)
+        assert response.status_code == 200, response.text
+        sent = upstream.gemini.requests()[-1]
+        assert sent.get("tools") == body.get("tools")  # no function of ours added
+        assert "Long-term knowledge" in json.dumps(sent["systemInstruction"])  # the notes still go
+
+
+def test_a_stream_the_upstream_breaks_off_ends_in_an_error_event_and_is_kept_incomplete(
+    proxy: ProxyServer, upstream: FakeUpstream, http: httpx.Client
+) -> None:
+    upstream.enqueue(Reply.text("A long answer that breaks off", chunk_size=4).failing_after(3))
+    body = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+    response = httpx.post(
+        proxy.url + f"/v1beta/models/{MODEL}:streamGenerateContent?alt=sse", json=body,
+        headers={"x-goog-api-key": ALICE, "X-Conversation-ID": "broken-1"}, timeout=30,
+    )
+    events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")]
+    assert events[-1]["error"]["status"] == "UNAVAILABLE"  # the upstream's own, relayed unmodified
+    assert [e["error"] for e in events if "error" in e] == [events[-1]["error"]]  # once
+    # The request failed (the reply never came whole), the part that came is kept as incomplete.
+    assert [m["status"] for m in trajectory(http, "broken-1")] == ["failed", "incomplete"]

@@ -17,7 +17,9 @@ The model and whether the reply streams are in the URL, not the body: a request'
 `GEMINI.bound(model, stream, version)`, and its upstream body a GeminiRequest that carries them.
 
 `systemInstruction` stays the client's; the proxy's own notes (knowledge, the summary) are
-appended to its parts. An inbox message goes into the newest functionResponse when the prompt
+appended to its parts. The proxy's own functions go in a `functionDeclarations` entry of their
+own after the client's tools, never into a request in JSON mode or with a built-in tool
+(Gemini CLI's router and web search side calls), which the API refuses with function calling. An inbox message goes into the newest functionResponse when the prompt
 ends in one, else as a user content of its own (consecutive user contents are valid). Gemini CLI
 replays a reply without its thought parts, with its own call ids, and on `--resume` with dummy
 signatures: the canonical hash compares contents by meaning, so none of that looks new.
@@ -119,6 +121,21 @@ def declarations(body: dict[str, Any]) -> list[dict[str, Any]]:
             found = tool.get("functionDeclarations", tool.get("function_declarations"))
             out.extend(d for d in found or () if isinstance(d, dict))
     return out
+
+
+def takes_functions(body: dict[str, Any]) -> bool:
+    """Whether the proxy's functions may be added to the request: not to one in JSON mode (Gemini
+    CLI's model router) nor one using a built-in tool (its web search: `googleSearch`), which the
+    API refuses with function calling."""
+    config = body.get("generationConfig", body.get("generation_config"))
+    if isinstance(config, dict) and (
+        config.get("responseMimeType", config.get("response_mime_type")) == "application/json"
+        or any(k in config for k in ("responseSchema", "responseJsonSchema", "response_schema", "response_json_schema"))
+    ):
+        return False
+    return all(
+        set(tool) <= {"functionDeclarations", "function_declarations"} for tool in body.get("tools") or () if isinstance(tool, dict)
+    )
 
 
 # -- meaning, not bytes -------------------------------------------------------------------------
@@ -419,7 +436,8 @@ class GeminiDialect(JSONBody):
         return parts + ([orjson.dumps(tools).decode()] if isinstance(tools, list) and tools else [])
 
     def has_tool(self, body: dict[str, Any], name: str) -> bool:
-        return any(d.get("name") == name for d in declarations(body))
+        # A request that can take no function of ours says it has them all, so none is added.
+        return not takes_functions(body) or any(d.get("name") == name for d in declarations(body))
 
     def tool_definition(self, tool: ToolSpec) -> dict[str, Any]:
         return {"name": tool.name, "description": tool.description, "parametersJsonSchema": tool.parameters}
