@@ -6,18 +6,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
+import httpx
 import pytest
-from google.genai import types
 
-from tests.conftest import ALICE, MakeProxy, live_messages
+from tests.conftest import MakeProxy, live_messages
 from tests.fake_upstream import FakeUpstream, Reply
 from tests.gemini_agent import GeminiAgent
 from tests.harness import ProxyServer
 from tests.test_gemini import ask, client_of, results, user
-
-import httpx
 
 KEY = "sk-openai-routed-0123456789"
 MODEL = "gemini-on-gpt"

@@ -10,6 +10,8 @@ stream asked for without `alt=sse` (a JSON array, not events) is passed through 
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import orjson
 from aiohttp import web
 
@@ -17,7 +19,7 @@ from ..dialects.gemini import GEMINI, METHODS
 from ..errors import add_error_shape
 from ..identity import QUERY_API_KEY
 from ..state import ENGINE, ROUTER, UPSTREAM
-from ..upstream import forwardable
+from .count_tokens import relayed
 from .passthrough import GEMINI_KEY, passthrough
 from .turns import read_turn, run_turn
 
@@ -53,12 +55,8 @@ async def count_tokens(request: web.Request, model: str, version: str) -> web.St
     if app[ROUTER].is_litellm(model):
         return web.json_response({"totalTokens": report.tokens_sent or 0}, headers=headers)
     counted = {"generateContentRequest": {"model": f"models/{model}", **managed}}
-    reply = await app[UPSTREAM].gemini_post(f"/{version}/models/{model}:countTokens", counted, turn.headers, turn.query)
-    try:
-        data = await reply.read()
-    finally:
-        reply.close()
-    return web.Response(body=data, status=reply.status, headers={**forwardable(reply.headers), **headers})
+    path = f"/{version}/models/{quote(model, safe='-._~')}:countTokens"
+    return await relayed(await app[UPSTREAM].gemini_post(path, counted, turn.headers, turn.query), headers)
 
 
 def add_routes(app: web.Application) -> None:

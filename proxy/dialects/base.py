@@ -164,6 +164,13 @@ class OneMessageRelay:
     _seen: Any
     _round: Any
     _usage: dict[str, Any] | None
+    _ours: frozenset[str]
+
+    def _round_end(self, message: Raw, calls: list[Call]) -> RoundEnd:
+        """The round's reply (`message`, making `calls`), our calls and the client's apart."""
+        self._usage = self._round.usage or self._usage
+        reply = ReplyRead([message], calls, self._round.usage, response_id=self._round.id, complete=self._round.complete)
+        return RoundEnd(reply, [c for c in calls if c.name in self._ours], [c for c in calls if c.name not in self._ours])
 
     @property
     def finished(self) -> bool:

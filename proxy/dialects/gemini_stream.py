@@ -21,7 +21,7 @@ import orjson
 
 from ..errors import ProxyError
 from ..transcript import Call, Raw
-from .base import OneMessageRelay, ReplyRead, RoundEnd
+from .base import OneMessageRelay, RoundEnd
 from .messages_stream import EventSplitter
 
 log = logging.getLogger("proxy.gemini")
@@ -237,11 +237,8 @@ class GeminiRelay(OneMessageRelay):
         return b"".join(out)
 
     def end_round(self) -> RoundEnd:
-        self._usage = self._round.usage or self._usage
         message = self._round.message()
-        calls = list(calls_of(message["parts"]))
-        reply = ReplyRead([message], calls, self._round.usage, response_id=self._round.id, complete=self._round.complete)
-        return RoundEnd(reply, [c for c in calls if c.name in self._ours], [c for c in calls if c.name not in self._ours])
+        return self._round_end(message, list(calls_of(message["parts"])))
 
     def release(self) -> bytes:
         """The last round is over: its final chunk joins what the client saw (it goes out with

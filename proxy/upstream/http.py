@@ -235,6 +235,11 @@ class HttpUpstream:
             path_qs = path_qs[3:]
         return URL(self.base_url + path_qs, encoded=True)
 
+    @staticmethod
+    def _under(root: str, path_qs: str) -> URL:
+        """`path_qs` (as the client encoded it, its version prefix kept) under an API's root."""
+        return URL(root + checked_path(path_qs), encoded=True)
+
     def _auth(self, headers: CIMultiDict[str]) -> CIMultiDict[str]:
         if self.settings.api_key is not None:
             headers["Authorization"] = f"Bearer {self.settings.api_key.get_secret_value()}"
@@ -297,8 +302,7 @@ class HttpUpstream:
         limits: ReplyLimits | None = None,
     ) -> HttpReply:
         """`send` to the Anthropic API: its root (`path_qs` keeps its /v1), its key."""
-        url = URL(self.anthropic_base_url + checked_path(path_qs), encoded=True)
-        return await self._request(method, url, self._anthropic_auth(headers), data, limits)
+        return await self._request(method, self._under(self.anthropic_base_url, path_qs), self._anthropic_auth(headers), data, limits)
 
     async def send_gemini(
         self,
@@ -310,8 +314,7 @@ class HttpUpstream:
     ) -> HttpReply:
         """`send` to the Gemini API: its root (`path_qs` keeps its /v1beta), the client's key
         (`x-goog-api-key`, or `?key=` in the query) as it came."""
-        url = URL(self.gemini_base_url + checked_path(path_qs), encoded=True)
-        return await self._request(method, url, headers, data, limits)
+        return await self._request(method, self._under(self.gemini_base_url, path_qs), headers, data, limits)
 
     async def gemini_post(self, path: str, body: Mapping[str, Any], headers: Mapping[str, str], query: str = "") -> HttpReply:
         """`body` as JSON to `path` of the Gemini API (a managed prompt's `:countTokens`)."""
