@@ -6,6 +6,9 @@ function responses; the inbox in the newest function response or as a user conte
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,7 +16,7 @@ import pytest
 
 from tests.conftest import ALICE, MakeProxy, live_messages, trajectory
 from tests.fake_upstream import FakeUpstream, Reply
-from tests.harness import ProxyServer
+from tests.harness import ROOT, ProxyServer, write_config
 from tests.responders import SUMMARIZER_MARK, TOOL_SUMMARY_MARK
 
 MODEL = "gemini-2.5-pro"
@@ -22,11 +25,13 @@ TOOLS = [{"functionDeclarations": [{"name": "run_build", "description": "Run the
 BUILD_LOG = "".join(f"step {i:05d}: compiled module_{i % 97}.c ok\n" for i in range(900)) + "FAILED at step 00900: linker error\n"
 
 
-def gemini_proxy(make_proxy: MakeProxy, fake: FakeUpstream, upstream_url: str | None = None, **sections: Any) -> ProxyServer:
+def gemini_proxy(
+    make_proxy: MakeProxy, fake: FakeUpstream, upstream_url: str | None = None, data_dir: Path | None = None, **sections: Any
+) -> ProxyServer:
     merged: dict[str, Any] = {"upstream": {"gemini_base_url": fake.gemini.base_url}}
     for name, values in sections.items():
         merged.setdefault(name, {}).update(values)
-    return make_proxy(upstream_url=upstream_url, **merged)
+    return make_proxy(data_dir=data_dir, upstream_url=upstream_url, **merged)
 
 
 @pytest.fixture
@@ -186,3 +191,55 @@ def test_knowledge_goes_after_the_clients_system_and_its_tools_are_answered_out_
         document = http.get("/v1/knowledge", headers={"Authorization": f"Bearer {ALICE}"}).json()
         assert pitfall in document["text"]
         assert [m["role"] for m in live_messages(http, f"notes-{stream}")] == ["user", "model"]
+
+
+def test_a_side_call_is_a_conversation_of_its_own_not_a_divergence(proxy: ProxyServer, upstream: FakeUpstream, http: httpx.Client) -> None:
+    """Gemini CLI's router asks with a system instruction of its own (and the web search with the
+    main one but another first content): each its own thread, the main run untouched."""
+    def post(body: dict[str, Any]) -> None:
+        response = httpx.post(proxy.url + f"/v1beta/models/{MODEL}:generateContent", json=body, headers={"x-goog-api-key": ALICE}, timeout=30)
+        assert response.status_code == 200, response.text
+
+    contents = [user("<session_context>linux</session_context>"), user("Why does the build fail?")]
+    upstream.enqueue(Reply.tool_calls([("run_build", "{}")]))
+    post({"contents": contents, "systemInstruction": SYSTEM, "tools": TOOLS})
+    router = {"systemInstruction": {"parts": [{"text": "You are a Task Routing AI."}]}, "contents": [user("Why does the build fail?")],
+              "generationConfig": {"responseMimeType": "application/json"}}
+    post(router)
+    post({"contents": [user("build failure linker")], "systemInstruction": SYSTEM, "tools": [{"googleSearch": {}}]})
+    listed = http.get("/v1/conversations", headers={"Authorization": f"Bearer {ALICE}"}).json()["data"]
+    assert len(listed) == 3
+    for conversation in listed:
+        assert {m["status"] for m in trajectory(http, conversation["id"], ALICE)} == {"live"}
+
+
+def test_export_and_import_move_a_gemini_conversation_that_goes_on(
+    make_proxy: MakeProxy, upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    old = gemini_proxy(make_proxy, upstream, data_dir=tmp_path / "old")
+    upstream.enqueue(Reply.tool_calls([("run_build", "{}")]), Reply.text("It fails at the linker."))
+    contents = [user("Why does the build fail?")]
+    first = turn(old, contents, "moved")
+    contents += [first, responses(first, BUILD_LOG)]
+    contents += [turn(old, contents, "moved"), user("And now?")]
+    with httpx.Client(base_url=old.url, timeout=30) as http:
+        before = live_messages(http, "moved", ALICE)
+    old.stop()
+
+    def cli(*args: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run([sys.executable, "-m", "proxy", *args], cwd=ROOT, capture_output=True, timeout=60)
+
+    exported = cli("export", "--config", str(write_config(tmp_path / "old.yaml", storage={"path": str(tmp_path / "old")})), "moved")
+    assert exported.returncode == 0, exported.stderr.decode()
+    (tmp_path / "moved.json").write_bytes(exported.stdout)
+    imported = cli("import", "--config", str(write_config(tmp_path / "new.yaml", storage={"path": str(tmp_path / "new")})),
+                   str(tmp_path / "moved.json"))
+    assert imported.returncode == 0, imported.stderr.decode()
+
+    new = gemini_proxy(make_proxy, upstream, data_dir=tmp_path / "new")
+    upstream.enqueue(Reply.text("Still the linker."))
+    turn(new, contents, "moved")
+    with httpx.Client(base_url=new.url, timeout=30) as http:
+        after = live_messages(http, "moved", ALICE)
+        assert after[: len(before)] == before and len(after) == len(before) + 2
+        assert {m["status"] for m in trajectory(http, "moved", ALICE)} <= {"live", "internal"}  # the move is no divergence
