@@ -14,6 +14,7 @@ from tests.conftest import MakeProxy, live_messages
 from tests.fake_upstream import FakeUpstream, Reply
 from tests.gemini_agent import GeminiAgent
 from tests.harness import ProxyServer
+from tests.responders import by_kind, fixed_summary, is_summary_request
 from tests.test_gemini import ask, client_of, results, user
 
 KEY = "sk-openai-routed-0123456789"
@@ -67,4 +68,26 @@ def test_gemini_cli_runs_on_an_openai_model(routed: ProxyServer, upstream: FakeU
     assert (done["exit_code"], done["response"]) == (0, "The command printed: hi"), done
     tool = upstream.chat_requests()[-1]["messages"][-1]
     assert tool["role"] == "tool" and "hi" in tool["content"]
+    assert upstream.gemini.calls() == []
+
+
+def test_summaries_of_a_routed_gemini_conversation_go_through_its_models_route(
+    make_proxy: MakeProxy, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ROUTED_OPENAI_KEY", KEY)
+    entry = {"litellm_model": "openai/gpt-4o-mini", "api_base": upstream.base_url, "api_key_env": "ROUTED_OPENAI_KEY"}
+    proxy = make_proxy(
+        upstream={"gemini_base_url": upstream.gemini.base_url}, models={MODEL: entry},
+        compaction={"strategy": "budget", "background": False, "max_history_summary_length": 1000},
+    )
+    upstream.responder = by_kind(lambda body: Reply.tool_calls([("run_build", "{}")]), fixed_summary("The build fails at step 900."))
+    client = client_of(proxy.url, headers={"X-Conversation-ID": "routed-summary"})
+    contents = [user("Why does the build fail?")]
+    for _ in range(4):
+        reply = ask(client, contents, stream=False, model=MODEL)
+        contents += [reply.candidates[0].content, results(reply, "step ok\n" * 100)]
+    summaries = [b for b in upstream.chat_requests() if is_summary_request(b)]
+    assert summaries and all(b["model"] == "gpt-4o-mini" for b in summaries)  # the route's model, in chat
+    sent = upstream.chat_requests()[-1]
+    assert "The build fails at step 900." in sent["messages"][0]["content"]  # the summary in the system message
     assert upstream.gemini.calls() == []
