@@ -70,6 +70,7 @@ def test_gemini_cli_runs_a_tool_loop_through_the_proxy_and_resumes_in_one_conver
     with httpx.Client(base_url=proxy.url, timeout=30) as http:
         listed = admin_get(http, "", TEST_KEY).json()["data"]
         assert len(listed) == 1, listed  # the run and its --resume: one conversation
+        assert listed[0]["title"] == "run echo hi"  # the task, without the CLI's <session_context>
         stored = live_messages(http, listed[0]["id"], TEST_KEY)
         # The resumed history (dummy signatures, a response sent twice) matched the stored one.
         assert {m["status"] for m in trajectory(http, listed[0]["id"], TEST_KEY)} == {"live"}
