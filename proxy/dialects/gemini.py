@@ -297,14 +297,17 @@ class GeminiCodec:
                 continue
             if isinstance(part.get("text"), str):
                 texts.append(part["text"])
-            elif isinstance(part.get("functionCall"), dict):
+            elif isinstance(part.get("functionCall"), dict):  # as chat counts a tool call: its id too
                 call = part["functionCall"]
+                texts.append(str(call.get("id") or ""))
                 texts.append(str(call.get("name") or ""))
                 texts.append(orjson.dumps(call.get("args")).decode())
                 extra += PER_TOOL_CALL
-            elif isinstance(part.get("functionResponse"), dict):
-                texts.append(str(part["functionResponse"].get("name") or ""))
-                texts.append(response_text(part["functionResponse"]))
+            elif isinstance(part.get("functionResponse"), dict):  # and a tool message: the id it answers
+                response = part["functionResponse"]
+                texts.append(str(response.get("id") or ""))
+                texts.append(str(response.get("name") or ""))
+                texts.append(response_text(response))
             elif "inlineData" in part or "fileData" in part:
                 extra += IMAGE_TOKENS
             else:  # executable code, its result...: their JSON, as an estimate
