@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.conftest import MakeProxy, admin_get, live_messages, trajectory
 from tests.fake_upstream import FakeUpstream, Reply
 from tests.gemini_agent import TEST_KEY, GeminiAgent
 
-MODEL = "gemini-2.5-pro"
+MODELS = ["gemini-2.5-pro", "gemini-3-flash-preview"]  # Gemini 3 checks each step's thought signature
 
 
 def script(upstream: FakeUpstream) -> None:
@@ -36,26 +37,27 @@ def shape(body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def session(base_url: str, upstream: FakeUpstream, folder: Path) -> list[dict[str, Any]]:
+def session(base_url: str, upstream: FakeUpstream, folder: Path, model: str) -> list[dict[str, Any]]:
     """`gemini -p "run echo hi" --yolo`, then `--resume latest -p "say bye"`: the bodies the fake got."""
     upstream.gemini.reset()
     script(upstream)
     with GeminiAgent(base_url, folder) as agent:
-        first = agent.run("run echo hi", model=MODEL)
+        first = agent.run("run echo hi", model=model)
         assert (first["exit_code"], first["response"]) == (0, "The command printed: hi"), first
         upstream.enqueue(Reply.text("Goodbye!"))
-        resumed = agent.run("say bye", model=MODEL, resume=True)
+        resumed = agent.run("say bye", model=model, resume=True)
         assert (resumed["exit_code"], resumed["response"], resumed["session_id"]) == (0, "Goodbye!", first["session_id"])
         assert agent.egress.attempts == []  # nothing but loopback
     return upstream.gemini.requests()
 
 
+@pytest.mark.parametrize("model", MODELS)
 def test_gemini_cli_runs_a_tool_loop_through_the_proxy_and_resumes_in_one_conversation(
-    make_proxy: MakeProxy, upstream: FakeUpstream, tmp_path: Path
+    make_proxy: MakeProxy, upstream: FakeUpstream, tmp_path: Path, model: str
 ) -> None:
-    direct = session(upstream.gemini.base_url, upstream, tmp_path / "direct")
+    direct = session(upstream.gemini.base_url, upstream, tmp_path / "direct", model)
     proxy = make_proxy(upstream={"gemini_base_url": upstream.gemini.base_url})
-    through = session(proxy.url, upstream, tmp_path / "proxied")
+    through = session(proxy.url, upstream, tmp_path / "proxied", model)
 
     records = [r for r in upstream.requests if r.path.startswith("/v1beta/")]
     assert records and all(r.status_sent == 200 for r in records)  # none refused
