@@ -322,3 +322,16 @@ def test_a_stream_the_upstream_breaks_off_ends_in_an_error_event_and_is_kept_inc
     assert [e["error"] for e in events if "error" in e] == [events[-1]["error"]]  # once
     # The request failed (the reply never came whole), the part that came is kept as incomplete.
     assert [m["status"] for m in trajectory(http, "broken-1")] == ["failed", "incomplete"]
+
+
+def test_an_empty_model_content_echoed_back_is_kept_and_never_sent(proxy: ProxyServer, upstream: FakeUpstream, http: httpx.Client) -> None:
+    """A reply that held only the proxy's calls (past the read-back limit) reaches the client
+    empty; a client that echoes it as a model content without parts is not refused for it."""
+    contents = [{"role": "user", "parts": [{"text": "hi"}]}, {"role": "model", "parts": []}, {"role": "user", "parts": [{"text": "again"}]}]
+    response = httpx.post(
+        proxy.url + f"/v1beta/models/{MODEL}:generateContent", json={"contents": contents},
+        headers={"x-goog-api-key": ALICE, "X-Conversation-ID": "empty-1"}, timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    assert upstream.gemini.requests()[-1]["contents"] == [contents[0], contents[2]]  # the fake refuses empty parts
+    assert [m["role"] for m in live_messages(http, "empty-1")] == ["user", "model", "user", "model"]

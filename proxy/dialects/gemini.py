@@ -503,7 +503,9 @@ def _validate_part(raw: Any, i: int) -> None:
     if raw.get("role", "user") not in ("user", "model"):
         raise InvalidRequest("Please use a valid role: user, model.", param="contents")
     parts = raw.get("parts")
-    if not isinstance(parts, list) or not parts:
+    # A model content may come back empty: a reply that held only the proxy's calls, echoed by the
+    # client. It is stored as it came and never sent (rebuild_contents), as the API refuses it.
+    if not isinstance(parts, list) or (not parts and raw.get("role") != "model"):
         raise InvalidRequest(f"{where}: contents.parts must not be empty.", param="contents")
     for part in parts:
         if not isinstance(part, dict):
