@@ -189,9 +189,9 @@ class OneMessageRelay:
 
 
 class Dialect(Protocol):
-    name: str  # "chat", "responses", "messages": also the conversation's stored format
+    name: str  # "chat", "responses", "messages", "gemini": also the conversation's stored format
     codec: Codec
-    transcript_key: str  # the body field that holds the transcript ("messages", "input")
+    transcript_key: str  # the body field that holds the transcript ("messages", "input", "contents")
     # Whether a later request may name a reply by its id (Responses' previous_response_id): the
     # store then keeps which conversation owns it (`response_owner`).
     names_replies: bool
