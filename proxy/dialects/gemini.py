@@ -240,8 +240,11 @@ class GeminiDialect(JSONBody):
         message = content if "role" in content else {"role": "model", **content}
         return orjson.dumps(parsed), ReplyRead([message], list(calls_of(content["parts"])), reply.usage, reply.response_id)
 
-    def relay(self) -> GeminiRelay:
-        return GeminiRelay()
+    def relay(self, anchor: str | None = None) -> GeminiRelay:
+        return GeminiRelay()  # a Gemini request names no earlier reply: no anchor to echo
+
+    def echo_anchor(self, data: bytes, anchor: str) -> bytes:
+        return data
 
     def error_body(self, exc: ProxyError) -> dict[str, Any]:
         return error_body(exc)
