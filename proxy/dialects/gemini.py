@@ -181,6 +181,11 @@ class GeminiDialect(JSONBody):
         )
         return [system, first_user]
 
+    def thread_basis(self, body: dict[str, Any], raws: Sequence[Raw]) -> Any:
+        """A session thread's: its run's basis and its function names (main's JSONBody reads
+        chat's and Messages' tool lists; Gemini's are under functionDeclarations)."""
+        return [self.identity_basis(body, raws), sorted(str(d.get("name")) for d in declarations(body))]
+
     def reply_reserve(self, body: dict[str, Any]) -> int:
         config = body.get("generationConfig", body.get("generation_config"))
         if not isinstance(config, dict):
