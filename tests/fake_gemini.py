@@ -124,7 +124,9 @@ class GeminiAPI:
             return _respond(record, {"totalTokens": _prompt_tokens(body)}, 200)
         stream = method == "streamGenerateContent"
         call = GeminiCall(record.path, model, stream, body, record.headers, record.query)
-        reply = self.host._take_reply(body, self._calls_as_bodies(call))
+        reply = self.host._take_reply(body, [])  # the host's log of bodies is not ours: ours holds the call
+        with self.host._lock:
+            self._calls.append(call)
         if reply.kind == "error":
             return _respond(record, _error_body(reply.status, reply.body), reply.status)
         if reply.kind == "hang":
@@ -138,10 +140,6 @@ class GeminiAPI:
         if reply.error_after_chunks is not None:
             return _respond(record, google_error(500, "An internal error has occurred."), 500)
         return _respond(record, answer, 200)
-
-    def _calls_as_bodies(self, call: GeminiCall) -> list[Any]:
-        """The host logs accepted bodies in a list it appends to: ours logs the whole call."""
-        return _CallLog(self._calls, call)
 
     def _admit(self, request: web.Request, record: Recorded, model: str, method: str) -> dict[str, Any]:
         key = request.headers.get("x-goog-api-key") or request.query.get("key")
@@ -261,17 +259,6 @@ class GeminiAPI:
         except ConnectionError:
             self.host._note_client_gone(reply)
         return response
-
-
-class _CallLog(list):
-    """What FakeUpstream._take_reply appends an accepted body to: our log of calls, with the call."""
-
-    def __init__(self, calls: list[GeminiCall], call: GeminiCall) -> None:
-        super().__init__()
-        self._log, self._call = calls, call
-
-    def append(self, body: Any) -> None:  # under the host's lock
-        self._log.append(self._call)
 
 
 def _prompt_tokens(body: dict[str, Any]) -> int:
