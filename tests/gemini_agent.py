@@ -69,10 +69,11 @@ class GeminiAgent:
     def close(self) -> None:
         self.egress.close()
 
-    def run(self, task: str, model: str = "gemini-2.5-pro", resume: bool = False, timeout: float = 120) -> dict[str, Any]:
-        """Run one headless turn; return Gemini CLI's JSON result (`response`, `stats`, and
-        `error` for a failed one) with its exit code as `exit_code`."""
-        command = [str(GEMINI), "-p", task, "-m", model, "--yolo", "--output-format", "json"]
+    def run(self, task: str, model: str | None = "gemini-2.5-pro", resume: bool = False, timeout: float = 120) -> dict[str, Any]:
+        """Run one headless turn (`model` None: the CLI's own router picks one); return Gemini
+        CLI's JSON result (`response`, `stats`, and `error` for a failed one) with its exit code
+        as `exit_code`."""
+        command = [str(GEMINI), "-p", task, *(["-m", model] if model else []), "--yolo", "--output-format", "json"]
         if resume:
             command += ["--resume", "latest"]
         try:

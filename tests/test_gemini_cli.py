@@ -78,3 +78,30 @@ def test_gemini_cli_runs_a_tool_loop_through_the_proxy_and_resumes_in_one_conver
         assert {m["status"] for m in trajectory(http, listed[0]["id"], TEST_KEY)} == {"live"}
     assert [m["role"] for m in stored] == ["user", "model", "user", "model", "user", "model"]
     assert stored[-1]["parts"] == [{"text": "Goodbye!"}]
+
+
+def test_without_a_model_the_clis_router_call_is_a_conversation_of_its_own(
+    make_proxy: MakeProxy, upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """No `-m`: the CLI first asks a small model to rate the task (JSON mode, a system instruction
+    of its own), then runs it on the model the rating picks: the rating is a thread of its own."""
+
+    def model(body: dict[str, Any]) -> Reply:
+        if "Task Routing AI" in json.dumps(body.get("systemInstruction")):
+            return Reply.text(json.dumps({"complexity_reasoning": "one command", "complexity_score": 10}))
+        if any("functionResponse" in p for c in body["contents"] for p in c["parts"]):
+            return Reply.text("The command printed: hi")
+        return Reply.tool_calls([("run_shell_command", json.dumps({"command": "echo hi"}))])
+
+    upstream.responder = model
+    proxy = make_proxy(upstream={"gemini_base_url": upstream.gemini.base_url})
+    with GeminiAgent(proxy.url, tmp_path) as agent:
+        done = agent.run("run echo hi", model=None)
+        assert (done["exit_code"], done["response"]) == (0, "The command printed: hi"), done
+    router, *turns = upstream.gemini.calls()
+    assert not router.stream and router.body["generationConfig"]["responseMimeType"] == "application/json"
+    assert len(turns) == 2 and all(t.stream and t.model == turns[0].model for t in turns)
+    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+        listed = admin_get(http, "", TEST_KEY).json()["data"]
+        sizes = sorted(len(live_messages(http, c["id"], TEST_KEY)) for c in listed)
+        assert sizes == [3, 4]  # the rating (two user contents, its answer); the run (task, call, response, answer)
