@@ -18,14 +18,16 @@ test: $(STAMP)
 	scripts/ensure-chromium.sh
 	scripts/ensure-claude.sh
 	scripts/ensure-codex.sh
+	scripts/ensure-gemini.sh
 	$(VENV)/bin/python -m pytest
 
-# The same phases over the Responses API and Anthropic Messages (LiteLLM is measured over chat
+# The same phases over the Responses API, Anthropic Messages and the Gemini API (LiteLLM is measured over chat
 # completions only; memory once is enough: it does not depend on the wire format).
 bench: $(STAMP)
 	$(VENV)/bin/python -m bench.run
 	$(VENV)/bin/python -m bench.run --wire responses --skip-memory
 	$(VENV)/bin/python -m bench.run --wire messages --skip-memory
+	$(VENV)/bin/python -m bench.run --wire gemini --skip-memory
 	$(VENV)/bin/python -m bench.formats
 
 bench-profile: $(STAMP)

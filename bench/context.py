@@ -34,7 +34,8 @@ tiktoken over messages and tool schemas):
 
 The client side and the reading of the upstream's requests sit behind `Wire` (one per wire
 format: Chat Completions, the Responses API as Codex sends it, Anthropic Messages as Claude Code
-sends it), so the same run goes over each (`--wire`), one table per wire format.
+sends it, the Gemini API as Gemini CLI sends it), so the same run goes over each (`--wire`), one
+table per wire format.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from proxy.state import COMPACTION
 from proxy.tokens import TokenCounter
 from tests.fake_upstream import FakeUpstream, Reply, ToolCall
 from tests.harness import LoopThread, ProxyServer, proxy_settings
-from tests.responders import READ_TOOL, REF, is_summary_request, is_tool_summary_request
+from tests.responders import READ_TOOL, REF, SUMMARIZER_MARK, TOOL_SUMMARY_MARK, is_summary_request, is_tool_summary_request
 
 MODEL = "gpt-4o-mini"
 KEY = "sk-bench-context"
@@ -200,6 +201,12 @@ def neutral(body: dict[str, Any]) -> tuple[list[Message], list[dict[str, Any]]]:
     """A request of any wire format as chat messages and chat-shaped tools: the bench's one
     reading of a prompt (a function call joins the assistant message before it, as chat has it;
     an Anthropic `system` comes first, a block a message)."""
+    if "contents" in body:  # Gemini
+        system = [{"role": "system", "content": p["text"]} for p in (body.get("systemInstruction") or {}).get("parts", [])]
+        tools = [{"type": "function", "function": {"name": d["name"], "description": d.get("description", ""),
+                                                   "parameters": d.get("parametersJsonSchema") or {}}}
+                 for t in body.get("tools") or () for d in t.get("functionDeclarations") or ()]
+        return system + [m for content in body["contents"] for m in from_gemini(content)], tools
     if "messages" in body and "max_tokens" in body and "system" in body:  # Anthropic Messages
         system = body["system"]
         blocks = [{"type": "text", "text": system}] if isinstance(system, str) else system
@@ -327,8 +334,96 @@ def from_anthropic(message: Message) -> list[Message]:
     return results + ([{"role": message["role"], "content": _text(rest)}] if rest else [])
 
 
-WIRES: dict[str, type[ChatWire | ResponsesWire | MessagesWire]] = {
-    "chat": ChatWire, "responses": ResponsesWire, "messages": MessagesWire,
+class GeminiWire:
+    """The same run over the Gemini API as Gemini CLI sends it: the system prompt as
+    `systemInstruction`, calls as `functionCall` parts with their ids, each step's results as
+    `functionResponse` parts of one user content; the summarizer is asked at the Gemini API too
+    (the request's own model, in Gemini's format). The fake gives its calls the scripted ids."""
+
+    name = "gemini"
+
+    def prepare(self, upstream: FakeUpstream) -> None:
+        upstream.gemini.call_ids = True
+
+    def ask(self, http: httpx.Client, run: Run, transcript: list[Message]) -> tuple[int, Message | None]:
+        response = http.post(
+            f"/v1beta/models/{MODEL}:generateContent",
+            json={"contents": to_gemini(transcript[1:]), "systemInstruction": {"parts": [{"text": transcript[0]["content"]}]},
+                  "tools": [{"functionDeclarations": [gemini_declaration(t) for t in run.tools]}]},
+            headers={"x-goog-api-key": KEY, "X-Conversation-ID": "bench"},
+        )
+        if response.status_code != 200:
+            return response.status_code, None
+        return 200, from_gemini(response.json()["candidates"][0]["content"])[0]
+
+    def prompts(self, upstream: FakeUpstream) -> list[Prompt]:
+        out = []
+        for index, record in enumerate(upstream.requests):
+            body = record.body
+            if ":generateContent" not in record.path or not isinstance(body, dict) or "contents" not in body:
+                continue
+            summary = is_gemini_summary(body)
+            refused = 400 <= record.status_sent < 500
+            messages, tools = neutral(body)
+            out.append(Prompt(messages, tools, summary, SUMMARY_TEXT if summary else "", refused, index))
+        return out
+
+
+def is_gemini_summary(body: dict[str, Any]) -> bool:
+    system = "".join(p.get("text", "") for p in (body.get("systemInstruction") or {}).get("parts", []))
+    return SUMMARIZER_MARK in system or TOOL_SUMMARY_MARK in system
+
+
+def gemini_declaration(tool: dict[str, Any]) -> dict[str, Any]:
+    fn = tool["function"]
+    return {"name": fn["name"], "description": fn.get("description", ""), "parametersJsonSchema": fn["parameters"]}
+
+
+def to_gemini(messages: list[Message]) -> list[Message]:
+    """Chat messages (after the system prompt) as Gemini contents: a step's tool results make one
+    user content (a user message after them is a content of its own, as Gemini CLI sends it)."""
+    out: list[Message] = []
+    names: dict[str, str] = {}
+    for message in messages:
+        role = message["role"]
+        if role == "assistant":
+            parts: list[Message] = [{"text": message["content"]}] if message.get("content") else []
+            for c in message.get("tool_calls") or ():
+                names[c["id"]] = c["function"]["name"]
+                parts.append({"functionCall": {"id": c["id"], "name": c["function"]["name"], "args": json.loads(c["function"]["arguments"])}})
+            out.append({"role": "model", "parts": parts})
+        elif role == "tool":
+            part = {"functionResponse": {"id": message["tool_call_id"], "name": names.get(message["tool_call_id"], "tool"),
+                                         "response": {"output": message["content"]}}}
+            if out and out[-1]["role"] == "user" and "functionResponse" in out[-1]["parts"][-1]:
+                out[-1]["parts"].append(part)
+            else:
+                out.append({"role": "user", "parts": [part]})
+        else:
+            out.append({"role": "user", "parts": [{"text": message["content"]}]})
+    return out
+
+
+def from_gemini(content: Message) -> list[Message]:
+    """One Gemini content as the chat messages it stands for (the run's own shapes)."""
+    parts = [p for p in content.get("parts") or () if not p.get("thought")]
+    text = "".join(p["text"] for p in parts if isinstance(p.get("text"), str))
+    if content.get("role") == "model":
+        calls = [{"id": p["functionCall"].get("id") or p["functionCall"]["name"], "type": "function",
+                  "function": {"name": p["functionCall"]["name"], "arguments": json.dumps(p["functionCall"].get("args") or {})}}
+                 for p in parts if "functionCall" in p]
+        out: Message = {"role": "assistant", "content": text or None}
+        if calls:
+            out["tool_calls"] = calls
+        return [{k: v for k, v in out.items() if v is not None}]
+    results = [{"role": "tool", "tool_call_id": p["functionResponse"].get("id") or p["functionResponse"]["name"],
+                "content": str((p["functionResponse"].get("response") or {}).get("output", ""))}
+               for p in parts if "functionResponse" in p]
+    return results + ([{"role": "user", "content": text}] if text else [])
+
+
+WIRES: dict[str, type[ChatWire | ResponsesWire | MessagesWire | GeminiWire]] = {
+    "chat": ChatWire, "responses": ResponsesWire, "messages": MessagesWire, "gemini": GeminiWire,
 }
 
 
@@ -343,7 +438,7 @@ class ScriptedModel:
         self.made = 0
 
     def __call__(self, body: dict) -> Reply:
-        if "messages" in body and (is_summary_request(body) or is_tool_summary_request(body)):
+        if "messages" in body and (is_summary_request(body) or is_tool_summary_request(body)) or is_gemini_summary(body):
             return Reply.text(SUMMARY_TEXT)
         messages, tools = neutral(body)
         offered = any((t.get("function") or {}).get("name") == READ_TOOL for t in tools)
@@ -372,10 +467,14 @@ class Result:
 
 def run_config(loop: LoopThread, upstream: FakeUpstream, wire: Wire, name: str, overrides: dict[str, Any], run: Run) -> Result:
     upstream.reset()
+    prepare = getattr(wire, "prepare", None)
+    if prepare is not None:  # what the wire needs of the fake (Gemini: ids on its calls)
+        prepare(upstream)
     model = ScriptedModel()
     upstream.responder = model
     with tempfile.TemporaryDirectory() as data:
-        sections = {**overrides, "upstream": {"anthropic_base_url": upstream.anthropic.base_url, **overrides.get("upstream", {})}}
+        own = {"anthropic_base_url": upstream.anthropic.base_url, "gemini_base_url": upstream.gemini.base_url}
+        sections = {**overrides, "upstream": {**own, **overrides.get("upstream", {})}}
         proxy = ProxyServer(loop, proxy_settings(upstream.base_url, Path(data), **sections)).start()
         transcript: list[Message] = [{"role": "system", "content": run.system}, {"role": "user", "content": run.task}]
         transcripts: list[list[Message]] = []

@@ -60,7 +60,7 @@ class Case:
         self.next += 1
         started = time.perf_counter()
         response = http.post(
-            f"http://127.0.0.1:{self.proxy.port}/v1{self.format.path}", content=conversation.body(model, self.stream),
+            self.format.url(f"http://127.0.0.1:{self.proxy.port}/v1", model, self.stream), content=conversation.body(model, self.stream),
             headers={"Content-Type": "application/json", **self.format.headers(KEY, conversation.id)},
         )
         wall = 1000 * (time.perf_counter() - started)
@@ -93,6 +93,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     env = {
         "CONTEXT_PROXY_UPSTREAM__BASE_URL": f"http://127.0.0.1:{mock_port}/v1",
         "CONTEXT_PROXY_UPSTREAM__ANTHROPIC_BASE_URL": f"http://127.0.0.1:{mock_port}",
+        "CONTEXT_PROXY_UPSTREAM__GEMINI_BASE_URL": f"http://127.0.0.1:{mock_port}",
         "CONTEXT_PROXY_LOGGING__LEVEL": "WARNING",
     }
     proxies: dict[str, Proc] = {}

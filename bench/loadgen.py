@@ -46,7 +46,7 @@ ID_HEADER = "X-Conversation-ID"
 @dataclass
 class Pool:
     conversations: list[Any]  # the wire's full-history clients
-    url: str
+    url: str  # the target's base URL
     session: aiohttp.ClientSession
     wire: Wire
     named: bool = True  # whether requests carry the conversation's id in a header
@@ -74,7 +74,7 @@ async def one_request(pool: Pool, conv: Any, model: str, stream: bool, out: Outc
     first_turn = conv.turn == 0
     start = time.perf_counter()
     try:
-        async with pool.session.post(pool.url, data=body, headers=headers) as resp:
+        async with pool.session.post(pool.wire.url(pool.url, model, stream), data=body, headers=headers) as resp:
             if stream and resp.status == 200:
                 reads, first_byte, buf = 0, None, bytearray()
                 async for chunk in resp.content.iter_any():
@@ -175,7 +175,7 @@ async def handle(pools: dict[str, Pool], cmd: dict[str, Any]) -> dict[str, Any]:
             timeout=aiohttp.ClientTimeout(total=300),
         )
         wire = WIRES[cmd.get("wire", "chat")]
-        url = cmd["url"].rstrip("/") + wire.path
+        url = cmd["url"].rstrip("/")  # the wire's path goes after it, per request (Wire.url)
         conversations = [wire.make(c, cmd["kind"], n) for n, c in enumerate(cmd["ids"])]
         pools[cmd["pool"]] = Pool(conversations, url, session, wire, cmd.get("named", True))
         return {}

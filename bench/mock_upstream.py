@@ -15,7 +15,10 @@ model's tokens are spaced, so a proxy forwards them one by one instead of one co
 `POST /v1/messages` answers the same in Anthropic's format: a `message` with a text and a
 `tool_use` block, or as many SSE events (message_start ... message_stop) as a chat stream has chunks;
 `POST /v1/responses` in the Responses API's: a `response` with a message and a `function_call`
-item, or its events (response.created ... response.completed, numbered).
+item, or its events (response.created ... response.completed, numbered);
+`POST /v1{beta}/models/<model>:generateContent` (`:streamGenerateContent`) in Gemini's: a
+candidate with a text and a `functionCall` part, or as many `data:` chunks (the model name in the
+URL tells how many), the call in the last.
 """
 
 from __future__ import annotations
@@ -205,6 +208,37 @@ def responses_stream_parts(chunks: int) -> list[bytes]:
             for n, e in enumerate(events)]
 
 
+def _gemini_reply(call_id: bytes, prompt_tokens: int) -> bytes:
+    """A non-streamed GenerateContentResponse: a thought's text, then the call."""
+    call = {"functionCall": {"id": "@@ID@@", "name": CALL_NAME, "args": json.loads(CALL_ARGS)}}
+    body = _j({
+        "candidates": [{"content": {"role": "model", "parts": [{"text": THOUGHT}, call]}, "finishReason": "STOP", "index": 0}],
+        "usageMetadata": {"promptTokenCount": prompt_tokens, "candidatesTokenCount": 42, "totalTokenCount": prompt_tokens + 42},
+        "modelVersion": "bench", "responseId": "bench",
+    })
+    return body.replace(b"@@ID@@", call_id)
+
+
+@lru_cache(maxsize=64)
+def gemini_stream_parts(chunks: int) -> tuple[list[bytes], tuple[bytes, bytes]]:
+    """(text chunks, the final chunk split around its call's id): `chunks` events in all."""
+    n_text = max(1, chunks - 1)
+    words = (THOUGHT + " ") * (n_text // 8 + 1)
+    step = max(1, len(words) // n_text)
+    head = {"modelVersion": "bench", "responseId": "bench"}
+    texts = [
+        b"data: " + _j({"candidates": [{"content": {"role": "model", "parts": [{"text": words[i * step : (i + 1) * step]}]}, "index": 0}], **head}) + b"\r\n\r\n"
+        for i in range(n_text)
+    ]
+    call = {"functionCall": {"id": "@@ID@@", "name": CALL_NAME, "args": json.loads(CALL_ARGS)}}
+    final = b"data: " + _j({
+        "candidates": [{"content": {"role": "model", "parts": [call]}, "finishReason": "STOP", "index": 0}],
+        "usageMetadata": {"promptTokenCount": 1000, "candidatesTokenCount": chunks, "totalTokenCount": 1000 + chunks}, **head,
+    }) + b"\r\n\r\n"
+    a, b = final.split(b"@@ID@@")
+    return texts, (a, b)
+
+
 def _chunk_count(body: bytes) -> int:
     i = body.find(b"bench-s")
     if i < 0:
@@ -248,6 +282,15 @@ class Mock:
         tokens = len(body) // 4
         return web.Response(body=RESPONSES_REPLY % (call_id, tokens, tokens), content_type="application/json")
 
+    async def gemini(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        self.requests += 1
+        call_id = b"call_%08d" % next(_ids)
+        if request.match_info["method"] == "streamGenerateContent":
+            texts, (final_a, final_b) = gemini_stream_parts(_chunk_count(request.match_info["model"].encode()))
+            return await self._send(request, [*texts, final_a + call_id + final_b])
+        return web.Response(body=_gemini_reply(call_id, len(body) // 4), content_type="application/json")
+
     async def _stream(self, request: web.Request, call_id: bytes, chunks: int) -> web.StreamResponse:
         content, (call_a, call_b), closing = stream_parts(chunks)
         return await self._send(request, [*content, call_a + call_id + call_b, *closing])
@@ -276,6 +319,8 @@ def build_app(gap_s: float = 0.0) -> web.Application:
         app.router.add_post(path, mock.chat)
     app.router.add_post("/v1/messages", mock.messages)
     app.router.add_post("/v1/responses", mock.responses)
+    for version in ("v1", "v1beta"):
+        app.router.add_post(f"/{version}/models/{{model}}:{{method}}", mock.gemini)
     app.router.add_get("/v1/models", mock.models)
     app.router.add_get("/models", mock.models)
     app.router.add_get("/healthz", mock.stats)

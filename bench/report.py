@@ -12,7 +12,8 @@ from typing import Any
 from .stats import median
 
 WIRE_NAMES = {"chat": "chat completions", "responses": "the Responses API, as Codex sends it",
-              "messages": "Anthropic Messages, as Claude Code sends it"}
+              "messages": "Anthropic Messages, as Claude Code sends it",
+              "gemini": "the Gemini API, as Gemini CLI sends it"}
 
 # The side-by-side table: (key, header). tests/test_bench_smoke.py checks every one is printed.
 COLUMNS: list[tuple[str, str]] = [

@@ -279,6 +279,7 @@ class Bench:
             "CONTEXT_PROXY_UPSTREAM__BASE_URL": mock_url,
             # Only where it is needed: a tree from before the setting existed refuses it (proxy-base).
             **({"CONTEXT_PROXY_UPSTREAM__ANTHROPIC_BASE_URL": mock_url.removesuffix("/v1")} if self.args.wire == "messages" else {}),
+            **({"CONTEXT_PROXY_UPSTREAM__GEMINI_BASE_URL": mock_url.removesuffix("/v1")} if self.args.wire == "gemini" else {}),
             "CONTEXT_PROXY_STORAGE__PATH": str(self.tmp / f"store-{name}"),
             **PROXY_ENV,
             **(PIPELINE_OFF_ENV if name == "proxy-off" else {}),
@@ -722,7 +723,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
     p.add_argument("--base-src", help="source tree the proxy-base target runs (default: --proxy-src)")
     p.add_argument("--out", default=str(RESULTS), help="where results go (default bench/results)")
     p.add_argument("--wire", choices=sorted(WIRES), default="chat",
-                   help="the wire format every phase speaks (bench/wires.py): the same figures for Responses and Messages")
+                   help="the wire format every phase speaks (bench/wires.py): the same figures for Responses, Messages and Gemini")
     args = p.parse_args(argv)
     s = Settings(**vars(SMOKE)) if args.smoke else Settings()
     if args.smoke:

@@ -6,6 +6,7 @@ and bench/formats.py (the formats side by side).
     chat       /v1/chat/completions     bench/workload.py            (a coding agent's client)
     messages   /v1/messages?beta=true   bench/messages_workload.py   (Claude Code: its session id, a breakpoint)
     responses  /v1/responses            bench/responses_workload.py  (Codex: every item resent, store off)
+    gemini     /v1/models/{model}:...   bench/gemini_workload.py     (Gemini CLI: the model in the URL)
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .gemini_workload import GeminiConversation, assemble_chunks
 from .messages_workload import MessagesConversation, assemble_events
 from .responses_workload import ResponsesConversation, assemble_output
 from .workload import Conversation, Message, assemble_stream
@@ -27,12 +29,20 @@ class CutShort(ValueError):
 @dataclass(frozen=True)
 class Wire:
     name: str  # as the bench's tables name it
-    path: str  # under the target's base URL (which ends in /v1)
+    path: str  # under the target's base URL (which ends in /v1); {model} and {method}: see `url`
     make: Callable[[str, str, int], Any]  # (conversation id, transcript kind, index in its pool) -> a client
     # (api key, conversation id or None) -> request headers; None: the client names no conversation
     # (the zero-code-change agent, whose conversation the proxy derives from the transcript)
     headers: Callable[[str, str | None], dict[str, str]]
     advance: Callable[[Any, bytes, bool], None]  # the reply's bytes (JSON or SSE) into the client's transcript
+
+    def url(self, base: str, model: str, stream: bool) -> str:
+        """Where a request goes: `base` + the path, its model and method filled in where the
+        format puts them in the URL (Gemini)."""
+        if "{" not in self.path:
+            return base + self.path
+        method = "streamGenerateContent?alt=sse" if stream else "generateContent"
+        return base + self.path.format(model=model, method=method)
 
 
 def _sse_data(data: bytes) -> list[bytes]:
@@ -64,6 +74,13 @@ def _named(header: str, conversation_id: str | None) -> dict[str, str]:
     return {} if conversation_id is None else {header: conversation_id}
 
 
+def _gemini_advance(conversation: GeminiConversation, data: bytes, stream: bool) -> None:
+    parts = assemble_chunks(data.decode()) if stream else json.loads(data)["candidates"][0]["content"]["parts"]
+    if not any("functionCall" in part for part in parts):
+        raise CutShort("a reply without its functionCall")
+    conversation.advance(parts)
+
+
 WIRES = {
     "chat": Wire(
         "chat completions", "/chat/completions",
@@ -83,5 +100,11 @@ WIRES = {
         lambda cid, kind, i: ResponsesConversation(cid, kind, i),
         lambda key, cid: {"Authorization": f"Bearer {key}", **_named("X-Conversation-ID", cid)},
         _responses_advance,
+    ),
+    "gemini": Wire(
+        "gemini", "/models/{model}:{method}",
+        lambda cid, kind, i: GeminiConversation(cid, kind, i),
+        lambda key, cid: {"x-goog-api-key": key, **_named("X-Conversation-ID", cid)},
+        _gemini_advance,
     ),
 }

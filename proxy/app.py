@@ -12,7 +12,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from . import connections, guard
 from .admin_token import known_admin_token, new_admin_token
-from .api import admin, count_tokens, inbox, knowledge, models, turns, ui
+from .api import admin, count_tokens, gemini, inbox, knowledge, models, turns, ui
 from .api.passthrough import passthrough
 from .compaction import check_compactors
 from .compaction.runner import CompactionRunner
@@ -213,6 +213,7 @@ def build_app(settings: Settings) -> web.Application:
     ui.add_routes(app)
     guard.add_fallback_routes(app)  # the rest of /v1/conversations, /v1/knowledge, /healthz, /metrics: never upstream
     turns.add_routes(app)
+    gemini.add_routes(app)
     count_tokens.add_routes(app)
     if settings.models:  # else /v1/models stays plain passthrough
         models.add_routes(app)

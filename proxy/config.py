@@ -147,6 +147,9 @@ class UpstreamSettings(Section):
     anthropic_api_key: SecretStr | None = Field(
         None, description="Sent to the Anthropic API as x-api-key instead of the client's key when set."
     )
+    gemini_base_url: str = Field(
+        "https://generativelanguage.googleapis.com", description="Gemini API root for Gemini requests (no /v1beta)."
+    )
 
     @model_validator(mode="after")
     def _one_credential(self) -> UpstreamSettings:

@@ -44,9 +44,20 @@ def tenant_of(api_key: str | None) -> str:
     return hashlib.sha256(b"context-proxy tenant\0" + api_key.encode()).hexdigest()[:24]
 
 
+# A Gemini client's `?key=` on a Gemini route (proxy/api/gemini.py): the key of that request.
+QUERY_API_KEY = web.RequestKey("query_api_key", str)
+
+
 def api_key(request: web.Request) -> str | None:
-    """The client's API key: its Bearer token, or Anthropic's `x-api-key` header."""
-    return bearer_token(request) or (request.headers.get("x-api-key") or "").strip() or None
+    """The client's API key: its Bearer token, Anthropic's `x-api-key` header, Google's
+    `x-goog-api-key`, or on a Gemini route its `?key=`."""
+    return (
+        bearer_token(request)
+        or (request.headers.get("x-api-key") or "").strip()
+        or (request.headers.get("x-goog-api-key") or "").strip()
+        or request.get(QUERY_API_KEY)
+        or None
+    )
 
 
 def request_tenant(request: web.Request, settings: ConversationSettings) -> str:

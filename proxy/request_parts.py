@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 # Where a format's request carries its system prompt apart from the transcript (chat: in it; a
 # format whose system prompt is an object, Gemini's `systemInstruction`, is kept as one).
-SYSTEM_KEYS = {"messages": "system", "responses": "instructions"}
+SYSTEM_KEYS = {"messages": "system", "responses": "instructions", "gemini": "systemInstruction"}
 TOOLS_KEY = "tools"
 KINDS_OF = {SYSTEM_PART: (str, list, dict), TOOLS_PART: list}  # what is kept (anything else: the upstream's to refuse)
 MAX_REMEMBERED = 4096  # conversations whose last parts' hashes are held (~200 bytes each)

@@ -2,7 +2,8 @@
 
 By default it is the request's own model at the same upstream, with the client's credentials,
 asked in chat completions, or for an Anthropic Messages conversation in Messages at the Anthropic
-API (Claude Code's key opens no OpenAI API); `summarizer.model` names another, asked in chat. Its prompts are files in `proxy/prompts/`. Every request
+API (Claude Code's key opens no OpenAI API), for a Gemini one in Gemini's format at the Gemini
+API; `summarizer.model` names another, asked in chat. Its prompts are files in `proxy/prompts/`. Every request
 carries a `max_tokens`. A failure raises SummarizerFailed (compaction logs, counts and retries
 later) or, for tool outputs, returns None so the caller falls back to a preview: nothing is lost
 either way. An answer that only echoes its prompt back (small models do) is a failure too, and a
@@ -29,6 +30,7 @@ from .errors import ProxyError
 from .inflight import InFlight
 from .telemetry import NO_TELEMETRY, Telemetry
 from .upstream import Upstream
+from .upstream.base import GeminiRequest
 
 log = logging.getLogger("proxy.summarizer")
 
@@ -36,6 +38,8 @@ log = logging.getLogger("proxy.summarizer")
 MAX_TOOL_INPUT_CHARS = 120_000
 TOOL_SUMMARY_MAX_TOKENS = 600  # the tool-output prompt asks for about 300 words
 # Models that refuse `max_tokens` and take `max_completion_tokens` instead (OpenAI's reasoning models).
+# Formats whose conversations' summaries are asked in that format of their own model by default.
+OWN_WIRES = ("messages", "gemini")
 _COMPLETION_TOKENS_MODELS = re.compile(r"(?:^|/)(?:o\d|gpt-5)")
 # How providers say a request is over the model's context: OpenAI and litellm, llama.cpp, vLLM, Ollama.
 _TOO_LONG_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error", "string_above_max_length"})
@@ -86,9 +90,9 @@ class Summarizer:
         return self.settings.model or request_model
 
     def wire(self, dialect: str) -> str:
-        """The wire format a summary for a conversation in `dialect` is asked in: Messages for a
-        Messages conversation on its own model (its credentials are the Anthropic API's), else chat."""
-        return "messages" if dialect == "messages" and not self.settings.model else "chat"
+        """The wire format a summary for a conversation in `dialect` is asked in: its own for a
+        Messages or Gemini conversation on its own model (its credentials are that API's), else chat."""
+        return dialect if dialect in OWN_WIRES and not self.settings.model else "chat"
 
     async def tool_output(
         self, text: str, tool: str, model: str, headers: dict[str, str], dialect: str = "chat"
@@ -127,6 +131,8 @@ class Summarizer:
         body: dict[str, Any]
         if wire == "messages":
             body = {"model": model, "max_tokens": max_tokens, "system": system, "messages": [{"role": "user", "content": user}]}
+        elif wire == "gemini":
+            body = gemini_summary_request(model, system, user, max_tokens)
         else:
             limit = "max_completion_tokens" if _COMPLETION_TOKENS_MODELS.search(model) else "max_tokens"
             body = {
@@ -169,6 +175,8 @@ class Summarizer:
         parsed = json.loads(data)
         if wire == "messages":
             return _messages_completion(parsed)
+        if wire == "gemini":
+            return _gemini_completion(parsed)
         choice = parsed["choices"][0]
         content = choice["message"]["content"]
         if not isinstance(content, str) or not content.strip():
@@ -190,6 +198,32 @@ def _messages_completion(parsed: dict[str, Any]) -> Completion:
     usage = parsed.get("usage") or {}
     tokens_in = sum(int(usage.get(k) or 0) for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"))
     return Completion(text.strip(), tokens_in, int(usage.get("output_tokens") or 0), cut=parsed.get("stop_reason") == "max_tokens")
+
+
+def gemini_summary_request(model: str, system: str, user: str, max_tokens: int) -> GeminiRequest:
+    return GeminiRequest(
+        {
+            "systemInstruction": {"parts": [{"text": system}]},
+            "contents": [{"role": "user", "parts": [{"text": user}]}],
+            "generationConfig": {"maxOutputTokens": max_tokens},
+        },
+        model,
+        stream=False,
+    )
+
+
+def _gemini_completion(parsed: dict[str, Any]) -> Completion:
+    """A Gemini reply's text (its thoughts aside) as a Completion (thoughts are output too)."""
+    candidate = parsed["candidates"][0]
+    parts = (candidate.get("content") or {}).get("parts") or []
+    text = "".join(p.get("text") or "" for p in parts if isinstance(p, dict) and not p.get("thought"))
+    if not text.strip():
+        raise SummarizerFailed("empty summary")
+    usage = parsed.get("usageMetadata") or {}
+    tokens_out = int(usage.get("candidatesTokenCount") or 0) + int(usage.get("thoughtsTokenCount") or 0)
+    return Completion(
+        text.strip(), int(usage.get("promptTokenCount") or 0), tokens_out, cut=candidate.get("finishReason") == "MAX_TOKENS"
+    )
 
 
 def echoes(answer: str, prompt_text: str) -> bool:

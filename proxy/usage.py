@@ -44,6 +44,9 @@ class TokenUsage:
         if "cache_read_input_tokens" in usage or "cache_creation_input_tokens" in usage:  # Anthropic
             read, written = _int(usage.get("cache_read_input_tokens")), _int(usage.get("cache_creation_input_tokens"))
             return cls(_int(usage.get("input_tokens")) + read + written, _int(usage.get("output_tokens")), read, written)
+        if "promptTokenCount" in usage or "candidatesTokenCount" in usage:  # Gemini: thoughts are output too
+            output = _int(usage.get("candidatesTokenCount")) + _int(usage.get("thoughtsTokenCount"))
+            return cls(_int(usage.get("promptTokenCount")), output, _int(usage.get("cachedContentTokenCount")))
         if "input_tokens" in usage or "output_tokens" in usage:  # Responses (or Anthropic without caching)
             details = usage.get("input_tokens_details")
             cached = _int(details.get("cached_tokens")) if isinstance(details, Mapping) else 0

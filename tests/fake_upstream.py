@@ -1,6 +1,7 @@
 """A scripted, strict server used as the test upstream: Chat Completions here, the Responses API
 (``POST /v1/responses``) in ``fake_responses``, Anthropic Messages (``/v1/messages``) in
-``fake_anthropic``, all three from the same script.
+``fake_anthropic``, the Gemini API (``/v1beta/models/...``) in ``fake_gemini``, all from the same
+script.
 
 Strict: it refuses (HTTP 400, OpenAI error shape) every request the real API refuses per
 /work/shared/OPENAI-RULES.md (and RESPONSES-RULES.md), so a proxy that leaks its own fields or
@@ -806,10 +807,22 @@ def last_user_text(body: dict) -> str:
     A message of tool results only (Messages' ``tool_result`` blocks) has no text."""
     if isinstance(body.get("input"), str):
         return body["input"]
+    if "contents" in body:  # Gemini: user contents' text parts
+        return _gemini_user_text(body["contents"])
     messages = body.get("messages") if "messages" in body else body.get("input")
     for message in reversed(messages if isinstance(messages, list) else []):
         if isinstance(message, dict) and message.get("role") == "user":
             text = _text_of(message.get("content"))
+            if text:
+                return text
+    return ""
+
+
+def _gemini_user_text(contents: Any) -> str:
+    for content in reversed(contents if isinstance(contents, list) else []):
+        if isinstance(content, dict) and content.get("role", "user") == "user":
+            parts = content.get("parts") if isinstance(content.get("parts"), list) else []
+            text = "".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
             if text:
                 return text
     return ""
@@ -1013,10 +1026,12 @@ class FakeUpstream:
         self.port: int = 0
         # Imported here: those modules build on this one's replies and refusals.
         from tests.fake_anthropic import AnthropicMessages
+        from tests.fake_gemini import GeminiAPI
         from tests.fake_responses import ResponsesAPI
 
         self.anthropic = AnthropicMessages(self)  # POST /v1/messages, and what it issued
         self.responses = ResponsesAPI()  # POST /v1/responses, and what it stored
+        self.gemini = GeminiAPI(self)  # POST /v1beta/models/{model}:generateContent, ...
 
     # -- lifecycle --
 
@@ -1026,6 +1041,7 @@ class FakeUpstream:
         app.router.add_post("/v1/responses", self._handle_responses)
         app.router.add_get("/v1/models", self._handle_models)
         app.router.add_routes(self.anthropic.routes())
+        app.router.add_routes(self.gemini.routes())
         app.router.add_route("*", "/{tail:.*}", self._handle_other)
         # handler_cancellation: a client leaving cancels its handler, which is how a parked
         # reply learns about it. A short shutdown_timeout keeps close() quick.
@@ -1093,6 +1109,7 @@ class FakeUpstream:
             self._responses_bodies.clear()
             self._responder = default_responder
         self.anthropic.reset()
+        self.gemini.reset()
         self.responses.reset()  # the responses it stored and the reasoning it issued
 
     # -- handlers --

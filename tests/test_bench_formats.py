@@ -1,5 +1,5 @@
 """The wire-format bench (bench/formats.py, part of `make bench`) works end to end in a tiny run,
-and the Messages transcript it sends is one the real Anthropic API accepts, turn after turn."""
+and the Messages and Gemini transcripts it sends are ones the real APIs accept, turn after turn."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.gemini_workload import GeminiConversation
 from bench.messages_workload import MessagesConversation
 from bench.responses_workload import ResponsesConversation
 from bench.mock_upstream import CALL_ARGS, CALL_NAME
 from tests.anthropic_rules import check_messages_request
+from tests.gemini_rules import SignatureIssuer, check_generate_request
 from tests.responses_checks import check_request
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,6 +59,17 @@ def test_the_responses_transcript_is_valid_turn_after_turn() -> None:
     assert body["input"][0]["role"] == "developer" and body["input"][-1]["call_id"] == "call_r1"
 
 
+def test_the_gemini_transcript_is_valid_turn_after_turn() -> None:
+    conversation = GeminiConversation("bench-1", "agent200")
+    for turn in range(3):
+        body = json.loads(conversation.body("bench-s16", stream=False))
+        check_generate_request(body, "bench-s16", SignatureIssuer())  # raises what the real API refuses
+        conversation.advance([{"text": "Next."}, {"functionCall": {"name": CALL_NAME, "args": json.loads(CALL_ARGS)}}])
+    assert len(body["contents"]) == 199 + 4 and body["contents"][0]["parts"][0]["text"].startswith("[bench-1]")
+    answer = body["contents"][-1]["parts"][0]["functionResponse"]
+    assert answer["id"] == body["contents"][-2]["parts"][1]["functionCall"]["id"]  # the client's own id, on both
+
+
 def test_the_formats_bench_runs_and_prints_its_table(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "bench.formats", "-n", "2", "--repeats", "1", "--conversations", "1", "--out", str(tmp_path)],
@@ -65,9 +78,9 @@ def test_the_formats_bench_runs_and_prints_its_table(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line]
     assert [r.split("|")[1].strip() for r in rows[1:]] == [
-        "chat completions json", "messages json", "responses json",
-        "chat completions stream", "messages stream", "responses stream",
+        "chat completions json", "messages json", "responses json", "gemini json",
+        "chat completions stream", "messages stream", "responses stream", "gemini stream",
     ]
     data = json.loads((tmp_path / "formats-latest.json").read_text())
-    assert set(data["vs_chat"]) == {f"{name} vs chat completions, {mode}" for name in ("messages", "responses") for mode in ("json", "stream")}
+    assert set(data["vs_chat"]) == {f"{name} vs chat completions, {mode}" for name in ("messages", "responses", "gemini") for mode in ("json", "stream")}
     assert all(row["cpu_ms"] > 0 for row in data["rows"].values())

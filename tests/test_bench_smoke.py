@@ -98,7 +98,7 @@ def test_bench_smoke_runs_every_target_and_prints_the_table(tmp_path: Path) -> N
     assert "seq_fast_path" not in rows["forwarder"] and "seq_fast_path" not in rows["floor"]
 
 
-@pytest.mark.parametrize("wire", ["responses", "messages"])
+@pytest.mark.parametrize("wire", ["responses", "messages", "gemini"])
 def test_bench_smoke_speaks_every_wire_format(tmp_path: Path, wire: str) -> None:
     """`--wire` runs the same phases in the Responses API's or Anthropic Messages' shape: every
     phase gets its replies (no errors), and the results say which format they measured."""

@@ -16,7 +16,7 @@ from ..dialects.messages import MESSAGES
 from ..errors import add_error_shape
 from ..request_parts import with_request_parts
 from ..state import ENGINE, ROUTER, UPSTREAM
-from ..upstream import forwardable
+from ..upstream import UpstreamReply, forwardable
 from .turns import read_turn
 
 
@@ -28,7 +28,11 @@ async def count_tokens(request: web.Request) -> web.Response:
     headers = report.headers()
     if app[ROUTER].is_litellm(report.model):
         return web.json_response({"input_tokens": report.tokens_sent or 0}, headers=headers)
-    reply = await app[UPSTREAM].count_tokens(managed, turn.headers, turn.query)
+    return await relayed(await app[UPSTREAM].count_tokens(managed, turn.headers, turn.query), headers)
+
+
+async def relayed(reply: UpstreamReply, headers: dict[str, str]) -> web.Response:
+    """The upstream's count as it came, with the turn's own headers."""
     try:
         data = await reply.read()
     finally:

@@ -1,6 +1,7 @@
 """Every path the proxy does not handle itself goes upstream untouched, streamed both ways: to
-the Anthropic API when the request is an Anthropic client's (it carries `anthropic-version`),
-else to the OpenAI-compatible base URL."""
+the Anthropic API when the request is an Anthropic client's (it carries `anthropic-version`), to
+the Gemini API when it is a Gemini client's (a `/v1beta/` path, or an `x-goog-api-key`), else to
+the OpenAI-compatible base URL."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ from urllib.parse import unquote
 from aiohttp import web
 
 from ..errors import InvalidRequest, ProxyError
-from ..identity import check_conversation_id
+from ..identity import QUERY_API_KEY, check_conversation_id
 from ..state import UPSTREAM
 from ..upstream import forwardable
 from .turns import OWN_HEADERS
 
 log = logging.getLogger("proxy.passthrough")
 ANTHROPIC_VERSION = "anthropic-version"
+GEMINI_KEY = "x-goog-api-key"
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
@@ -32,8 +34,13 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         path = "/" + rest
     data = await request.read() if request.body_exists else None
     upstream = request.app[UPSTREAM]
-    # An Anthropic client's other paths (batches, models, files...) go to its API.
-    send = upstream.send_anthropic if ANTHROPIC_VERSION in request.headers else upstream.send
+    # An Anthropic or Gemini client's other paths (batches, models, files...) go to its API.
+    if ANTHROPIC_VERSION in request.headers:
+        send = upstream.send_anthropic
+    elif path.startswith("/v1beta/") or GEMINI_KEY in request.headers or QUERY_API_KEY in request:
+        send = upstream.send_gemini
+    else:
+        send = upstream.send
     reply = await send(request.method, path, forwardable(request.headers, drop=OWN_HEADERS), data)
     try:
         response = web.StreamResponse(status=reply.status, headers=forwardable(reply.headers))

@@ -20,7 +20,7 @@ from ..dialects.messages import MESSAGES
 from ..dialects.responses import RESPONSES
 from ..engine import TurnReport, TurnRequest
 from ..errors import InvalidRequest, add_error_shape
-from ..identity import ConversationKey, explicit_conversation_id, request_tenant
+from ..identity import QUERY_API_KEY, ConversationKey, explicit_conversation_id, request_tenant
 from ..messages import MAX_DEPTH, too_deep
 from ..prefix import ParsedBody, run_fingerprint
 from ..request_limits import check_message_count, parse_json
@@ -133,6 +133,16 @@ class ResponseSink:
             await self.response.write_eof()
 
 
+def upstream_headers(request: web.Request, settings: Settings) -> dict[str, str]:
+    """What goes upstream with each of the turn's calls: the client's headers but ours; a Gemini
+    client's `?key=` as the header too, for the calls that carry no query (its summaries)."""
+    headers = dict(forwardable(request.headers, drop=OWN_HEADERS | {settings.conversation.id_header.lower()}))
+    query_key = request.get(QUERY_API_KEY)
+    if query_key is not None:
+        headers["x-goog-api-key"] = query_key
+    return headers
+
+
 async def turn_request(
     request: web.Request, dialect: Dialect, parsed: ParsedBody, tenant: str, conversation_id: str | None
 ) -> TurnRequest:
@@ -151,7 +161,7 @@ async def turn_request(
         history=history_mode(request, settings.conversation.history),
         profile=profile,
         compaction=compaction_control(request),
-        headers=dict(forwardable(request.headers, drop=OWN_HEADERS | {settings.conversation.id_header.lower()})),
+        headers=upstream_headers(request, settings),
         knowledge_namespace=knowledge_namespace(request, profile),
         query=request.query_string,
         parsed=parsed,
@@ -186,23 +196,28 @@ async def read_turn(
     return turn, key, report
 
 
+async def run_turn(request: web.Request, dialect: Dialect) -> web.StreamResponse:
+    """One managed turn of `dialect`, from the request to its response."""
+    app = request.app
+    turn, key, report = await read_turn(request, dialect)
+    await with_request_parts(app[ENGINE].store, app[ENGINE].request_parts, turn, key, report)
+    sink = ResponseSink(request)
+    try:
+        outcome = await app[ENGINE].run(turn, key, report, sink)
+    finally:  # failed turns are measured and logged too
+        report.observe(app[METRICS])
+        request[LOG_FIELDS].update(report.log_fields())
+    if outcome.body is None:
+        assert sink.response is not None
+        return sink.response
+    return web.Response(body=outcome.body, status=outcome.status, headers=outcome.headers)
+
+
 def managed(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     """The handler of one managed wire format."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        app = request.app
-        turn, key, report = await read_turn(request, dialect)
-        await with_request_parts(app[ENGINE].store, app[ENGINE].request_parts, turn, key, report)
-        sink = ResponseSink(request)
-        try:
-            outcome = await app[ENGINE].run(turn, key, report, sink)
-        finally:  # failed turns are measured and logged too
-            report.observe(app[METRICS])
-            request[LOG_FIELDS].update(report.log_fields())
-        if outcome.body is None:
-            assert sink.response is not None
-            return sink.response
-        return web.Response(body=outcome.body, status=outcome.status, headers=outcome.headers)
+        return await run_turn(request, dialect)
 
     return handler
 

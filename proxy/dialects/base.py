@@ -191,6 +191,13 @@ class OneMessageRelay:
     _seen: Any
     _round: Any
     _usage: dict[str, Any] | None
+    _ours: frozenset[str]
+
+    def _round_end(self, message: Raw, calls: list[Call]) -> RoundEnd:
+        """The round's reply (`message`, making `calls`), our calls and the client's apart."""
+        self._usage = self._round.usage or self._usage
+        reply = ReplyRead([message], calls, self._round.usage, response_id=self._round.id, complete=self._round.complete)
+        return RoundEnd(reply, [c for c in calls if c.name in self._ours], [c for c in calls if c.name not in self._ours])
 
     @property
     def finished(self) -> bool:
@@ -209,9 +216,9 @@ class OneMessageRelay:
 
 
 class Dialect(Protocol):
-    name: str  # "chat", "responses", "messages": also the conversation's stored format
+    name: str  # "chat", "responses", "messages", "gemini": also the conversation's stored format
     codec: Codec
-    transcript_key: str  # the body field that holds the transcript ("messages", "input")
+    transcript_key: str  # the body field that holds the transcript ("messages", "input", "contents")
     # Whether a later request may name a reply by its id (Responses' previous_response_id): the
     # store then keeps which conversation owns it (`response_owner`).
     names_replies: bool

@@ -11,10 +11,11 @@ from typing import Any
 from ..transcript import Codec
 from .base import Dialect
 from .chat import CHAT
+from .gemini import GEMINI
 from .messages import MESSAGES
 from .responses import RESPONSES
 
-DIALECTS: dict[str, Dialect] = {dialect.name: dialect for dialect in (CHAT, RESPONSES, MESSAGES)}
+DIALECTS: dict[str, Dialect] = {dialect.name: dialect for dialect in (CHAT, RESPONSES, MESSAGES, GEMINI)}
 DEFAULT_FORMAT = CHAT.name  # what a conversation without a turn record yet is read as
 
 

@@ -23,7 +23,7 @@ import orjson
 
 from ..errors import ProxyError
 from ..transcript import Call, Raw
-from .base import OneMessageRelay, ReplyRead, RoundEnd
+from .base import OneMessageRelay, RoundEnd
 
 log = logging.getLogger("proxy.messages")
 
@@ -264,11 +264,8 @@ class MessagesRelay(OneMessageRelay):
         return b"".join(out)
 
     def end_round(self) -> RoundEnd:
-        self._usage = self._round.usage or self._usage
         message = self._round.message()
-        calls = list(calls_of(message["content"]))
-        reply = ReplyRead([message], calls, self._round.usage, response_id=self._round.id, complete=self._round.complete)
-        return RoundEnd(reply, [c for c in calls if c.name in self._ours], [c for c in calls if c.name not in self._ours])
+        return self._round_end(message, list(calls_of(message["content"])))
 
     def release(self) -> bytes:
         if not self._ours:

@@ -31,7 +31,9 @@ LITELLM_PROVIDERS = {
     "xai": "x_ai",
 }
 # A wire format's own upstream speaks this provider's API.
-DIALECT_PROVIDERS = {"chat": "openai", "responses": "openai", "messages": "anthropic"}
+DIALECT_PROVIDERS = {"chat": "openai", "responses": "openai", "messages": "anthropic", "gemini": "gcp.gemini"}
+# Where a wire format's own upstream is, when not at `upstream.base_url`.
+DIALECT_BASE_URLS = {"messages": "anthropic_base_url", "gemini": "gemini_base_url"}
 # The conventions' refinement of the OpenAI flavour (`openai.api.type`).
 OPENAI_API_TYPES = {"chat": "chat_completions", "responses": "responses"}
 
@@ -75,5 +77,6 @@ class Providers:
             prefix, slash, _ = entry.litellm_model.partition("/")
             provider = LITELLM_PROVIDERS.get(prefix, prefix) if slash else "openai"
             return Served(provider, *_server(entry.api_base))
-        base_url = getattr(self.settings.upstream, "anthropic_base_url", None) if dialect == "messages" else None
+        setting = DIALECT_BASE_URLS.get(dialect)
+        base_url = getattr(self.settings.upstream, setting, None) if setting else None
         return Served(DIALECT_PROVIDERS.get(dialect, "openai"), *_server(base_url or self.settings.upstream.base_url))

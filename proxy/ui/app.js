@@ -137,8 +137,30 @@
     return blocks && blocks.length === 1 && blocks[0].type === "tool_result" ? blocks[0] : null;
   }
 
+  /** A stored Gemini content ({role, parts}) as the Anthropic message it reads like: its text,
+   * thought, functionCall and functionResponse parts as text, thinking, tool_use and tool_result
+   * blocks (a call without an id is known by its name, as the proxy knows it); else the message. */
+  function fromGemini(message) {
+    if (!Array.isArray(message.parts) || "content" in message) return message;
+    const idOf = (x) => (x && x.id) || `#${(x && x.name) || ""}`;
+    const blocks = message.parts.map((p) => {
+      if (!p || typeof p !== "object") return { type: "text", text: String(p) };
+      if (typeof p.text === "string") return p.thought ? { type: "thinking", thinking: p.text } : { type: "text", text: p.text };
+      if (p.functionCall) return { type: "tool_use", id: idOf(p.functionCall), name: p.functionCall.name, input: p.functionCall.args || {} };
+      if (p.functionResponse) {
+        const r = p.functionResponse.response || {};
+        const keys = Object.keys(r);
+        const text = keys.length === 1 && typeof r[keys[0]] === "string" ? r[keys[0]] : JSON.stringify(r);
+        return { type: "tool_result", tool_use_id: idOf(p.functionResponse), content: text };
+      }
+      return { type: Object.keys(p)[0] || "part" };
+    });
+    return { ...message, role: message.role === "model" ? "assistant" : message.role || "user", content: blocks };
+  }
+
   /** Characters of a message as the transcript holds it: content plus tool calls. */
   function charsOf(message) {
+    message = fromGemini(message);
     if (typeof message.type === "string") return responsesChars(message);
     const blocks = anthropicBlocks(message);
     if (blocks) {
@@ -769,6 +791,7 @@
 
     messageNode(m) {
       if (isResponsesItem(m, this.format)) return responsesItemNode(this, m);
+      m = fromGemini(m);
       const result = anthropicResult(m);
       if (result) return this.anthropicResultNode(m, result);
       const role = m.role || "unknown";

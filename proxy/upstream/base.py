@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
+from urllib.parse import quote
 
 import orjson
 
@@ -22,6 +23,23 @@ class EncodedBody(dict[str, Any]):
     def __init__(self, body: Mapping[str, Any], encoded: bytes) -> None:
         super().__init__(body)
         self.encoded = encoded
+
+
+class GeminiRequest(dict[str, Any]):
+    """A Gemini API request body with what that API puts in the URL instead: the model, whether
+    the reply streams, and the API version the client called (`v1beta`, `v1`)."""
+
+    __slots__ = ("model", "stream", "version")
+
+    def __init__(self, body: Mapping[str, Any], model: str, stream: bool, version: str = "v1beta") -> None:
+        super().__init__(body)
+        self.model, self.stream, self.version = model, stream, version
+
+    @property
+    def path(self) -> str:
+        """Its path under the API's root, the model percent-encoded."""
+        method = "streamGenerateContent" if self.stream else "generateContent"
+        return f"/{self.version}/models/{quote(self.model, safe='-._~')}:{method}"
 
 
 def encoded(body: Mapping[str, Any]) -> bytes:

@@ -1,5 +1,5 @@
-"""The raw passthrough: any OpenAI-compatible base URL, and the Anthropic API for Messages
-requests, over one pooled aiohttp session."""
+"""The raw passthrough: any OpenAI-compatible base URL, the Anthropic API for Messages requests
+and the Gemini API for Gemini ones, over one pooled aiohttp session."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from yarl import URL
 
 from ..config import UpstreamSettings
 from ..errors import InvalidRequest, ProxyError, UpstreamTimeout, UpstreamUnreachable
-from .base import encoded
+from .base import GeminiRequest, encoded
 from .limits import ReplyLimits, ReplyMeter
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and those aiohttp recomputes; never copied across.
@@ -32,12 +32,14 @@ _SEGMENT_SEPARATORS = re.compile(r"[/\\;]")
 
 
 # Where each managed wire format is sent: (which API, the path under its root). OpenAI paths are
-# under `base_url` (its /v1 included), Anthropic ones under `anthropic_base_url`.
+# under `base_url` (its /v1 included), Anthropic ones under `anthropic_base_url`. A Gemini
+# request's path is in its body (GeminiRequest.path), under `gemini_base_url`.
 ENDPOINTS = {
     "chat": ("openai", "/chat/completions"),
     "responses": ("openai", "/responses"),
     "messages": ("anthropic", "/v1/messages"),
 }
+GEMINI = "gemini"
 COUNT_TOKENS = "/v1/messages/count_tokens"
 
 
@@ -203,6 +205,7 @@ class HttpUpstream:
         )
         self.base_url = str(base.with_user(None)) if self._basic_auth else str(base)
         self.anthropic_base_url = settings.anthropic_base_url.rstrip("/")
+        self.gemini_base_url = settings.gemini_base_url.rstrip("/")
         self.turn_limits = ReplyLimits.for_turn(settings)
         self.passthrough_limits = ReplyLimits.for_passthrough(settings)
         self._session: aiohttp.ClientSession | None = None
@@ -232,6 +235,11 @@ class HttpUpstream:
             path_qs = path_qs[3:]
         return URL(self.base_url + path_qs, encoded=True)
 
+    @staticmethod
+    def _under(root: str, path_qs: str) -> URL:
+        """`path_qs` (as the client encoded it, its version prefix kept) under an API's root."""
+        return URL(root + checked_path(path_qs), encoded=True)
+
     def _auth(self, headers: CIMultiDict[str]) -> CIMultiDict[str]:
         if self.settings.api_key is not None:
             headers["Authorization"] = f"Bearer {self.settings.api_key.get_secret_value()}"
@@ -249,6 +257,8 @@ class HttpUpstream:
     async def call(
         self, dialect: str, body: Mapping[str, Any], headers: Mapping[str, str], query: str = ""
     ) -> HttpReply:
+        if dialect == GEMINI and isinstance(body, GeminiRequest):
+            return await self._post(GEMINI, body.path, body, headers, query)
         endpoint = ENDPOINTS.get(dialect)
         if endpoint is None:
             raise ValueError(f"no upstream endpoint for the {dialect!r} wire format")
@@ -264,11 +274,11 @@ class HttpUpstream:
     async def _post(
         self, api: str, path: str, body: Mapping[str, Any], headers: Mapping[str, str], query: str
     ) -> HttpReply:
-        """`body` as JSON to `path` of the OpenAI (`api` "openai") or the Anthropic API."""
+        """`body` as JSON to `path` of the OpenAI (`api` "openai"), the Anthropic or the Gemini API."""
         out = CIMultiDict(headers)
         out["Content-Type"] = "application/json"
         path_qs = path + (f"?{query}" if query else "")
-        send = self.send_anthropic if api == "anthropic" else self.send
+        send = self.send_anthropic if api == "anthropic" else self.send_gemini if api == GEMINI else self.send
         return await send("POST", path_qs, out, encoded(body), limits=self.turn_limits)
 
     async def send(
@@ -292,8 +302,23 @@ class HttpUpstream:
         limits: ReplyLimits | None = None,
     ) -> HttpReply:
         """`send` to the Anthropic API: its root (`path_qs` keeps its /v1), its key."""
-        url = URL(self.anthropic_base_url + checked_path(path_qs), encoded=True)
-        return await self._request(method, url, self._anthropic_auth(headers), data, limits)
+        return await self._request(method, self._under(self.anthropic_base_url, path_qs), self._anthropic_auth(headers), data, limits)
+
+    async def send_gemini(
+        self,
+        method: str,
+        path_qs: str,
+        headers: CIMultiDict[str],
+        data: bytes | None,
+        limits: ReplyLimits | None = None,
+    ) -> HttpReply:
+        """`send` to the Gemini API: its root (`path_qs` keeps its /v1beta), the client's key
+        (`x-goog-api-key`, or `?key=` in the query) as it came."""
+        return await self._request(method, self._under(self.gemini_base_url, path_qs), headers, data, limits)
+
+    async def gemini_post(self, path: str, body: Mapping[str, Any], headers: Mapping[str, str], query: str = "") -> HttpReply:
+        """`body` as JSON to `path` of the Gemini API (a managed prompt's `:countTokens`)."""
+        return await self._post(GEMINI, path, body, headers, query)
 
     async def _request(
         self, method: str, url: URL, headers: CIMultiDict[str], data: bytes | None, limits: ReplyLimits | None

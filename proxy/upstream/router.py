@@ -14,12 +14,14 @@ from . import litellm as litellm_upstream
 from .base import Upstream
 from .limits import ReplyLimits
 from .litellm import LiteLLMUpstream
+from .litellm_gemini import gemini_call
 from .litellm_messages import messages_call
 from .litellm_responses import call_responses
 
 # What a litellm route serves besides chat completions, each translated to chat and back: the
-# Responses API (Codex, the Agents SDK) and Anthropic Messages (Claude Code), on any model.
-FORMATS = {"responses": call_responses, "messages": messages_call}
+# Responses API (Codex, the Agents SDK), Anthropic Messages (Claude Code) and the Gemini API
+# (Gemini CLI), on any model.
+FORMATS = {"responses": call_responses, "messages": messages_call, "gemini": gemini_call}
 
 
 class UpstreamRouter:
