@@ -52,7 +52,7 @@ def test_a_tool_loop_on_an_openai_model_in_gemini_format(routed: ProxyServer, up
     assert [m["tool_call_id"] for m in chat["messages"][3:]] == ids and len(set(ids)) == 2
     assert [t["function"]["name"] for t in chat["tools"]] == ["run_build"]
     assert upstream.gemini.calls() == []  # nothing went to the Gemini API
-    with httpx.Client(base_url=routed.url, timeout=30) as http:
+    with httpx.Client(base_url=routed.url, timeout=30, auth=routed.admin_auth) as http:
         stored = live_messages(http, f"routed-{stream}")
     assert [m["role"] for m in stored] == ["user", "model", "user", "user", "model"]  # each response its own part
     assert [p["functionCall"]["id"] for p in stored[1]["parts"][1:]] == ids  # the provider's ids, on the calls

@@ -166,7 +166,7 @@ def test_an_inbox_message_goes_into_the_newest_function_response_once(
 def test_knowledge_goes_after_the_clients_system_and_its_tools_are_answered_out_of_sight(
     make_proxy: MakeProxy, upstream: FakeUpstream, stream: bool
 ) -> None:
-    proxy = gemini_proxy(make_proxy, upstream, knowledge={"enabled": True})
+    proxy = gemini_proxy(make_proxy, upstream, knowledge={"enabled": True, "editable": True})
     pitfall = "Run `make deps` before the first build."
     append = ("knowledge_append_section", json.dumps({"heading": "Setup pitfalls", "content": pitfall}))
     upstream.enqueue(Reply.tool_calls([append]), Reply.text("Noted."))
@@ -190,7 +190,7 @@ def test_knowledge_goes_after_the_clients_system_and_its_tools_are_answered_out_
     with httpx.Client(base_url=proxy.url, timeout=30) as http:
         document = http.get("/v1/knowledge", headers={"Authorization": f"Bearer {ALICE}"}).json()
         assert pitfall in document["text"]
-        assert [m["role"] for m in live_messages(http, f"notes-{stream}")] == ["user", "model"]
+        assert [m["role"] for m in live_messages(http, f"notes-{stream}", ALICE)] == ["user", "model"]
 
 
 def test_a_side_call_is_a_conversation_of_its_own_not_a_divergence(proxy: ProxyServer, upstream: FakeUpstream, http: httpx.Client) -> None:
