@@ -190,15 +190,21 @@ class Engine:
             return base if n == 1 else ConversationKey(base.tenant, f"{base.id}.{n}")
 
         latest = first if runs == 1 else await self.store.get(run(runs))
-        hashes = [codec.hash(r) for r in raws]
-        if is_fresh_start(codec, raws, hashes):
+        if is_fresh_start(codec, raws, [None] * len(raws)):  # by roles: a system prompt and a task
+            hashes = [codec.hash(r) for r in raws]
             if latest is not None and len(latest.live) > len(raws) and latest.live_hashes[: len(raws)] == hashes:
                 if not dry_run:  # a count (count_tokens) writes nothing
                     await self.store.set_marks(base, {RUNS_MARK: runs + 1})
                 return run(runs + 1)
             return run(runs)
+        if runs == 1:  # the usual later turn: one run, which a request that does not start over continues
+            return base
         # The run it shares the most history with (the newest of equals): runs of a deterministic
-        # agent can share their first turns, so the longest match decides.
+        # agent can share their first turns, so the longest match decides. Items the body repeats
+        # of the previous request have their hashes already (see prefix.py).
+        parsed = request.parsed
+        known = parsed.hashes if parsed is not None and parsed.entry is not None and parsed.entry.raws is raws else []
+        hashes = known + [codec.hash(r) for r in raws[len(known):]]
         best, best_shared = runs, _shared(latest.live_hashes if latest else [], hashes)
         for n in range(runs - 1, max(runs - MAX_RUNS_SEARCHED, 0), -1):
             older = first if n == 1 else await self.store.get(run(n))
