@@ -4,12 +4,16 @@ per-request control, background runs, failures, and the trajectory record."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import httpx
 import pytest
 
 from proxy.state import COMPACTION, ENGINE
 from proxy.store import StoredMessage
+from proxy.tokens import TokenCounter
+from proxy.tools.history_search import SEARCH_TOOL_SPEC
+from proxy.tools.readback import READ_TOOL_SPEC
 from tests.conftest import ALICE
 from tests.fake_upstream import Reply, default_responder
 from tests.responders import is_summary_request
@@ -260,7 +264,11 @@ def test_the_window_trims_while_no_summary_is_ready(make_proxy, upstream):
     agent = Agent(proxy, "trim")
     for i in range(12):
         response = agent.say(f"message {i} " + "word " * 20)
-    assert int(response.headers["X-Context-Tokens-Sent"]) <= 120 + 40  # the limit, plus the system prompt
+    # The limit, plus the system prompt; the recall tools go too (the window left messages out).
+    recall_tools = TokenCounter().count_texts(
+        [json.dumps({"type": "function", "function": asdict(spec)}) for spec in (READ_TOOL_SPEC, SEARCH_TOOL_SPEC)], "m"
+    )
+    assert int(response.headers["X-Context-Tokens-Sent"]) <= 120 + 40 + recall_tools
     assert int(response.headers["X-Context-Messages-Left-Out"]) > 10
 
 

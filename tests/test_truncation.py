@@ -47,7 +47,7 @@ def test_long_output_goes_upstream_as_preview_and_ref_and_is_stored_whole(proxy,
     ref = REF.search(sent).group(0)
     assert f'read_tool_output(ref="{ref}", offset=2000' in sent
     offered = [t["function"]["name"] for t in upstream.chat_requests()[-1]["tools"]]
-    assert offered == ["run_build", "read_tool_output"]
+    assert offered == ["run_build", "read_tool_output", "search_history"]  # the recall tools, together
 
     assert live_messages(http, "trunc")[3]["content"] == BIG  # the log keeps the full output
     full = admin_get(http, f"/trunc/tool_outputs/{ref}").json()
@@ -145,7 +145,7 @@ def test_read_rounds_are_bounded(make_proxy, upstream):
     assert client.chat.completions.create(model="m", messages=history, tools=TOOLS).choices[0].message.content == "done"
     offered = [[t["function"]["name"] for t in r.get("tools", [])] for r in upstream.chat_requests()]
     # The last call still declares the tool its prompt holds calls of (a prompt stays valid).
-    assert offered == [["run_build", "read_tool_output"]] * 3
+    assert offered == [["run_build", "read_tool_output", "search_history"]] * 3
     assert [m["role"] for m in upstream.chat_requests()[-1]["messages"][len(history) :]] == ["assistant", "tool"] * 2
 
 
@@ -241,7 +241,7 @@ def test_client_tool_named_read_tool_output_is_left_alone(proxy, upstream):
     tools = TOOLS + [{"type": "function", "function": {"name": "read_tool_output", "parameters": {"type": "object", "properties": {}}}}]
     openai_client(proxy).chat.completions.create(model="m", messages=transcript(), tools=tools)
     names = [t["function"]["name"] for t in upstream.chat_requests()[-1]["tools"]]
-    assert names == ["run_build", "read_tool_output"]  # the client's, once
+    assert names == ["run_build", "read_tool_output", "search_history"]  # the client's read tool, once
 
 
 def summarizing_responder(body: dict):

@@ -35,6 +35,7 @@ from ..compaction.render import render_summary
 from ..config import Settings
 from ..transcript import Item, Role, leading_system_count, unit_start, units
 from .base import StageRun, Turn, passed_through
+from ..tools.history_search import RECALL_MARK
 from .compaction import SUMMARY
 
 MAX_PASSES = 4
@@ -52,7 +53,7 @@ class Stepped:
     mark: int | None  # the window mark the next turn starts from
     history_tokens: int  # the history sent, from the start on
     limit: int  # the history's budget
-    with_read_tool: bool  # whether the read tool's schema was counted in (a shortened output went)
+    with_read_tool: bool  # whether the recall tools' schemas were counted in (something had left the prompt)
 
 
 class TokenWindow:
@@ -151,9 +152,9 @@ class TokenWindow:
         while head < len(items) and items[head].pinned:
             head += 1
         head_counts = await self._count(turn, items[:head])
-        fixed = turn.fixed_tokens
-        if any(item.ref is not None for item in items):  # the proxy's read tool may go with this prompt
-            fixed += turn.proxy_tool_tokens
+        # The recall tools join any prompt that something has left (the window's own cut
+        # included), and stay: their room is kept in every budget, so joining never overflows it.
+        fixed = turn.fixed_tokens + turn.proxy_tool_tokens
         limit = effective_limit(
             max(turn.profile.context.history_token_limit - fixed, 0),
             turn.counter.context_window(turn.model),
@@ -165,10 +166,9 @@ class TokenWindow:
         counts, scan_from = await self._tail_counts(turn, items, head, limit)
         counts[:head] = head_counts
         kept = self._stepped(turn, items, counts, limit, head, scan_from)
-        with_read_tool = fixed != turn.fixed_tokens
-        if not any(items[i].ref is not None for i in kept):
-            fixed = turn.fixed_tokens  # no shortened output left in the prompt: no read tool either
-            with_read_tool = False
+        with_read_tool = _recall_goes(turn, items, kept)
+        if not with_read_tool:
+            fixed = turn.fixed_tokens  # nothing left the prompt yet: no recall tools either
         tokens = fixed + sum(counts[i] for i in kept)
         history = sum(counts[i] for i in kept[head:])
         self._note(turn, items, kept, head, Stepped(None, history, limit, with_read_tool))
@@ -268,6 +268,15 @@ TAIL_BATCH = 4  # the fewest items `_tail_counts` counts at once
 
 
 WINDOW_MARK = "window_start"  # the seq the window starts at since its last cut
+
+
+def _recall_goes(turn: Turn, items: Sequence[Item], kept: Sequence[int]) -> bool:
+    """Whether the recall tools go with the prompt of `kept` (as tools/history_search.py decides)."""
+    if RECALL_MARK in turn.marks or RECALL_MARK in turn.report.marks or turn.summary is not None:
+        return True
+    if len(kept) < len(items) or turn.report.messages_left_out > 0 or turn.report.masked > 0:
+        return True
+    return any(items[i].ref is not None for i in kept)
 
 
 def _start_index(items: Sequence[Item], head: int, start_seq: int | None) -> int | None:
