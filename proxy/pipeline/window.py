@@ -39,6 +39,7 @@ from ..tools.history_search import RECALL_MARK
 from .compaction import SUMMARY
 
 MAX_PASSES = 4
+RECALL_ROOM = 600  # tokens (at most a tenth of the limit) kept free for a recall round once the recall tools go
 # The most of the history limit the window's quotes of the user messages it leaves out may take
 # (the rest stays for the history itself), and the characters per token that budget assumes.
 QUOTE_SHARE = 0.25
@@ -144,19 +145,25 @@ class TokenWindow:
         after = sum(await self._count(turn, [redone[i] for i in moved]))
         return moved, tokens - before + after
 
-    async def _choose(self, turn: Turn, items: list[Item], quoted_tokens: int) -> tuple[list[int], int, int, int]:
+    async def _choose(
+        self, turn: Turn, items: list[Item], quoted_tokens: int, recall: bool = False
+    ) -> tuple[list[int], int, int, int]:
         """(the indices of the items to send, the tokens they make, the budget of the prompt, the
-        history limit before `quoted_tokens` of the window's own quotes are taken from it)."""
+        history limit before `quoted_tokens` of the window's own quotes are taken from it). With
+        `recall`, room is kept for the recall tools whatever the prompt holds."""
         n_system = leading_system_count(items)
         head = n_system
         while head < len(items) and items[head].pinned:
             head += 1
         head_counts = await self._count(turn, items[:head])
-        # The recall tools join any prompt that something has left (the window's own cut
-        # included), and stay: their room is kept in every budget, so joining never overflows it.
-        fixed = turn.fixed_tokens + turn.proxy_tool_tokens
+        # The recall tools go with any prompt that something has left, and stay: their room is
+        # kept once they may go (a window that cuts chooses again with it, so they never overflow it).
+        recall = recall or _recall_goes(turn, items, range(len(items)))
+        fixed = turn.fixed_tokens + (turn.proxy_tool_tokens if recall else 0)
+        # ... and room for one of their rounds: a search the window leaves no room for finds nothing.
+        room = min(RECALL_ROOM, turn.profile.context.history_token_limit // 10) if recall else 0
         limit = effective_limit(
-            max(turn.profile.context.history_token_limit - fixed, 0),
+            max(turn.profile.context.history_token_limit - fixed - room, 0),
             turn.counter.context_window(turn.model),
             turn.reply_reserve,
             sum(head_counts[:n_system]) + fixed,
@@ -166,13 +173,13 @@ class TokenWindow:
         counts, scan_from = await self._tail_counts(turn, items, head, limit)
         counts[:head] = head_counts
         kept = self._stepped(turn, items, counts, limit, head, scan_from)
-        with_read_tool = _recall_goes(turn, items, kept)
-        if not with_read_tool:
-            fixed = turn.fixed_tokens  # nothing left the prompt yet: no recall tools either
+        with_read_tool = recall
+        if not recall and len(kept) < len(items):  # the cut makes the recall tools go: their room first
+            return await self._choose(turn, items, quoted_tokens, recall=True)
         tokens = fixed + sum(counts[i] for i in kept)
         history = sum(counts[i] for i in kept[head:])
         self._note(turn, items, kept, head, Stepped(None, history, limit, with_read_tool))
-        return kept, tokens, tokens + limit - history, full_limit
+        return kept, tokens, tokens + limit + room - history, full_limit
 
     @staticmethod
     def _note(turn: Turn, items: list[Item], kept: list[int], head: int, stepped: Stepped) -> None:

@@ -24,7 +24,7 @@ from ..dialects.base import ToolSpec
 from ..identity import ConversationKey
 from ..refs import RefSigner
 from ..store import Store
-from ..store.search import DEFAULT_HITS, MAX_HITS, SearchHit
+from ..store.search import DEFAULT_HITS, MAX_HITS, SearchHit, terms
 from ..transcript import Call, Codec, Item
 
 if TYPE_CHECKING:
@@ -34,16 +34,12 @@ SEARCH_TOOL = "search_history"
 SEARCH_TOOL_SPEC = ToolSpec(
     name=SEARCH_TOOL,
     description=(
-        "Search this conversation's earlier messages, those no longer shown included. Pass words or "
-        "exact names (a path, id, number) the passage would contain; returns the best passages, with "
-        "a tool output's ref and offset for read_tool_output."
+        "Search this conversation's earlier messages, those no longer shown included, for words or "
+        "exact names (a path, id, number). Returns the best passages; a tool output's with its ref."
     ),
     parameters={
         "type": "object",
-        "properties": {
-            "query": {"type": "string", "description": "Words or exact names the passage would contain."},
-            "limit": {"type": "integer", "minimum": 1, "maximum": MAX_HITS, "description": f"Most passages (default {DEFAULT_HITS})."},
-        },
+        "properties": {"query": {"type": "string"}, "limit": {"type": "integer", "minimum": 1, "maximum": MAX_HITS}},
         "required": ["query"],
     },
 )
@@ -51,8 +47,6 @@ SEARCH_TOOL_SPEC = ToolSpec(
 # On the conversation record once the recall tools were first offered: from then on, on every turn.
 RECALL_MARK = "recall_tools"
 MAX_QUERY_CHARS = 500
-HEADER_TOKENS = 30  # the answer's first line
-SEPARATOR_TOKENS = 2  # the blank line between hits
 
 
 def recall_wanted(turn: Turn, items: list[Item]) -> bool:
@@ -95,30 +89,34 @@ class HistorySearch:
         hits = await self.store.search(self.key, query, limit=limit)
         if not hits:
             return f"[{SEARCH_TOOL}: nothing in this conversation matches {query!r}; try other words or an exact name]"
-        blocks = [await self._block(hit) for hit in hits]
-        shown: list[str] = []
-        budget = None if room is None else room - HEADER_TOKENS
-        for block in blocks:
-            if budget is not None:
-                cost = self.measure(block) + SEPARATOR_TOKENS
-                if cost > budget:
-                    break
-                budget -= cost
-            shown.append(block)
+        heads = [await self._heading(hit) for hit in hits]
+        blocks = [f"{head}\n{hit.text}" for head, hit in zip(heads, hits, strict=True)]
+        shown = list(blocks)
+        while room is not None and shown and self.measure(self._render(query, shown, len(hits))) > room:
+            if len(shown) > 1:
+                shown.pop()
+                continue
+            # Even the best passage alone is too long: its lines richest in the query's words, in order.
+            best = _best_lines(hits[0].text, query, self.measure, room - self.measure(self._render(query, [heads[0]], len(hits))))
+            shown = [f"{heads[0]}\n{best}"] if best else []
+            break
         if not shown:
             return f"[{SEARCH_TOOL}: {len(hits)} passages match, but none fits the context window; answer with what you have]"
-        cut = "" if len(shown) == len(hits) else f", {len(hits) - len(shown)} more cut to fit the context window"
-        head = f"[{SEARCH_TOOL}: {len(shown)} passages for {query!r}, most relevant first{cut}]"
-        return "\n\n".join([head, *shown])
+        return self._render(query, shown, len(hits))
 
-    async def _block(self, hit: SearchHit) -> str:
+    @staticmethod
+    def _render(query: str, blocks: list[str], found: int) -> str:
+        cut = "" if len(blocks) == found else f", {found - len(blocks)} more cut to fit the context window"
+        return "\n\n".join([f"[{SEARCH_TOOL}: {len(blocks)} passages for {query!r}, most relevant first{cut}]", *blocks])
+
+    async def _heading(self, hit: SearchHit) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(hit.created_at))
         where = f"message seq {hit.seq}, {'tool output' if hit.role == 'tool' else hit.role}, {when}"
         if hit.role == "tool" or len(hit.text) < hit.length:
             offset = await self._offset(hit)
             ref = self.refs.make(self.key, hit.seq)
             where += f'; read it whole: read_tool_output(ref="{ref}", offset={offset}) ({hit.length} characters)'
-        return f"({where})\n{hit.text}"
+        return f"({where})"
 
     async def _offset(self, hit: SearchHit) -> int:
         """Where the passage starts in the text read_tool_output reads (the codec's, which may
@@ -129,6 +127,20 @@ class HistorySearch:
         text = self.codec.text(self.codec.items([stored.message], [stored.seq], [stored.hash])[0]) or ""
         at = text.find(hit.text[:200])
         return at if at >= 0 else hit.offset
+
+
+def _best_lines(text: str, query: str, measure: Callable[[str], int], room: int) -> str:
+    """The lines of `text` that share the most words with `query`, kept in their order, as many
+    as fit `room` tokens ("" if none does)."""
+    wanted = set(terms(query))
+    lines = [line for line in text.splitlines() if line.strip()]
+    ranked = sorted(range(len(lines)), key=lambda i: -len(wanted.intersection(terms(lines[i]))))
+    chosen: list[int] = []
+    for i in ranked:
+        if measure("\n".join(lines[j] for j in sorted([*chosen, i]))) > room:
+            break
+        chosen.append(i)
+    return "\n".join(lines[j] for j in sorted(chosen))
 
 
 __all__ = ["RECALL_MARK", "SEARCH_TOOL", "SEARCH_TOOL_SPEC", "HistorySearch", "offer", "recall_wanted"]
