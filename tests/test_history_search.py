@@ -14,6 +14,7 @@ import pytest
 from tests.conftest import ALICE, BOB, MakeProxy, admin_get, openai_client
 from tests.fake_upstream import FakeUpstream, Reply, default_responder, last_user_text
 from tests.messages_helpers import MODEL, claude_client, messages_proxy
+from tests.test_ui import browser  # noqa: F401  (a fixture)
 
 QUESTION = "What was the ledger drift the log warned about?"
 LOG = "\n".join(f"2024-05-01T10:{i % 60:02d}:00Z INFO order {10000 + i} processed in {i % 90} ms" for i in range(120))
@@ -164,3 +165,26 @@ def test_people_search_a_conversation_through_the_admin_api(proxy, upstream: Fak
     assert admin_get(http, "/people/search", q="").status_code == 400
     assert admin_get(http, "/people/search", q="ledger", limit="0").status_code == 400
     assert admin_get(http, "/people/search", q="x" * 600).status_code == 400
+
+
+def test_the_ui_searches_a_conversations_messages(proxy, upstream: FakeUpstream, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+
+    from tests.test_ui import XSS, open_ui, text, wait
+
+    client = openai_client(proxy, headers={"X-Conversation-ID": "searched"})
+    start = chat_start()
+    start[3] = {**start[3], "content": WARNED + "\n" + XSS}
+    chat_turns(client, start, ["first"])
+    open_ui(browser, proxy, "#/c/searched")
+    box = wait(browser).until(EC.visibility_of_element_located((By.ID, "history-search")))
+    box.send_keys("ledger drift")
+    browser.find_element(By.ID, "history-search-go").click()
+    hit = wait(browser).until(EC.presence_of_element_located((By.CSS_SELECTOR, ".history-hit")))
+    assert "WARN ledger drift of 4711 cents" in text(hit) and "#4 · tool" in text(hit)
+    box.clear()
+    box.send_keys("onerror xss")  # the planted markup is shown as text, never run
+    browser.find_element(By.ID, "history-search-go").click()
+    wait(browser).until(lambda b: "<img src=x" in text(b.find_element(By.ID, "history-hits")))
+    assert browser.execute_script("return window.__xss") is None
