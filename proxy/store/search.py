@@ -22,11 +22,10 @@ ranks the passage that has it first, and `PAY-1234` never matches `PAY-12345`).
 from __future__ import annotations
 
 import asyncio
-import heapq
 import math
 import re
 from array import array
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -46,19 +45,17 @@ MAX_QUERY_TERMS = 32
 MAX_HELD_POSTINGS = 4_000_000  # postings held over every conversation's index (~8 bytes each)
 READ_BATCH = 500  # messages read from the store at a time while catching up
 THREAD_CHARS = 200_000  # catching up on more text than this runs in a thread
+MAX_SCANNED = 1500  # postings of one term scored at most (its newest)
 COMMON_FROM = 200  # passages from which a term in more than half of them is skipped
 K1, B = 1.2, 0.75  # BM25's usual constants
 
 _WORD = re.compile(r"[a-z0-9]+")
-# Identifiers kept whole besides their words: URLs, e-mail addresses, paths, and names joined by
-# dots, dashes, underscores or colons (src/app.py, PAY-1234, db-stage-42, v2.4.1, a.b:c).
-_IDENTIFIER = re.compile(
-    r"https?://[^\s<>\"'`)\]}]+"
-    r"|[\w.+-]+@[\w-]+(?:\.[\w-]+)+"
-    r"|~?/?(?:[\w.@+-]+/)+[\w.@+-]+"
-    r"|\w+(?:[.:_-]\w+)+"
-)
-_TRAILING = ".,;:!?'\")]}>"
+# Identifiers kept whole besides their words: a whitespace-delimited token holding a separator
+# (a path, URL, e-mail address, ticket id, dotted or dashed name: src/app.py, PAY-1234, v2.4.1),
+# found in one scan; timestamps and clock times are not names.
+_JOINED = re.compile(r"[^\s\"'`()\[\]{}<>,;]*[./:_@-][^\s\"'`()\[\]{}<>,;]*")
+_TIMELIKE = re.compile(r"^[\d:.tz+-]+$")
+_TRAILING = ".,;:!?'\")]}>-_/"
 _SKIPPED_KEYS = frozenset({"signature", "encrypted_content", "thoughtSignature", "thinking", "data", "image_url"})
 _TEXT_KEYS = ("content", "text", "output", "arguments", "input", "args", "parts", "response", "functionCall",
               "functionResponse", "tool_calls", "function", "refusal")
@@ -68,9 +65,9 @@ def terms(text: str) -> list[str]:
     """The terms of `text`: its lower-case words, then its identifiers whole."""
     lower = text.lower()
     words = _WORD.findall(lower)
-    for match in _IDENTIFIER.finditer(lower):
-        value = match.group(0).rstrip(_TRAILING)
-        if len(value) > 1 and not value.isalnum():
+    for token in _JOINED.findall(lower):
+        value = token.strip(_TRAILING)
+        if len(value) > 2 and not value.isalnum() and not _TIMELIKE.match(value) and _WORD.search(value):
             words.append(value)
     return words
 
@@ -204,13 +201,12 @@ class _Index:
                 self.starts.append(start)
                 self.sizes.append(len(found))
                 self.total_terms += len(found)
-                counts: dict[str, int] = {}
-                for term in found:
-                    counts[term] = counts.get(term, 0) + 1
+                counts = Counter(found)
+                postings = self.postings
                 for term, tf in counts.items():
-                    posting = self.postings.get(term)
+                    posting = postings.get(term)
                     if posting is None:
-                        posting = self.postings[term] = array("I")
+                        posting = postings[term] = array("I")
                     posting.append(pid)
                     posting.append(tf)
                 self.held += len(counts)
@@ -232,12 +228,14 @@ class _Index:
             idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
             weight = idf * (K1 + 1)
             norm, scale = K1 * (1 - B), K1 * B / avg  # tf / (tf + K1 (1 - B + B size / avg))
-            it = iter(posting)
+            # A term in thousands of passages weighs little: only its newest passages are scored.
+            it = iter(posting[-2 * MAX_SCANNED:] if df > MAX_SCANNED else posting)
+            get = scores.get
             for pid, tf in zip(it, it, strict=True):
-                scores[pid] = scores.get(pid, 0.0) + weight * tf / (tf + norm + scale * sizes[pid])
+                scores[pid] = get(pid, 0.0) + weight * tf / (tf + norm + scale * sizes[pid])
         best: dict[int, tuple[float, int]] = {}  # seq -> its best passage
-        for score, pid in heapq.nlargest(limit * 8 + 16, ((s, p) for p, s in scores.items())):
-            seq = self.seqs[pid]
+        for pid in sorted(scores, key=scores.__getitem__, reverse=True)[: limit * 8 + 16]:
+            score, seq = scores[pid], self.seqs[pid]
             if seq in live and seq not in best:
                 best[seq] = (score, pid)
                 if len(best) >= limit:
@@ -280,7 +278,7 @@ class HistoryIndexes:
             await self._catch_up(store, key, index, conversation.next_seq - 1)
             live = {seq for seq, _ in conversation.live}
             ranked = index.rank(wanted, live, limit)
-            hits = [await self._hit(store, key, index, score, pid) for score, pid in ranked]
+            hits = await asyncio.gather(*(self._hit(store, key, index, score, pid) for score, pid in ranked))
         if not lock.locked():
             self._locks.pop(key, None)
         self._bound()
