@@ -103,3 +103,13 @@ def test_facts_carry_forward_keeping_their_best_score():
     assert carried["The drift is in services/ledger/old.py."].named == 9
     assert carried["The drift is in services/ledger/old.py."].last_seq == 10
     assert "And services/ledger/new.py too, it turns out." in carried
+
+
+def test_a_log_line_whose_level_is_not_its_neighbours_counts_whatever_the_log_format():
+    lines = LOG.splitlines()
+    lines[50] = '2024-05-01T10:50:00Z level=warn msg="retry budget exhausted while calling services/payouts/sepa_12.py"'
+    lines[150] = "2024-05-01T10:30:00Z E [sepa] mandate store refused the batch of merchant 48213"
+    lines[250] = "2024-05-01T10:10:00Z DEBUG cache warmed for tenant 48214"  # quiet levels stay noise
+    found = facts_of([stored(1, "tool", "\n".join(lines), tool_call_id="c")])
+    assert set(found) == {'level=warn msg="retry budget exhausted while calling services/payouts/sepa_12.py"',
+                          "E [sepa] mandate store refused the batch of merchant 48213"}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -170,11 +171,16 @@ def _tool_candidates(text: str) -> Iterator[tuple[str, int]]:
     leveled = [bool(_LEVEL.search(line)) for line in lines]
     comments = [bool(_COMMENT.match(line)) for line in lines]
     many = len(lines) >= 8
+    heads = [_head(line) for line in lines] if many else []
+    usual = Counter(heads).most_common(1)[0] if heads else (None, 0)
+    uniform = usual[0] is not None and usual[1] >= 0.6 * len(lines)  # a log: most lines open alike (INFO ...)
     for i, line in enumerate(lines):
         if _MARKER.search(line):
             continue
         if leveled[i] and (not many or sum(leveled) <= len(lines) // 5):
             yield _clean(line), 6  # a warning or error among ordinary lines
+        elif uniform and heads[i] != usual[0] and heads[i] not in _QUIET:
+            yield _clean(line), 6  # a line whose level (its first word) is not its neighbours' own
         elif comments[i] and many and sum(comments) <= len(lines) // 5:
             body = _COMMENT.match(line).group(1)  # type: ignore[union-attr]
             if len(body.split()) >= 4:
@@ -183,6 +189,16 @@ def _tool_candidates(text: str) -> Iterator[tuple[str, int]]:
             yield _clean(line), 4
     for prose in _json_prose(text):
         yield _clean(prose), 5  # a sentence among a JSON result's short values
+
+
+_HEAD = re.compile(r"(?:level=)?\"?([A-Za-z]{1,8})\b")
+_QUIET = frozenset({None, "INFO", "I", "DEBUG", "D", "TRACE", "T", "NOTICE"})
+
+
+def _head(line: str) -> str | None:
+    """A log line's level: its first word after the timestamp, upper-cased (None: not a word)."""
+    match = _HEAD.match(_LEADING_STAMP.sub("", line, count=1))
+    return match.group(1).upper() if match else None
 
 
 def _call_statement(name: str, arguments: str) -> str:
