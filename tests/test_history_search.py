@@ -188,3 +188,22 @@ def test_the_ui_searches_a_conversations_messages(proxy, upstream: FakeUpstream,
     browser.find_element(By.ID, "history-search-go").click()
     wait(browser).until(lambda b: "<img src=x" in text(b.find_element(By.ID, "history-hits")))
     assert browser.execute_script("return window.__xss") is None
+
+
+def test_a_bad_search_call_gets_a_clear_answer_and_the_model_goes_on(make_proxy: MakeProxy, upstream: FakeUpstream):
+    proxy = make_proxy(**LIMIT)
+    client = openai_client(proxy, headers={"X-Conversation-ID": "bad-search"})
+    history = chat_start()
+    chat_turns(client, history, FILLER)
+    upstream.reset()
+
+    def model(body: dict[str, Any]) -> Reply:
+        last = body["messages"][-1]
+        if last["role"] == "tool" and "search_history" in last["content"]:
+            return Reply.text("answered: " + last["content"])
+        return Reply.tool_calls([("search_history", json.dumps({"limit": "many"}))])
+
+    upstream.responder = model
+    history.append({"role": "user", "content": QUESTION})
+    answer = client.chat.completions.create(model="m", messages=history, tools=TOOLS).choices[0].message.content
+    assert answer == 'answered: Error: search_history needs JSON arguments {"query": str, "limit": int}.'

@@ -288,12 +288,14 @@ def test_tokens_sent_header(proxy, upstream, http):
 
 
 def test_reads_past_a_full_window_end_the_turn_not_fail_it(make_proxy, upstream):
-    """Three reads of new ranges in one round: the first takes the room there is, the next find
-    little or none (none once divided by zero: a 500). The round does not fit, so it is not made,
-    and the model's reply goes to the client without our calls."""
+    """Three reads of new ranges in one round: the first takes the room there is but what the
+    next round needs, the next find little or none (none once divided by zero: a 500) and say so.
+    The round fits, and the model's answer after it reaches the client."""
     proxy = make_proxy(context={"history_token_limit": 3000}, truncation={"max_read_rounds": 6})
     ref = first_turn(proxy, upstream, "full")
     reads = Reply.tool_calls([read_call(ref, offset, 8000) for offset in (0, 8000, 16000)])
     text, calls = second_turn(proxy, upstream, "full", reads, Reply.text("done"))
-    assert text == "" and len(calls) == 1
-    assert validate_chat_request(calls[0]) is None
+    assert text == "done" and len(calls) == 2
+    assert all(validate_chat_request(call) is None for call in calls)
+    answers = [m["content"] for m in calls[1]["messages"][-3:]]
+    assert "would overflow the context window" in answers[-1]
