@@ -716,3 +716,11 @@ async def test_search_reads_every_wire_format(store):
     assert (await store.search(A, "dunning level"))[0].role == "tool"
     assert (await store.search(A, "vat table"))[0].text == "the vat table is stale"
     assert await store.search(A, "secret plan") == []  # reasoning is not searched
+
+
+async def test_concurrent_first_searches_build_one_index(store):
+    await add(store, A, [f"passage {i} about the sepa export" for i in range(50)])
+    results = await asyncio.gather(*(store.search(A, "sepa export") for _ in range(5)))
+    assert all(r == results[0] for r in results) and len(results[0]) == 5
+    again = await store.search(A, "sepa export")
+    assert [h.score for h in again] == [h.score for h in results[0]]  # nothing indexed twice

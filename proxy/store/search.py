@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import weakref
 from array import array
 from collections import Counter, OrderedDict
 from collections.abc import Iterable
@@ -254,7 +255,8 @@ class HistoryIndexes:
     def __init__(self, max_postings: int = MAX_HELD_POSTINGS) -> None:
         self.max_postings = max_postings
         self._held: OrderedDict[ConversationKey, _Index] = OrderedDict()
-        self._locks: dict[ConversationKey, asyncio.Lock] = {}
+        # One catch-up at a time per conversation; a lock lives while someone holds or awaits it.
+        self._locks: weakref.WeakValueDictionary[ConversationKey, asyncio.Lock] = weakref.WeakValueDictionary()
 
     def forget(self, key: ConversationKey) -> None:
         """Drop a conversation's index (it was deleted or replaced)."""
@@ -268,7 +270,9 @@ class HistoryIndexes:
         conversation = await store.get(key)
         if conversation is None or not wanted:
             return []
-        lock = self._locks.setdefault(key, asyncio.Lock())
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
         async with lock:
             index = self._held.get(key)
             if index is None or index.created_at != conversation.created_at or index.upto >= conversation.next_seq:
@@ -279,8 +283,6 @@ class HistoryIndexes:
             live = {seq for seq, _ in conversation.live}
             ranked = index.rank(wanted, live, limit)
             hits = await asyncio.gather(*(self._hit(store, key, index, score, pid) for score, pid in ranked))
-        if not lock.locked():
-            self._locks.pop(key, None)
         self._bound()
         return [hit for hit in hits if hit is not None]
 
