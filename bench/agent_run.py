@@ -178,7 +178,6 @@ class _Gen:
 
     def plant(self, kind: str, i: int) -> tuple[str, str]:
         """(value, sentence) of the i-th plant of `kind`."""
-        r = self.rng
         if kind == "decision":
             return self.decision(i)
         if kind == "note":
@@ -190,8 +189,7 @@ class _Gen:
             value = self.value(sort)
             return value, f"{field}: {template.format(v=value)}"
         else:
-            template, sort = r.choice(FINDINGS), ("path", "number", "ticket", "number", "path")[i % 5]
-            template = FINDINGS[i % len(FINDINGS)]
+            template, sort = FINDINGS[i % len(FINDINGS)], ("path", "number", "ticket", "number", "path")[i % len(FINDINGS)]
         value = self.value(sort)
         return value, template.format(v=value, ts="{ts}")
 
