@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import dataclasses
 import uuid
 from collections.abc import AsyncIterator
@@ -724,3 +725,11 @@ async def test_concurrent_first_searches_build_one_index(store):
     assert all(r == results[0] for r in results) and len(results[0]) == 5
     again = await store.search(A, "sepa export")
     assert [h.score for h in again] == [h.score for h in results[0]]  # nothing indexed twice
+
+
+async def test_search_finds_a_field_of_a_long_one_line_result_whole(store):
+    records = [{"id": 10000 + i, "status": "paid", "amount": 100 + i} for i in range(60)]
+    records[31]["comment"] = "the ledger drift totals 808064 cents since the March import"
+    await append_raw(store, A, [{"role": "tool", "tool_call_id": "c", "content": json.dumps({"data": records})}])
+    (hit,) = await store.search(A, "comment the ledger drift totals cents since the March import")
+    assert "the ledger drift totals 808064 cents since the March import" in hit.text

@@ -138,7 +138,8 @@ def _strings(value: Any) -> Iterable[str]:
 
 def passages(text: str) -> list[tuple[int, int]]:
     """[start, end) character spans of `text` in passages of PASSAGE_LINES lines, each at most
-    PASSAGE_CHARS long."""
+    PASSAGE_CHARS long. A longer line (minified JSON, a long sentence run) is cut into windows
+    that overlap by half, so that whatever it says in half a window is whole in one of them."""
     spans: list[tuple[int, int]] = []
     start = at = 0
     lines = 0
@@ -150,7 +151,8 @@ def passages(text: str) -> list[tuple[int, int]]:
             cut = text.rfind(" ", start + PASSAGE_CHARS // 2, start + PASSAGE_CHARS)
             cut = cut + 1 if cut > 0 else start + PASSAGE_CHARS
             spans.append((start, cut))
-            start, lines = cut, 0
+            half = text.find(" ", start + (cut - start) // 2, cut)
+            start, lines = (half + 1 if half >= 0 else start + (cut - start) // 2), 0
         lines += 1
         at = end
         if lines >= PASSAGE_LINES or at >= n:
@@ -182,6 +184,7 @@ class _Index:
         self.upto = 0  # every message with a seq up to this one is indexed
         self.seqs = array("I")  # passage -> seq
         self.starts = array("I")  # passage -> its start in the message's text
+        self.ends = array("I")  # ... and its end (passages of a long line overlap)
         self.sizes = array("I")  # passage -> how many terms it has
         self.total_terms = 0
         self.postings: dict[str, array] = {}  # term -> [passage, term frequency, passage, tf, ...]
@@ -200,6 +203,7 @@ class _Index:
                 pid = len(self.seqs)
                 self.seqs.append(message.seq)
                 self.starts.append(start)
+                self.ends.append(end)
                 self.sizes.append(len(found))
                 self.total_terms += len(found)
                 counts = Counter(found)
@@ -305,7 +309,7 @@ class HistoryIndexes:
             return None
         text = message_text(stored.message)
         start = index.starts[pid]
-        end = index.starts[pid + 1] if pid + 1 < len(index.seqs) and index.seqs[pid + 1] == stored.seq else len(text)
+        end = index.ends[pid]
         line_before = text.rfind("\n", 0, max(start - 1, 0)) + 1 if start > 0 else 0  # the line before the passage
         shown_from = max(line_before, start - CONTEXT_CHARS)
         after = text.find("\n", end, end + CONTEXT_CHARS)
