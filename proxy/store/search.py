@@ -46,7 +46,7 @@ MAX_QUERY_TERMS = 32
 MAX_HELD_POSTINGS = 4_000_000  # postings held over every conversation's index (~8 bytes each)
 READ_BATCH = 500  # messages read from the store at a time while catching up
 THREAD_CHARS = 200_000  # catching up on more text than this runs in a thread
-MAX_SCANNED = 1500  # postings of one term scored at most (its newest)
+MAX_SCANNED = 1000  # postings of one term scored at most (its newest)
 COMMON_FROM = 200  # passages from which a term in more than half of them is skipped
 K1, B = 1.2, 0.75  # BM25's usual constants
 
