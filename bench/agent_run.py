@@ -5,14 +5,15 @@ tools for a few steps, then answers; the next user message follows. Tool outputs
 real agent's (file contents, test runs, logs full of timestamps, counters and measurements, git
 history, hex dumps), most small, some long enough to be shortened.
 
-Forty facts are planted where a real run names them, and must still reach the upstream at the
-last step once their message has left the prompt:
-- paths: a file the model reads (`read_file` arguments) that is never read again;
-- shas: a commit the model looks at (`git_show` arguments);
-- URLs: a page the model fetches (`fetch_url` arguments);
-- tickets: named in the model's own words next to a tool call;
-- numbers: a figure in the model's answer;
-- decisions: the user's own instruction in a follow-up message (the whole sentence must arrive).
+Forty facts are planted the way an agent meets them, each a sentence carrying a value (a path,
+a ticket, a number) that must still reach the upstream, or be found again, once its message has
+left the prompt. How each is written varies (several templates per kind, comment styles, log
+formats, field names), so the bench does not plant in the one shape an extractor looks for:
+- note: a comment inside a ~30 KB code listing (`read_file`);
+- warn: a warning or error line among a couple of thousand log lines (`tail_log`);
+- json: a prose field among the short fields of a JSON result (`api_get`);
+- finding: a sentence of the assistant's own, in its answer or next to a tool call;
+- decision: the user's own instruction in a follow-up message (the whole sentence must arrive).
 Every planted value occurs nowhere else in the run (checked), so finding it proves it was kept.
 """
 
@@ -22,11 +23,41 @@ import json
 import random
 import re
 import string
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-KINDS = ("path", "sha", "url", "ticket", "number", "decision")
-PLANTS_PER_KIND = {"path": 7, "sha": 7, "url": 6, "ticket": 7, "number": 6, "decision": 7}
+KINDS = ("note", "warn", "json", "finding", "decision")
+PLANTS_PER_KIND = {"note": 8, "warn": 8, "json": 8, "finding": 8, "decision": 8}
+
+# (template, the value's sort): {v} is the value. Written as agents meet them, in several styles.
+NOTES = [
+    ("    # NOTE: the root cause is in {v}, where credit notes are rounded twice", "path"),
+    ("    # Careful: amounts are kept in cents since {v}; never divide them again here", "ticket"),
+    ("    // why: the webhook is retried {v} times before the payment is marked lost", "number"),
+    ("    # FIXME(ops): the nightly export skips every account migrated by {v}", "path"),
+    ("    # Beware -- this branch only runs for merchants onboarded before batch {v}", "number"),
+]
+WARNS = [
+    ("{ts} WARN [ledger] drift totals {v} cents after the nightly import", "number"),
+    ("{ts} WARNING reconciliation: account {v} was skipped, its IBAN is missing", "ticket"),
+    ('{ts} level=warn msg="retry budget exhausted while calling {v}"', "path"),
+    ("{ts} ERROR payout {v} rejected by the bank: invalid creditor id", "number"),
+    ("{ts} E [sepa] mandate store at {v} refused the batch (read-only)", "path"),
+]
+JSONS = [
+    ("note", "Refunds for merchant {v} are paused until the audit closes", "ticket"),
+    ("comment", "the ledger drift totals {v} cents since the March import", "number"),
+    ("description", "this handler moved to {v} during the split of the billing service", "path"),
+    ("remarks", "customer asked twice; the dispute is tracked as {v} with finance", "ticket"),
+]
+FINDINGS = [
+    "Found it: the root cause is in {v}, where credit notes are rounded twice.",
+    "The ledger drift totals {v} cents, all from invoices created before the migration.",
+    "This is tracked as {v}; I will look at the handler next.",
+    "So the export job handled {v} invoices in that batch, all with the old rounding.",
+    "Looking at the trace, the stale rate comes from {v} and nowhere else.",
+]
 
 SYSTEM = (
     "You are a careful coding agent working in the repository of an invoicing service. Work step by step: "
@@ -49,6 +80,7 @@ TOOLS: list[dict[str, Any]] = [
         ("git_show", "Show one commit.", ("sha",)),
         ("fetch_url", "Fetch a web page as text.", ("url",)),
         ("hexdump", "Show the bytes of a file.", ("path",)),
+        ("api_get", "Call the service's HTTP API.", ("path",)),
     )
 ]
 
@@ -64,6 +96,15 @@ class Plant:
     kind: str
     value: str  # what must reach the upstream, verbatim
     step: int  # the step whose messages carry it (the user message opening it, for a decision)
+    sentence: str = ""  # the line or sentence it was planted in
+
+    @property
+    def query(self) -> str:
+        """The sentence without its value: what an agent remembering it would search for (a
+        decision, all sentence, without its number)."""
+        if self.value == self.sentence:
+            return " ".join(re.sub(r"\d+", " ", self.sentence).split())
+        return " ".join(self.sentence.replace(self.value, " ").split())
 
 
 @dataclass
@@ -113,18 +154,16 @@ class _Gen:
 
     # -- planted values ------------------------------------------------------------------------
 
-    def plant_value(self, kind: str, i: int) -> str:
+    def value(self, sort: str) -> str:
         r = self.rng
-        if kind == "path":
-            return self.unique(lambda: f"src/{r.choice(['billing', 'ledger', 'exports'])}/{r.choice(['vat', 'dunning', 'sepa', 'credit', 'proforma', 'ledger'])}_{r.randint(10, 99)}.py")
-        if kind == "sha":
-            return self.unique(lambda: "".join(r.choices("0123456789abcdef", k=5)) + r.choice("abcdef") + r.choice("0123456789") + "".join(r.choices("0123456789abcdef", k=5)))
-        if kind == "url":
-            return self.unique(lambda: f"https://docs.payments.example.com/{r.choice(['api', 'guides', 'errors'])}/{r.randint(100, 999)}-{r.choice(['rounding', 'vat', 'refunds', 'webhooks'])}")
-        if kind == "ticket":
-            return self.unique(lambda: f"{r.choice(['PAY', 'INV', 'OPS'])}-{r.randint(1000, 9999)}")
-        if kind == "number":
-            return self.unique(lambda: str(r.randint(200000, 899999)))  # the noise's numbers have 5 digits at most
+        if sort == "path":
+            return self.unique(lambda: f"services/{r.choice(['billing', 'ledger', 'exports', 'payouts'])}/"
+                               f"{r.choice(['vat', 'dunning', 'sepa', 'credit', 'proforma', 'mandates'])}_{r.randint(10, 99)}.py")
+        if sort == "ticket":
+            return self.unique(lambda: f"{r.choice(['PAY', 'INV', 'OPS', 'FIN'])}-{r.randint(1000, 9999)}")
+        return self.unique(lambda: str(r.randint(200000, 899999)))  # the noise's numbers have 5 digits at most
+
+    def decision(self, i: int) -> tuple[str, str]:
         options = [
             "Decision: keep the retry limit at {n} and do not change the backoff.",
             "Decision: we stay on Python 3.11 for now; no upgrade in this task (note {n}).",
@@ -134,7 +173,46 @@ class _Gen:
             "Decision: commit messages must start with the ticket id; squash before pushing (rule {n}).",
             "Decision: the PDF export stays on the old renderer until release {n}.",
         ]
-        return self.unique(lambda: options[i % len(options)].format(n=r.randint(11, 97)))
+        value = self.unique(lambda: options[i % len(options)].format(n=self.rng.randint(11, 97)))
+        return value, value
+
+    def plant(self, kind: str, i: int) -> tuple[str, str]:
+        """(value, sentence) of the i-th plant of `kind`."""
+        if kind == "decision":
+            return self.decision(i)
+        if kind == "note":
+            template, sort = NOTES[i % len(NOTES)]
+        elif kind == "warn":
+            template, sort = WARNS[i % len(WARNS)]
+        elif kind == "json":
+            field, template, sort = JSONS[i % len(JSONS)]
+            value = self.value(sort)
+            return value, f"{field}: {template.format(v=value)}"
+        else:
+            template, sort = FINDINGS[i % len(FINDINGS)], ("path", "number", "ticket", "number", "path")[i % len(FINDINGS)]
+        value = self.value(sort)
+        return value, template.format(v=value, ts="{ts}")
+
+    def code_with(self, sentence: str, about: str, step: int) -> str:
+        """A ~30 KB listing with `sentence` (a comment) somewhere in its middle."""
+        lines = self.output("read_file", step, 30000, about).splitlines()
+        at = self.rng.randint(len(lines) // 4, 3 * len(lines) // 4)
+        return "\n".join([*lines[:at], sentence, *lines[at:]])
+
+    def log_with(self, sentence: str, step: int) -> str:
+        """A couple of thousand log lines with `sentence` (a warning) somewhere among them."""
+        lines = self.output("tail_log", step, 200_000).splitlines()
+        at = self.rng.randint(len(lines) // 5, 4 * len(lines) // 5)
+        return "\n".join([*lines[:at], sentence.format(ts=self.timestamp(step, at)), *lines[at:]])
+
+    def json_with(self, sentence: str) -> str:
+        """A JSON result of short records, one of which has a prose field."""
+        r = self.rng
+        field, prose = sentence.split(": ", 1)
+        records = [{"id": r.randint(10000, 99999), "status": r.choice(["open", "paid", "void"]),
+                    "amount": r.randint(100, 99999), "currency": "EUR"} for _ in range(40)]
+        records[r.randint(5, 35)][field] = prose
+        return json.dumps({"object": "list", "data": records})
 
     # -- noise ---------------------------------------------------------------------------------
 
@@ -176,20 +254,24 @@ def generate_run(steps: int = 300, seed: int = 7) -> Run:
     kinds = [k for k in KINDS for _ in range(PLANTS_PER_KIND[k])]
     r.shuffle(kinds)
     last = int(steps * 0.85)  # the last ones are still in the prompt at the end: nothing to measure
-    due = {round(6 + i * (last - 6) / len(kinds)): (kind, gen.plant_value(kind, i)) for i, kind in enumerate(kinds)}
-    waiting: list[tuple[str, str]] = []  # planted as soon as a step of the right sort comes
+    seen: dict[str, int] = defaultdict(int)
+    due = {}
+    for i, kind in enumerate(kinds):
+        due[round(6 + i * (last - 6) / len(kinds))] = (kind, *gen.plant(kind, seen[kind]))
+        seen[kind] += 1
+    waiting: list[tuple[str, str, str]] = []  # planted as soon as a step of the right sort comes
     plants: list[Plant] = []
     out: list[Step] = []
     tool_steps_left = 0
     user_turn = 0
 
-    def take(*sorts: str) -> tuple[str | None, str]:
-        for n, (kind, value) in enumerate(waiting):
+    def take(*sorts: str) -> tuple[str | None, str, str]:
+        for n, (kind, value, sentence) in enumerate(waiting):
             if kind in sorts:
                 del waiting[n]
-                plants.append(Plant(kind, value, len(out)))
-                return kind, value
-        return None, ""
+                plants.append(Plant(kind, value, len(out), sentence))
+                return kind, value, sentence
+        return None, "", ""
 
     while len(out) < steps:
         i = len(out)
@@ -198,38 +280,37 @@ def generate_run(steps: int = 300, seed: int = 7) -> Run:
         user = None
         if tool_steps_left == 0:
             user_turn += 1
-            kind, value = take("decision")
+            kind, value, _ = take("decision")
             user = value if kind else f"Good. Next: look at {r.choice(MODULES)} and check the tests again ({user_turn})."
             tool_steps_left = r.randint(2, 6)  # then the answer: most steps are tool rounds, as in a real run
         if tool_steps_left == 1:  # the turn's answer
-            kind, value = take("number")
-            if kind:
-                content = f"Found it: the export job handled {value} invoices in that batch, all with the old rounding."
-            else:
-                content = "Done with this part: the change is in and the tests pass locally."
+            kind, _, sentence = take("finding")
+            content = sentence if kind else "Done with this part: the change is in and the tests pass locally."
             out.append(Step(user, content))
             tool_steps_left = 0
             continue
         tool_steps_left -= 1
         call = gen.call_id()
         content = None
-        kind, value = take("path", "sha", "url", "ticket")
-        if kind == "path":
-            name, args, output = "read_file", {"path": value}, gen.output("read_file", i, r.choice(SIZES[:5]), value)
-        elif kind == "sha":
-            name, args, output = "git_show", {"sha": value}, gen.output("git_show", i, r.choice(SIZES[:5]), f"commit {value}")
-        elif kind == "url":
-            name, args, output = "fetch_url", {"url": value}, gen.output("fetch_url", i, r.choice(SIZES[:5]))
+        kind, value, sentence = take("note", "warn", "json")
+        module = r.choice(MODULES)
+        if kind == "note":
+            name, args, output = "read_file", {"path": module}, gen.code_with(sentence, module, i)
+        elif kind == "warn":
+            name, args, output = "tail_log", {"service": "ledger"}, gen.log_with(sentence, i)
+            plants[-1] = Plant(kind, value, plants[-1].step, sentence.replace("{ts} ", ""))  # the line, its time aside
+        elif kind == "json":
+            name, args, output = "api_get", {"path": "/v1/invoices?limit=40"}, gen.json_with(sentence)
         else:
             name = r.choice(["read_file", "read_file", "run_tests", "grep", "tail_log", "git_log", "edit_file", "hexdump"])
             size = r.choice(SIZES)
-            module = r.choice(MODULES)
             args = {"read_file": {"path": module}, "edit_file": {"path": module, "old": "round(", "new": "quantize("},
                     "run_tests": {"selector": "tests"}, "grep": {"pattern": "round("}, "tail_log": {"service": "worker"},
                     "git_log": {"range": "HEAD~20.."}, "hexdump": {"path": "fixtures/invoice.bin"}}[name]
             output = "ok: 1 replacement" if name == "edit_file" else gen.output(name, i, size, module if name == "read_file" else "")
-            if kind == "ticket":
-                content = f"This is tracked as {value}; I will look at the handler next."
+            found, _, said = take("finding") if r.random() < 0.5 else (None, "", "")
+            if found:
+                content = said  # a finding stated next to a tool call
         out.append(Step(user, content, [(call, name, json.dumps(args))], {call: output}))
     if waiting:
         raise ValueError(f"{steps} steps are too few to plant {len(kinds)} facts ({len(waiting)} found no step)")

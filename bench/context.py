@@ -25,7 +25,11 @@ tiktoken over messages and tool schemas):
   summary note as one of them (a new summary, or the window's note changing at a cut, starts a
   new prefix: counted apart as "summary");
 - facts: of the planted facts whose message left the prompt, the share that still reaches the
-  upstream in the last prompt, by kind;
+  upstream in the last prompt, by kind (see bench/agent_run.py for how each kind is planted);
+- reachable: of those, the share in the last prompt or found by search_history in its top 5 (asked
+  through GET .../search, the same search) with the fact's sentence minus its value as the query;
+- key facts: the last summary's key-fact lines, their tokens, and the share of them that carry a
+  planted fact; summary tokens: the last prompt's summary message (key facts and quotes included);
 - max prompt, over limit: the largest agent prompt without its system messages (tool schemas and
   read-back rounds included), and how many were over the default history_token_limit;
 - refused: upstream requests the strict fake refused as the real API would (left out of the
@@ -463,6 +467,10 @@ class Result:
     transcripts: list[list[Message]]  # what the client held at each step (the naive prompt)
     failed: int  # steps the proxy did not answer with a 200
     plants_left: dict[str, list[bool]] = field(default_factory=dict)  # kind -> retained?, for facts that left
+    reachable: dict[str, list[bool]] = field(default_factory=dict)  # kind -> in the prompt or found?, for facts that left
+    found: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # plant -> search_history's top hits
+    key_facts: list[str] = field(default_factory=list)  # the last summary's
+    summary_text: str = ""  # the last agent prompt's summary message
 
 
 def run_config(loop: LoopThread, upstream: FakeUpstream, wire: Wire, name: str, overrides: dict[str, Any], run: Run) -> Result:
@@ -501,30 +509,57 @@ def run_config(loop: LoopThread, upstream: FakeUpstream, wire: Wire, name: str, 
                         transcript.append({"role": "tool", "tool_call_id": call_id, "content": output})
                     loop.run(proxy.app[COMPACTION].idle(), timeout=120)  # background compaction, done before the next step
                     step_ends.append(len(upstream.requests))
+                found = {i: search_history(http, plant.query) for i, plant in enumerate(run.plants)}
+                key_facts = last_key_facts(http)
         finally:
             proxy.stop()
     prompts = wire.prompts(upstream)
     for prompt in prompts:
         prompt.step = bisect.bisect_right(step_ends, prompt.request)
-    result = Result(name, prompts, transcripts, failed)
-    result.plants_left = retention(run, result, transcript, carriers)
+    result = Result(name, prompts, transcripts, failed, found=found, key_facts=key_facts)
+    result.plants_left, result.reachable = retention(run, result, transcript, carriers)
+    last = next(p for p in reversed(result.prompts) if not p.summary and not p.refused)
+    result.summary_text = _summary_of(last) or ""
     return result
 
 
-def retention(run: Run, result: Result, transcript: list[Message], carriers: dict[int, int]) -> dict[str, list[bool]]:
-    """For each planted fact whose message (the user's, for a decision; else the model's) is not in
-    the last agent prompt as it was written: is its value in that prompt?"""
+def search_history(http: httpx.Client, query: str) -> list[dict[str, Any]]:
+    """What search_history's top 5 would show for `query` (the same search, asked as people do)."""
+    response = http.get("/v1/conversations/bench/search", params={"q": query, "limit": 5},
+                        headers={"Authorization": f"Bearer {KEY}"})
+    response.raise_for_status()
+    return response.json()["data"]
+
+
+def last_key_facts(http: httpx.Client) -> list[str]:
+    response = http.get("/v1/conversations/bench/trajectory", params={"limit": 1}, headers={"Authorization": f"Bearer {KEY}"})
+    response.raise_for_status()
+    summaries = response.json().get("summaries") or []
+    return list(summaries[-1]["key_facts"]) if summaries else []
+
+
+def retention(
+    run: Run, result: Result, transcript: list[Message], carriers: dict[int, int]
+) -> tuple[dict[str, list[bool]], dict[str, list[bool]]]:
+    """For each planted fact whose message (the user's, for a decision; else the model's or its
+    tool's output) is not in the last agent prompt as it was written: (is its value in that
+    prompt?, is it there or in a hit of search_history's top 5 for its sentence without it?)."""
     last = next(p for p in reversed(result.prompts) if not p.summary and not p.refused)
     everything = json.dumps(last.messages, ensure_ascii=False)  # none of the planted values has a character JSON escapes
-    out: dict[str, list[bool]] = defaultdict(list)
-    for plant in run.plants:
+    kept: dict[str, list[bool]] = defaultdict(list)
+    reachable: dict[str, list[bool]] = defaultdict(list)
+    for i, plant in enumerate(run.plants):
         carrier = carriers[plant.step]
         if plant.kind == "decision":
-            carrier = next(i for i, m in enumerate(transcript) if m.get("content") == plant.value)
+            carrier = next(n for n, m in enumerate(transcript) if m.get("content") == plant.value)
+        elif plant.kind in ("note", "warn", "json"):
+            carrier += 1  # the tool output after the call
         if transcript[carrier] in last.messages:
             continue  # still in the prompt as it was: nothing to measure
-        out[plant.kind].append(occurs(plant.value, everything))
-    return out
+        in_prompt = occurs(plant.value, everything)
+        kept[plant.kind].append(in_prompt)
+        reachable[plant.kind].append(in_prompt or any(occurs(plant.value, hit["text"]) for hit in result.found.get(i, ())))
+    return kept, reachable
 
 
 # -- figures ----------------------------------------------------------------------------------
@@ -600,7 +635,7 @@ def _why(before: Prompt, after: Prompt) -> str:
     return "window"  # the window's start moved, or mask masked another output
 
 
-def figures(result: Result, pricing: Pricing, naive_cost: float, limit: int) -> dict[str, Any]:
+def figures(result: Result, pricing: Pricing, naive_cost: float, limit: int, run: Run) -> dict[str, Any]:
     # A request the API refuses is not billed and caches nothing: it is counted apart.
     agent = [p for p in result.prompts if not p.summary and not p.refused]
     summaries = [p for p in result.prompts if p.summary and not p.refused]
@@ -625,6 +660,9 @@ def figures(result: Result, pricing: Pricing, naive_cost: float, limit: int) -> 
     history = [sum(pricing.tokens([m for m in p.messages if m.get("role") != "system"], p.tools)) for p in agent]
     kept = {kind: result.plants_left.get(kind, []) for kind in KINDS}
     left = sum(len(v) for v in kept.values())
+    reachable = [hit for kind in KINDS for hit in result.reachable.get(kind, [])]
+    values = [plant.value for plant in run.plants]
+    fact_lines = [line for line in result.key_facts if any(occurs(v, line) for v in values)]
     return {
         "name": result.name,
         "tokens": tokens,
@@ -635,6 +673,11 @@ def figures(result: Result, pricing: Pricing, naive_cost: float, limit: int) -> 
         "prefix": extends / pairs if pairs else 1.0,
         "facts": sum(sum(v) for v in kept.values()) / left if left else None,
         "by_kind": kept,
+        "reachable": sum(reachable) / len(reachable) if reachable else None,
+        "key_facts": len(result.key_facts),
+        "key_facts_tokens": pricing.counter.count_texts(["\n".join(f"- {f}" for f in result.key_facts)], MODEL) if result.key_facts else 0,
+        "key_fact_share": len(fact_lines) / len(result.key_facts) if result.key_facts else None,
+        "summary_tokens": pricing.counter.count_texts([result.summary_text], MODEL) if result.summary_text else 0,
         "max_prompt": max(history),
         "over_limit": sum(1 for h in history if h > limit),
         "failed": result.failed,
@@ -655,17 +698,21 @@ def table(rows: list[dict[str, Any]], naive: dict[str, Any], run: Run, steps: in
         f"Context economy: {steps} steps, {len(run.plants)} planted facts, {run.size() / 1e6:.1f} MB of messages; "
         f"default limits, summarizer keeps nothing.",
         "",
-        f"| configuration | tokens | cost (cached at {CACHED_PRICE:g}) | vs naive | prefix kept | facts kept | {kinds} "
+        f"| configuration | tokens | cost (cached at {CACHED_PRICE:g}) | vs naive | prefix kept | facts kept | reachable "
+        f"| {kinds} | key facts | key facts tokens | key facts with a fact | summary tokens "
         "| summaries | max prompt | over limit | refused | failed |",
-        "|" + " --- |" * (11 + len(KINDS)),
-        f"| naive (whole transcript) | {naive['tokens']:,} | {naive['cost']:,.0f} | 100% | 100% | — |"
-        + " — |" * len(KINDS) + " — | — | — | — | — |",
+        "|" + " --- |" * (16 + len(KINDS)),
+        f"| naive (whole transcript) | {naive['tokens']:,} | {naive['cost']:,.0f} | 100% | 100% | — | — |"
+        + " — |" * len(KINDS) + " — | — | — | — | — | — | — | — | — |",
     ]
     for r in rows:
         by_kind = " | ".join(f"{sum(v)}/{len(v)}" if v else "—" for v in (r["by_kind"][k] for k in KINDS))
+        share = "—" if r["key_fact_share"] is None else format(r["key_fact_share"], ".0%")
         lines.append(
-            f"| {r['name']} | {r['tokens']:,} | {r['cost']:,.0f} | {100 * r['cost_share']:.1f}% | {100 * r['prefix']:.0f}% "
-            f"| {'—' if r['facts'] is None else format(r['facts'], '.0%')} | {by_kind} | {r['summarizer_calls']} "
+            f"| {r['name']} | {r['tokens']:,} | {r['cost']:,.0f} | {100 * r['cost_share']:.1f}% | {100 * r['prefix']:.1f}% "
+            f"| {'—' if r['facts'] is None else format(r['facts'], '.0%')} "
+            f"| {'—' if r['reachable'] is None else format(r['reachable'], '.0%')} | {by_kind} "
+            f"| {r['key_facts']} | {r['key_facts_tokens']:,} | {share} | {r['summary_tokens']:,} | {r['summarizer_calls']} "
             f"| {r['max_prompt']:,} | {r['over_limit']} | {r['refused']} | {r['failed']} |"
         )
     lines.append("")
@@ -705,7 +752,7 @@ def main(argv: list[str] | None = None) -> None:
             results = [run_config(loop, upstream, wire, label, overrides, run) for label, overrides in configs]
             pricing = Pricing()
             naive = naive_figures(results[0], pricing, run)
-            rows = [figures(r, pricing, naive["cost"], DEFAULT_LIMIT) for r in results]
+            rows = [figures(r, pricing, naive["cost"], DEFAULT_LIMIT, run) for r in results]
             tables.append(f"### {wire.name}\n\n" + table(rows, naive, run, args.steps))
     finally:
         loop.run(upstream.close())

@@ -253,7 +253,7 @@ class CompactionSettings(Section):
     max_summary_tokens: int = Field(
         1024, ge=64, le=32768, description="The summarizer's max_tokens; a longer answer is cut to it."
     )
-    max_key_facts: int = Field(100, ge=0, le=500, description="Most identifiers kept as key facts.")
+    max_key_facts: int = Field(100, ge=0, le=500, description="Most statements kept as key facts.")
     key_facts_chars: int = Field(
         3000, ge=0, le=100_000, description="Characters of the key facts list; the least salient go first past it."
     )

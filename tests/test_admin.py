@@ -94,11 +94,11 @@ def test_same_id_in_two_tenants_needs_a_tenant_for_the_admin(proxy, upstream, ht
 
 
 def test_turn_records_say_what_went_upstream(make_proxy, upstream):
-    proxy = make_proxy(context={"history_token_limit": 400}, quota={"max_llm_calls": 9})
+    proxy = make_proxy(context={"history_token_limit": 700}, quota={"max_llm_calls": 9})
     client = openai_client(proxy, headers={"X-Conversation-ID": "turns"})
     messages = [{"role": "system", "content": "s"}]
     for i in range(4):
-        messages.append({"role": "user", "content": f"question {i} " + "word " * (30 if i < 3 else 200)})
+        messages.append({"role": "user", "content": f"question {i} " + "word " * (30 if i < 3 else 550)})
         messages.append(client.chat.completions.create(model="m", messages=messages).choices[0].message.model_dump(include={"role", "content"}))
     with httpx.Client(base_url=proxy.url, auth=proxy.admin_auth) as http:
         records = http.get("/v1/conversations/turns/turns").json()["data"]

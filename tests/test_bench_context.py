@@ -20,10 +20,16 @@ def test_the_generator_plants_each_fact_once_where_a_run_names_it():
     assert collections.Counter(p.kind for p in run.plants) == PLANTS_PER_KIND
     for plant in run.plants:
         step = run.steps[plant.step]
-        where = {"decision": step.user, "number": step.content, "ticket": step.content}.get(plant.kind)
-        if where is None:  # paths, shas and URLs are a tool call's arguments
-            where = json.dumps([json.loads(a) for _, _, a in step.calls])
+        where = {"decision": step.user, "finding": step.content}.get(plant.kind)
+        if where is None:  # notes, warnings and JSON fields are inside the step's tool output
+            (output,) = step.outputs.values()
+            where = output
+            if plant.kind == "note":
+                assert len(output) > 25_000
+            if plant.kind == "warn":
+                assert output.count("\n") > 1000
         assert occurs(plant.value, where), plant
+        assert plant.value not in plant.query and len(plant.query) > 20  # what one would search for
     assert not occurs("12", "v12.3") and occurs("INV-1234", "as INV-1234;")
 
 

@@ -30,7 +30,7 @@ def shape(body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
         "headers": sorted(set(headers) - TRANSPORT_HEADERS),
         "body": sorted(body),
         "items": [(item.get("type"), item.get("role"), sorted(item)) for item in body["input"]],
-        "tools": [(tool["type"], tool.get("name")) for tool in body["tools"] if tool.get("name") != "read_tool_output"],
+        "tools": [(tool["type"], tool.get("name")) for tool in body["tools"] if tool.get("name") not in ("read_tool_output", "search_history")],
     }
 
 

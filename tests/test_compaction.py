@@ -4,12 +4,16 @@ per-request control, background runs, failures, and the trajectory record."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import httpx
 import pytest
 
 from proxy.state import COMPACTION, ENGINE
 from proxy.store import StoredMessage
+from proxy.tokens import TokenCounter
+from proxy.tools.history_search import SEARCH_TOOL_SPEC
+from proxy.tools.readback import READ_TOOL_SPEC
 from tests.conftest import ALICE
 from tests.fake_upstream import Reply, default_responder
 from tests.responders import is_summary_request
@@ -148,22 +152,21 @@ def test_mask_masks_in_batches_so_prompts_extend_between_them(make_proxy, upstre
     assert extends.count(False) == len(set(masked_counts)) - 1  # the prompt changes only when a batch is masked
 
 
-def test_lost_identifiers_come_back_as_key_facts(make_proxy, upstream):
+def test_lost_statements_come_back_as_key_facts(make_proxy, upstream):
     upstream.responder = responder("The agent worked on the server.")
     agent = Agent(make_proxy(**foreground(strategy="turns", every_n_user_messages=3)), "facts")
     agent.say("task: make the server configurable")
-    agent.messages.append({"role": "assistant", "content": "I will edit src/server/main.py to listen on port 8080, "
-                           "as https://docs.example.com/cfg says, and bump version 2.4.1."})
+    said = ("I will edit src/server/main.py to listen on port 8080, as https://docs.example.com/cfg says, "
+            "and bump version 2.4.1.")
+    agent.messages.append({"role": "assistant", "content": said})
     agent.say("third")
     agent.say("fourth")
     agent.say("next")
     [summary] = agent.trajectory()["summaries"]
     assert summary["text"].startswith("The agent worked on the server.")  # the summarizer's own text, apart
-    assert summary["key_facts"] == ["src/server/main.py", "8080", "https://docs.example.com/cfg", "2.4.1"]
+    assert summary["key_facts"] == [said]  # the sentence that carries them, not its bare tokens
     sent = agent_requests(upstream)[-1]["messages"][1]["content"]
-    assert "Key facts (kept verbatim from the summarized messages):\n- src/server/main.py\n" in sent
-    for fact in ("https://docs.example.com/cfg", "2.4.1", "8080"):
-        assert f"\n- {fact}" in sent
+    assert f"Key facts (kept verbatim from the summarized messages):\n- {said}" in sent
 
 
 def test_a_window_too_big_for_the_summarizer_is_summarized_in_chunks(make_proxy, upstream):
@@ -260,7 +263,11 @@ def test_the_window_trims_while_no_summary_is_ready(make_proxy, upstream):
     agent = Agent(proxy, "trim")
     for i in range(12):
         response = agent.say(f"message {i} " + "word " * 20)
-    assert int(response.headers["X-Context-Tokens-Sent"]) <= 120 + 40  # the limit, plus the system prompt
+    # The limit, plus the system prompt; the recall tools go too (the window left messages out).
+    recall_tools = TokenCounter().count_texts(
+        [json.dumps({"type": "function", "function": asdict(spec)}) for spec in (READ_TOOL_SPEC, SEARCH_TOOL_SPEC)], "m"
+    )
+    assert int(response.headers["X-Context-Tokens-Sent"]) <= 120 + 40 + recall_tools
     assert int(response.headers["X-Context-Messages-Left-Out"]) > 10
 
 

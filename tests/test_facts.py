@@ -47,34 +47,69 @@ def test_identifiers_keep_names_and_drop_noise():
     assert identifiers("00000010: 4865 6c6c 6f20 776f  Hello wo") == []
 
 
-def test_named_before_seen_then_repeated_then_recent():
+LOG = "\n".join(f"2024-05-01T10:{i % 60:02d}:00Z INFO order {10000 + i} processed in {i % 90} ms" for i in range(300))
+CODE = "\n".join(f"    def value_{i % 50}(self, amount) -> Decimal:" if i % 7 else f"    return round(amount, {i % 4})" for i in range(400))
+REPEATED = "src/invoicing/models.py src/invoicing/api.py src/invoicing/tax.py"
+
+
+def facts_of(window) -> list[str]:
+    return [f.value for f in carried_facts(window, (), "", 0)]
+
+
+def test_key_facts_are_the_lines_unlike_their_neighbours_not_bare_tokens():
+    log = LOG.replace("INFO order 10100 processed in 10 ms", "WARN ledger drift totals 48213 cents since the import")
+    code = CODE.replace("    return round(amount, 2)", "    # NOTE: refunds are booked on the day they clear, not the day asked", 1)
+    result = json.dumps({"id": 41, "status": "ok", "rows": [1, 2, 3], "note": "Refunds above the limit go to manual review."})
+    found = facts_of([stored(1, "user", "task"), stored(2, "tool", log, tool_call_id="c"),
+                      stored(3, "tool", code, tool_call_id="c"), stored(4, "tool", result, tool_call_id="c")])
+    # The warning without its timestamp, the comment without its marker, the prose field with its key.
+    assert set(found) == {"WARN ledger drift totals 48213 cents since the import",
+                          "NOTE: refunds are booked on the day they clear, not the day asked",
+                          "note: Refunds above the limit go to manual review."}
+
+
+def test_the_assistants_findings_and_rare_names_count_while_filler_and_repeated_names_do_not():
+    filler = "Done with this part: the change is in and the tests pass locally."
     window = [
-        stored(1, "user", "task"),
-        stored(2, "assistant", None, **call("app/read_once.py")),
-        stored(3, "tool", "lib/seen_twice.py lib/seen_once.py", tool_call_id="c"),
-        stored(4, "tool", "lib/seen_twice.py", tool_call_id="c"),
-        stored(5, "assistant", "Now app/named_twice.py and the table of 48213 rows."),
-        stored(6, "user", "yes, app/named_twice.py"),
+        stored(1, "user", "task: fix the ledger"),
+        *[stored(2 + i, "tool", REPEATED, tool_call_id="c") for i in range(4)],  # every listing names these
+        stored(6, "assistant", None, **call("src/invoicing/models.py")),  # a file read again and again
+        stored(7, "assistant", None, **call("src/exports/sepa_42.py")),  # a file read once
+        *[stored(8 + i, "assistant", filler) for i in range(3)],
+        stored(11, "assistant", "This is tracked as PAY-4821. I will look at the handler next."),
+        stored(12, "assistant", "The root cause is in the rounding of credit notes."),
     ]
-    facts = window_facts(window)
-    assert facts["app/read_once.py"] == KeyFact("app/read_once.py", 1, 0, 2)
-    assert "120" not in facts  # a JSON number in a call's arguments is an offset, not a fact
-    ranked = [f.value for f in carried_facts(window, (), "", 0)]
-    assert ranked == ["app/named_twice.py", "48213", "app/read_once.py", "lib/seen_twice.py", "lib/seen_once.py"]
+    found = facts_of(window)
+    assert "This is tracked as PAY-4821." in found and "The root cause is in the rounding of credit notes." in found
+    assert any("src/exports/sepa_42.py" in f for f in found)
+    assert not any("src/invoicing/models.py" in f or filler in f or f == "task: fix the ledger" for f in found), found
+    assert not any(f in ("PAY-4821", "src/exports/sepa_42.py") for f in found)  # statements, not tokens
+    assert found.index("This is tracked as PAY-4821.") < found.index("The root cause is in the rounding of credit notes.")
 
 
 def test_key_facts_skip_what_the_summary_shows_and_stay_within_their_budget():
-    candidates = carried_facts([stored(1, "assistant", "a/one.py b/two.py c/three.py d/four.py")], (), "", 0)
-    assert [f.value for f in key_facts(candidates, "we changed b/two.py", 10, 1000)] == ["a/one.py", "c/three.py", "d/four.py"]
-    within = key_facts(candidates, "", 10, 25)  # two lines of 11-13 characters
-    assert [f.value for f in within] == ["a/one.py", "b/two.py"]
-    assert key_facts(candidates, "", 0, 1000) == []
+    window = [stored(i, "assistant", f"The drift is in services/ledger/part_{i}.py for sure.") for i in range(1, 5)]
+    candidates = carried_facts(window, (), "", 0)
+    kept = key_facts(candidates, "we looked at services/ledger/part_2.py", 10, 1000)
+    assert [f.value for f in kept] == [f"The drift is in services/ledger/part_{i}.py for sure." for i in (4, 3, 1)]
+    within = key_facts(candidates, "", 10, 110)  # two lines of 52 characters
+    assert len(within) == 2 and key_facts(candidates, "", 0, 1000) == []
 
 
-def test_facts_carry_forward_and_add_up_their_counts():
-    previous = [KeyFact("old/kept.py", 2, 1, 3)]
-    window = [stored(10, "assistant", "again old/kept.py and new/one.py")]
-    carried = {f.value: f for f in carried_facts(window, previous, "the summary named docs/guide.md", 9)}
-    assert carried["old/kept.py"] == KeyFact("old/kept.py", 3, 1, 10)
-    assert carried["docs/guide.md"] == KeyFact("docs/guide.md", 1, 0, 9)  # what the old text showed comes back
-    assert carried["new/one.py"].named == 1
+def test_facts_carry_forward_keeping_their_best_score():
+    previous = [KeyFact("The drift is in services/ledger/old.py.", 9, 1, 3)]
+    window = [stored(10, "assistant", "The drift is in services/ledger/old.py. And services/ledger/new.py too, it turns out.")]
+    carried = {f.value: f for f in carried_facts(window, previous, "", 9)}
+    assert carried["The drift is in services/ledger/old.py."].named == 9
+    assert carried["The drift is in services/ledger/old.py."].last_seq == 10
+    assert "And services/ledger/new.py too, it turns out." in carried
+
+
+def test_a_log_line_whose_level_is_not_its_neighbours_counts_whatever_the_log_format():
+    lines = LOG.splitlines()
+    lines[50] = '2024-05-01T10:50:00Z level=warn msg="retry budget exhausted while calling services/payouts/sepa_12.py"'
+    lines[150] = "2024-05-01T10:30:00Z E [sepa] mandate store refused the batch of merchant 48213"
+    lines[250] = "2024-05-01T10:10:00Z DEBUG cache warmed for tenant 48214"  # quiet levels stay noise
+    found = facts_of([stored(1, "tool", "\n".join(lines), tool_call_id="c")])
+    assert set(found) == {'level=warn msg="retry budget exhausted while calling services/payouts/sepa_12.py"',
+                          "E [sepa] mandate store refused the batch of merchant 48213"}

@@ -189,6 +189,7 @@ def test_read_back_of_a_truncated_output_is_answered_by_the_proxy(routed, upstre
     assert [t["function"]["name"] for t in upstream.chat_requests()[-1]["tools"]] == [
         "exec_command",
         "read_tool_output",
+        "search_history",
     ]
     history = build_history() + [user("what is on line 1400?")]
     upstream.enqueue(

@@ -216,7 +216,7 @@ def test_a_long_tool_result_is_shortened_and_read_back_out_of_the_clients_sight(
     _, round1, round2 = upstream.messages_requests()
     sent_result = round1["messages"][-1]["content"][0]["content"]
     assert len(sent_result) < 3000 and "read_tool_output" in sent_result and "FAILED" not in sent_result
-    assert [t["name"] for t in round1["tools"]] == ["run_build", "read_tool_output"]
+    assert [t["name"] for t in round1["tools"]] == ["run_build", "read_tool_output", "search_history"]
     # The read round: the model's own thinking + call, byte for byte, then the proxy's answer.
     assert block_types(round2)[-2:] == [("assistant", ["thinking", "tool_use"]), ("user", ["tool_result"])]
     assert "FAILED at step 00900" in round2["messages"][-1]["content"][0]["content"]
@@ -469,7 +469,7 @@ def test_count_tokens_counts_the_prompt_the_proxy_would_send_and_stores_nothing(
     assert managed.input_tokens < direct.input_tokens // 3
     counted = upstream.anthropic.count_tokens_requests()[0]
     assert "read_tool_output" in counted["messages"][-1]["content"][0]["content"]
-    assert [t["name"] for t in counted["tools"]] == ["run_build", "read_tool_output"]
+    assert [t["name"] for t in counted["tools"]] == ["run_build", "read_tool_output", "search_history"]
     # Nothing written: no message, no call, no turn; a new conversation is not created either.
     assert conversation(http, "count-1") == before
     fresh = claude_client(proxy, headers={"X-Claude-Code-Session-Id": "count-2"})

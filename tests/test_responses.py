@@ -116,7 +116,7 @@ def test_a_long_function_call_output_goes_upstream_shortened(proxy, upstream, ht
     shortened = sent_output(upstream)
     assert shortened.startswith(BIG[:2000]) and len(shortened) < 3000 and REF.search(shortened)
     tools = upstream.responses_requests()[-1]["tools"]
-    assert [t["name"] for t in tools] == ["exec_command", "read_tool_output"]
+    assert [t["name"] for t in tools] == ["exec_command", "read_tool_output", "search_history"]
     assert live_messages(http, "trunc")[3]["output"] == BIG  # stored whole
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import dataclasses
 import uuid
 from collections.abc import AsyncIterator
@@ -679,3 +680,100 @@ async def test_failed_turns_are_counted_and_listed_apart(store):
     await store.delete(keys[2])
     assert [c.key.id for c in (await store.list_conversations("t", failed=True))[0]] == ["c4", "c0"]
     assert [c.key.id for c in (await store.list_conversations(None, failed=True))[0]] == ["c4", "c0"]
+
+
+# -- history search ----------------------------------------------------------------------------
+
+
+async def append_raw(store: Store, key: ConversationKey, batch: list[dict], status: str = LIVE) -> list[int]:
+    return await store.append(key, batch, [message_hash(m) for m in batch], status)
+
+
+LOG = "\n".join(f"2024-05-01T10:{i % 60:02d}:00Z INFO order {10000 + i} processed in {i % 90} ms" for i in range(400))
+
+
+async def test_search_finds_the_passage_that_says_it_with_where_to_read_it(store):
+    lines = LOG.splitlines()
+    lines.insert(250, "2024-05-01T10:10:00Z WARN ledger drift of 4711 cents in services/ledger/drift.py")
+    seqs = await append_raw(store, A, [
+        {"role": "user", "content": "Find out why the ledger is off."},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "tail_log", "arguments": "{\"service\": \"ledger\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "\n".join(lines)},
+        {"role": "assistant", "content": "The root cause is in the drift module."},
+    ])
+    hits = await store.search(A, "ledger drift cents")
+    assert hits and hits[0].seq == seqs[2] and hits[0].role == "tool"
+    assert "WARN ledger drift of 4711 cents" in hits[0].text
+    whole = "\n".join(lines)
+    assert whole[hits[0].offset:].startswith(hits[0].text) and hits[0].length == len(whole)
+    assert hits[0].created_at > 0 and len(hits[0].text) < 1500  # a passage with a little context, not the output
+    assert [h.seq for h in await store.search(A, "root cause")][0] == seqs[3]
+    assert await store.search(A, "services/ledger/drift.py") and (await store.search(A, "services/ledger/drift.py"))[0].seq == seqs[2]
+
+
+async def test_search_matches_identifiers_whole_and_bounds_its_hits(store):
+    await add(store, A, ["tracked as PAY-12345 for now", "tracked as PAY-1234 since Monday", *[f"note {i} on tracking" for i in range(30)]])
+    hits = await store.search(A, "PAY-1234")
+    assert hits[0].text == "tracked as PAY-1234 since Monday"
+    assert len(await store.search(A, "tracking note")) == 5  # the default
+    assert len(await store.search(A, "tracking note", limit=100)) == 20  # at most
+    assert len(await store.search(A, "tracking note", limit=2)) == 2
+    assert await store.search(A, "   ") == [] and await store.search(A, "absent-word") == []
+
+
+async def test_search_sees_only_the_live_transcript_of_its_own_conversation(store):
+    await add(store, A, ["the staging database is db-stage-42"])
+    superseded = await add(store, A, ["the staging database is db-stage-77"])
+    await add(store, A, ["the staging database is db-stage-99"], status=FAILED)
+    assert {h.text for h in await store.search(A, "staging database")} == {
+        "the staging database is db-stage-42", "the staging database is db-stage-77"}
+    await store.set_statuses(A, {superseded[0]: SUPERSEDED})  # after it was indexed: gone at once
+    assert [h.text for h in await store.search(A, "staging database")] == ["the staging database is db-stage-42"]
+    assert await store.search(B, "staging database") == []  # another tenant's conversation of the same id
+    assert await store.search(ConversationKey("tenant-a", "other"), "staging database") == []
+
+
+async def test_search_keeps_up_with_appends_and_forgets_a_deleted_conversation(store):
+    await add(store, A, ["first words about rounding"])
+    assert len(await store.search(A, "rounding")) == 1
+    later = await add(store, A, ["later words about rounding half-even"])
+    hits = await store.search(A, "rounding half-even")
+    assert hits[0].seq == later[0] and len(hits) == 2
+    await store.delete(A)
+    assert await store.search(A, "rounding") == []
+    await add(store, A, ["a new conversation of the same id, about invoices"])
+    assert await store.search(A, "rounding") == [] and len(await store.search(A, "invoices")) == 1
+
+
+async def test_search_reads_every_wire_format(store):
+    await append_raw(store, A, [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "use the sepa exporter"}]},
+        {"type": "function_call", "call_id": "c1", "name": "read", "arguments": "{\"path\": \"src/exports/sepa_42.py\"}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "# NOTE: sepa batches are capped at 999 rows"},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "dunning level three reached"}]}]},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "secret plan", "signature": "sig"},
+                                          {"type": "text", "text": "the vat table is stale"}]},
+    ])
+    assert [(h.seq, h.role) for h in await store.search(A, "sepa exporter")][:1] == [(1, "user")]
+    assert (await store.search(A, "src/exports/sepa_42.py"))[0].role == "assistant"
+    assert (await store.search(A, "capped rows"))[0].role == "tool"
+    assert (await store.search(A, "dunning level"))[0].role == "tool"
+    assert (await store.search(A, "vat table"))[0].text == "the vat table is stale"
+    assert await store.search(A, "secret plan") == []  # reasoning is not searched
+
+
+async def test_concurrent_first_searches_build_one_index(store):
+    await add(store, A, [f"passage {i} about the sepa export" for i in range(50)])
+    results = await asyncio.gather(*(store.search(A, "sepa export") for _ in range(5)))
+    assert all(r == results[0] for r in results) and len(results[0]) == 5
+    again = await store.search(A, "sepa export")
+    assert [h.score for h in again] == [h.score for h in results[0]]  # nothing indexed twice
+
+
+async def test_search_finds_a_field_of_a_long_one_line_result_whole(store):
+    records = [{"id": 10000 + i, "status": "paid", "amount": 100 + i} for i in range(60)]
+    records[31]["comment"] = "the ledger drift totals 808064 cents since the March import"
+    await append_raw(store, A, [{"role": "tool", "tool_call_id": "c", "content": json.dumps({"data": records})}])
+    (hit,) = await store.search(A, "comment the ledger drift totals cents since the March import")
+    assert "the ledger drift totals 808064 cents since the March import" in hit.text

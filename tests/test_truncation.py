@@ -47,7 +47,7 @@ def test_long_output_goes_upstream_as_preview_and_ref_and_is_stored_whole(proxy,
     ref = REF.search(sent).group(0)
     assert f'read_tool_output(ref="{ref}", offset=2000' in sent
     offered = [t["function"]["name"] for t in upstream.chat_requests()[-1]["tools"]]
-    assert offered == ["run_build", "read_tool_output"]
+    assert offered == ["run_build", "read_tool_output", "search_history"]  # the recall tools, together
 
     assert live_messages(http, "trunc")[3]["content"] == BIG  # the log keeps the full output
     full = admin_get(http, f"/trunc/tool_outputs/{ref}").json()
@@ -145,7 +145,7 @@ def test_read_rounds_are_bounded(make_proxy, upstream):
     assert client.chat.completions.create(model="m", messages=history, tools=TOOLS).choices[0].message.content == "done"
     offered = [[t["function"]["name"] for t in r.get("tools", [])] for r in upstream.chat_requests()]
     # The last call still declares the tool its prompt holds calls of (a prompt stays valid).
-    assert offered == [["run_build", "read_tool_output"]] * 3
+    assert offered == [["run_build", "read_tool_output", "search_history"]] * 3
     assert [m["role"] for m in upstream.chat_requests()[-1]["messages"][len(history) :]] == ["assistant", "tool"] * 2
 
 
@@ -241,7 +241,7 @@ def test_client_tool_named_read_tool_output_is_left_alone(proxy, upstream):
     tools = TOOLS + [{"type": "function", "function": {"name": "read_tool_output", "parameters": {"type": "object", "properties": {}}}}]
     openai_client(proxy).chat.completions.create(model="m", messages=transcript(), tools=tools)
     names = [t["function"]["name"] for t in upstream.chat_requests()[-1]["tools"]]
-    assert names == ["run_build", "read_tool_output"]  # the client's, once
+    assert names == ["run_build", "read_tool_output", "search_history"]  # the client's read tool, once
 
 
 def summarizing_responder(body: dict):
@@ -288,12 +288,14 @@ def test_tokens_sent_header(proxy, upstream, http):
 
 
 def test_reads_past_a_full_window_end_the_turn_not_fail_it(make_proxy, upstream):
-    """Three reads of new ranges in one round: the first takes the room there is, the next find
-    little or none (none once divided by zero: a 500). The round does not fit, so it is not made,
-    and the model's reply goes to the client without our calls."""
+    """Three reads of new ranges in one round: the first takes the room there is but what the
+    next round needs, the next find little or none (none once divided by zero: a 500) and say so.
+    The round fits, and the model's answer after it reaches the client."""
     proxy = make_proxy(context={"history_token_limit": 3000}, truncation={"max_read_rounds": 6})
     ref = first_turn(proxy, upstream, "full")
     reads = Reply.tool_calls([read_call(ref, offset, 8000) for offset in (0, 8000, 16000)])
     text, calls = second_turn(proxy, upstream, "full", reads, Reply.text("done"))
-    assert text == "" and len(calls) == 1
-    assert validate_chat_request(calls[0]) is None
+    assert text == "done" and len(calls) == 2
+    assert all(validate_chat_request(call) is None for call in calls)
+    answers = [m["content"] for m in calls[1]["messages"][-3:]]
+    assert "would overflow the context window" in answers[-1]

@@ -24,6 +24,7 @@ from ..identity import ConversationKey, bearer_token, check_conversation_id, req
 from ..request_parts import current_parts
 from ..state import ADMIN_TOKEN, REFS, SETTINGS, STORE, TRAJECTORIES
 from ..store import SYSTEM_PART, TOOLS_PART, Conversation, StoredMessage
+from ..store.search import DEFAULT_HITS, MAX_HITS
 from ..titles import check_title
 from ..trajectory import build_trajectory, conversation_codec
 from ..transcript import Role
@@ -32,6 +33,7 @@ ALL_TENANTS = None
 SEARCH_SCAN = 2000  # conversations one search page reads at most
 SEARCH_BATCH = 200  # ... from the store this many at a time
 MAX_QUERY_CHARS = 200
+MAX_HISTORY_QUERY_CHARS = 500  # a search of one conversation's messages: a sentence or two
 
 
 class AdminTokenRequired(ProxyError):
@@ -237,6 +239,26 @@ async def tool_output(request: web.Request) -> web.Response:
     )
 
 
+async def search_conversation(request: web.Request) -> web.Response:
+    """`?q=TEXT&limit=N`: the passages of the conversation's live transcript that best match,
+    best first (the search the agent has as search_history); a tool output's hit names its ref."""
+    conversation = await _conversation(request)
+    query = request.query.get("q", "").strip()
+    if not query:
+        raise InvalidRequest("q must name what to search for", param="q")
+    if len(query) > MAX_HISTORY_QUERY_CHARS:
+        raise InvalidRequest(f"q must be at most {MAX_HISTORY_QUERY_CHARS} characters", param="q")
+    limit = _limit(request, DEFAULT_HITS, MAX_HITS)
+    hits = await request.app[STORE].search(conversation.key, query, limit=limit)
+    refs = request.app[REFS]
+    data = [
+        {"seq": hit.seq, "role": hit.role, "created_at": hit.created_at, "text": hit.text,
+         "ref": refs.make(conversation.key, hit.seq) if hit.role == "tool" else None}
+        for hit in hits
+    ]
+    return web.json_response({"object": "list", "data": data})
+
+
 async def delete_conversation(request: web.Request) -> web.Response:
     conversation = await _conversation(request)
     store = request.app[STORE]
@@ -256,3 +278,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get(base + "/{conversation_id}/trajectory", trajectory)
     app.router.add_get(base + "/{conversation_id}/tool_outputs/{ref}", tool_output)
     app.router.add_get(base + "/{conversation_id}/turns", turns)
+    app.router.add_get(base + "/{conversation_id}/search", search_conversation)

@@ -1,22 +1,24 @@
-"""Key facts: the identifiers a summary must not lose.
+"""Key facts: the statements a summary must not lose.
 
-Summaries are lossy, and the losses that hurt an agent most are exact names: a file path, a URL,
-an id, a sha, a number. After each summary the proxy looks for the window's identifiers in it and
-keeps the missing ones as a "Key facts" list, carried forward from summary to summary (none of
-the seed systems checks its summaries; we do).
+Summaries are lossy, and the losses that hurt an agent most are exact: the line that said where
+the bug is, the warning among a thousand log lines, the note in a code listing, a figure the
+assistant found. After each summary the proxy looks for the window's salient statements in it and
+keeps the missing ones as a "Key facts" list, carried forward from summary to summary within
+`key_facts_chars` (none of the seed systems checks its summaries; we do).
 
-What counts, most salient first: an identifier named by the user, the assistant or a tool call's
-arguments (files read or edited, URLs fetched, ids looked up) before one seen only inside tool
-outputs; then one mentioned in several messages before a once-seen one; then the most recent.
-What never counts: parts of timestamps, clock times, dates, durations, sizes, percentages, float
-measurements, hex dumps, a log's bare numbers, and the proxy's own markers, refs and call ids
-(the proxy's "[... 26000 more characters]" once became a key fact, and the model a made-up ref).
+A statement is the line or sentence that carries it (see the section "statements" below for what
+makes one salient). Identifiers (`identifiers`) are what a statement carries: paths, URLs, ids,
+shas, tickets, versions, numbers a person wrote. What never counts: parts of timestamps, clock
+times, dates, durations, sizes, percentages, float measurements, hex dumps, a log's bare numbers,
+and the proxy's own markers, refs and call ids (the proxy's "[... 26000 more characters]" once
+became a key fact, and the model a made-up ref).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -94,35 +96,183 @@ def identifiers(text: str, *, numbers: bool = True) -> list[str]:
     return sorted(kept, key=kept.__getitem__)
 
 
+# -- statements ----------------------------------------------------------------------------------
+# A key fact is a statement: the line or sentence that carries what matters, not its bare token
+# ("WARN ledger drift of 4711 cents in services/ledger/drift.py", not "services/ledger/drift.py").
+# What makes one salient is read off the transcript's own shape, not off what a given agent
+# happens to print: a line unlike its neighbours (a WARN among INFO lines, a comment among code,
+# a prose field among a JSON result's short values), an identifier rare in the conversation (one
+# that every listing repeats names nothing), the assistant's stated findings and its calls'
+# arguments. Filler that repeats, timestamps, counters and the proxy's own markers never count.
+
+MAX_STATEMENT_CHARS = 220  # a statement past this is cut around what it carries
+RARE_MESSAGES = 2  # an identifier in at most this many messages of the window is rare
+MIN_SCORE = 3  # weaker candidates are not facts
+
+_LEVEL = re.compile(r"\b(WARN(?:ING)?|ERROR|ERR|FATAL|CRITICAL|SEVERE|PANIC|Traceback|Exception)\b")
+_COMMENT = re.compile(r"^\s*(?:#(?!!)|//|--(?!-)|/\*|\*(?!\*)|;;|<!--)\s*(.*)$")
+_ATTENTION = re.compile(r"\b(?:NOTE|TODO|FIXME|HACK|XXX|IMPORTANT|WARNING|BUG|SECURITY)\b")
+_FINDING = re.compile(
+    r"\b(?:root cause|found|because|the (?:bug|problem|issue|cause)|is in|fails?|failing|broke|tracked as|turns out|"
+    r"means|must|never|always|decided|instead|totals?|drift|leak|regression|caused by)\b",
+    re.I,
+)
+_LEADING_STAMP = re.compile(
+    r"^\s*\[?\d{4}-\d{2}-\d{2}[T ]?[\d:.,]*(?:Z|[+-]\d{2}:?\d{2})?\]?\s*|^\s*\[?\d{1,2}:\d{2}(?::\d{2})?(?:[.,]\d+)?\]?\s*"
+)
+_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(`])|\n+")
+_MARKER = re.compile(r"\[context-proxy:|\[\.\.\. ?[\d,]+ more characters\]")
+_OUR_SPANS = re.compile(r"\[context-proxy:[^\]]*\]|\[\.\.\. ?[\d,]+ more characters\]")  # a model quoting our markers
+
+
+def _clean(line: str) -> str:
+    """A line as a statement: no leading timestamp, one space between words, bounded."""
+    text = " ".join(_LEADING_STAMP.sub("", line).split())
+    if len(text) > MAX_STATEMENT_CHARS:
+        text = text[: MAX_STATEMENT_CHARS - 1].rstrip() + "…"
+    return text
+
+
+def _normal(text: str) -> str:
+    """A statement's form for telling repeats apart: digits and case aside."""
+    return re.sub(r"\d+", "0", text.lower())
+
+
+def _sentences(text: str) -> list[str]:
+    return [s.strip() for s in _SENTENCE.split(text) if s and s.strip()]
+
+
+def _json_prose(text: str) -> list[str]:
+    """The prose fields of a JSON result ("key: a sentence"), among its short values."""
+    start = min((i for i in (text.find("{"), text.find("[")) if i >= 0), default=-1)
+    if start < 0:
+        return []
+    try:
+        parsed = json.loads(text[start:])
+    except ValueError:
+        return []
+    found: list[str] = []
+    stack: list[tuple[str, Any]] = [("", parsed)]
+    while stack and len(found) < 20:
+        name, node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend(reversed([(str(k), v) for k, v in node.items()]))
+        elif isinstance(node, list):
+            stack.extend(reversed([(name, v) for v in node]))
+        elif isinstance(node, str) and len(node.split()) >= 5:
+            found.append(f"{name}: {node}" if name else node)
+    return found
+
+
+def _tool_candidates(text: str) -> Iterator[tuple[str, int]]:
+    """(statement, score) of a tool output's lines unlike their neighbours."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return
+    leveled = [bool(_LEVEL.search(line)) for line in lines]
+    comments = [bool(_COMMENT.match(line)) for line in lines]
+    many = len(lines) >= 8
+    heads = [_head(line) for line in lines] if many else []
+    usual = Counter(heads).most_common(1)[0] if heads else (None, 0)
+    uniform = usual[0] is not None and usual[1] >= 0.6 * len(lines)  # a log: most lines open alike (INFO ...)
+    for i, line in enumerate(lines):
+        if _MARKER.search(line):
+            continue
+        if leveled[i] and (not many or sum(leveled) <= len(lines) // 5):
+            yield _clean(line), 6  # a warning or error among ordinary lines
+        elif uniform and heads[i] != usual[0] and heads[i] not in _QUIET:
+            yield _clean(line), 6  # a line whose level (its first word) is not its neighbours' own
+        elif comments[i] and many and sum(comments) <= len(lines) // 5:
+            body = _COMMENT.match(line).group(1)  # type: ignore[union-attr]
+            if len(body.split()) >= 4:
+                yield _clean(body), 6 if _ATTENTION.search(body) else 4  # a comment among code
+        elif _ATTENTION.search(line) and many:
+            yield _clean(line), 4
+    for prose in _json_prose(text):
+        yield _clean(prose), 5  # a sentence among a JSON result's short values
+
+
+_HEAD = re.compile(r"(?:level=)?\"?([A-Za-z]{1,8})\b")
+_QUIET = frozenset({None, "INFO", "I", "DEBUG", "D", "TRACE", "T", "NOTICE"})
+
+
+def _head(line: str) -> str | None:
+    """A log line's level: its first word after the timestamp, upper-cased (None: not a word)."""
+    match = _HEAD.match(_LEADING_STAMP.sub("", line, count=1))
+    return match.group(1).upper() if match else None
+
+
+def _call_statement(name: str, arguments: str) -> str:
+    try:
+        parsed = json.loads(arguments) if arguments else {}
+    except ValueError:
+        return _clean(f"called {name}: {arguments}")
+    if not isinstance(parsed, dict):
+        return _clean(f"called {name}: {arguments}")
+    shown = ", ".join(f"{k}={v}" for k, v in parsed.items() if isinstance(v, str | int | float) and not isinstance(v, bool))
+    return _clean(f"called {name}({shown})")
+
+
 def window_facts(window: Sequence[Entry]) -> dict[str, KeyFact]:
-    """Every identifier of the window with its salience, counted once per message, in order of
-    first appearance."""
+    """The window's salient statements (value: the statement; named: its score; seen: the
+    messages it came from; last_seq: the newest of them), in order of first appearance. User
+    messages are left out: the summary carries them verbatim ("What the user said")."""
+    # How many messages name each identifier: one that many messages show names nothing.
+    spread: dict[str, int] = {}
+    for entry in window:
+        for value in set(_entry_identifiers(entry)):
+            spread[value] = spread.get(value, 0) + 1
+    # How often each statement occurs: one said again and again is filler.
+    candidates: list[tuple[str, int, int]] = []  # (statement, score, seq)
+    for entry in window:
+        for statement, score in _candidates(entry):
+            candidates.append((statement, score, entry.seq))
+    repeats: dict[str, set[int]] = {}
+    for statement, _, seq in candidates:
+        repeats.setdefault(_normal(statement), set()).add(seq)
     facts: dict[str, KeyFact] = {}
-    for stored in window:
-        named, seen = _mentions(stored)
-        for value in [*named, *(v for v in seen if v not in named)]:
-            fact = facts.get(value)
-            if fact is None:
-                fact = facts[value] = KeyFact(value, 0, 0, stored.seq)
-            if value in named:
-                fact.named += 1
-            else:
-                fact.seen += 1
-            fact.last_seq = max(fact.last_seq, stored.seq)
+    for statement, score, seq in candidates:
+        named = identifiers(statement)
+        rare = [v for v in named if spread.get(v, 0) <= RARE_MESSAGES]
+        if named and not rare and score < 6:
+            score -= 2  # what it names, every listing names
+        elif rare:
+            score += 2
+        if len(repeats[_normal(statement)]) > RARE_MESSAGES and not rare:
+            continue  # filler: said again and again (a counter aside), naming nothing of its own
+        if score < MIN_SCORE or len(statement) < 12:
+            continue
+        fact = facts.get(statement)
+        if fact is None:
+            facts[statement] = KeyFact(statement, score, 1, seq)
+        else:
+            fact.named, fact.seen, fact.last_seq = max(fact.named, score), fact.seen + 1, max(fact.last_seq, seq)
     return facts
 
 
-def _mentions(entry: Entry) -> tuple[dict[str, None], dict[str, None]]:
-    """(identifiers the item names, identifiers it only shows), each in order: a tool output
-    shows, the rest names."""
-    text = entry.text or ""
-    if entry.role is Role.TOOL:
-        return {}, dict.fromkeys(identifiers(text, numbers=False))
-    named = dict.fromkeys(identifiers(text)) if entry.role in (Role.USER, Role.ASSISTANT) else {}
+def _entry_identifiers(entry: Entry) -> list[str]:
+    values = identifiers(entry.text or "", numbers=entry.role is not Role.TOOL)
     for call in entry.item.calls:
         for value in _argument_strings(call.arguments):
-            named.update(dict.fromkeys(identifiers(value, numbers=False)))  # JSON numbers are offsets and limits
-    return named, {}
+            values.extend(identifiers(value, numbers=False))
+    return values
+
+
+def _candidates(entry: Entry) -> Iterator[tuple[str, int]]:
+    text = entry.text or ""
+    if entry.role is Role.TOOL:
+        yield from _tool_candidates(text)
+    elif entry.role is Role.ASSISTANT:
+        for sentence in _sentences(_OUR_SPANS.sub(" ", text)):
+            if _MARKER.search(sentence):
+                continue
+            carries = bool(identifiers(sentence))
+            finding = bool(_FINDING.search(sentence))
+            if carries or finding:
+                yield _clean(sentence), 3 + 2 * carries + finding  # the assistant's stated findings
+        for call in entry.item.calls:
+            if any(identifiers(v, numbers=False) for v in _argument_strings(call.arguments)):
+                yield _call_statement(call.name, call.arguments), 3  # the arguments of its calls
 
 
 def _argument_strings(arguments: Any) -> Iterator[str]:
@@ -148,24 +298,36 @@ def carried_facts(
     previous_text: str,
     previous_last_seq: int,
 ) -> list[KeyFact]:
-    """The candidates of a new summary, most salient first: the window's identifiers, the previous
-    summary's key facts (their counts added up), and what its text named."""
+    """The candidates of a new summary, most salient first: the window's statements and the
+    previous summary's key facts (a statement seen again keeps its best score). What the previous
+    summary's text said needs no carrying: a statement it lost is among its key facts already."""
     merged = {f.value: KeyFact(f.value, f.named, f.seen, f.last_seq) for f in previous}
-    for value in identifiers(previous_text):
-        merged.setdefault(value, KeyFact(value, 1, 0, previous_last_seq))
     for value, fact in window_facts(window).items():
         old = merged.get(value)
         if old is None:
             merged[value] = fact
         else:
-            old.named, old.seen = old.named + fact.named, old.seen + fact.seen
+            old.named, old.seen = max(old.named, fact.named), old.seen + fact.seen
             old.last_seq = max(old.last_seq, fact.last_seq)
     return sorted(merged.values(), key=salience, reverse=True)
 
 
-def salience(fact: KeyFact) -> tuple[int, int, int]:
-    """Named before seen only in tool output, then repeated before once-seen, then recent first."""
-    return (1 if fact.named else 0, fact.named + fact.seen, fact.last_seq)
+def salience(fact: KeyFact) -> tuple[int, int]:
+    """The stronger statement first (its score), then the newer."""
+    return (fact.named, fact.last_seq)
+
+
+def shown_in(fact: KeyFact, text: str) -> bool:
+    """Whether `text` (the summary) already says the statement: it holds it, or every identifier
+    it carries (a statement without one: most of its words)."""
+    if fact.value in text:
+        return True
+    named = identifiers(fact.value)
+    if named:
+        return all(value in text for value in named)
+    words = [w for w in re.findall(r"[a-z]{4,}", fact.value.lower())]
+    lower = text.lower()
+    return bool(words) and sum(w in lower for w in words) >= 0.8 * len(words)
 
 
 def key_facts(candidates: Sequence[KeyFact], summary_text: str, max_facts: int, max_chars: int) -> list[KeyFact]:
@@ -176,7 +338,7 @@ def key_facts(candidates: Sequence[KeyFact], summary_text: str, max_facts: int, 
     for fact in candidates:
         if len(kept) >= max_facts:
             break
-        if fact.value in summary_text:
+        if shown_in(fact, summary_text):
             continue
         size = fact_line_chars(fact)
         if used + size > max_chars:
@@ -190,4 +352,4 @@ def fact_line_chars(fact: KeyFact) -> int:
     return len(fact.value) + 3  # "- " and the newline
 
 
-__all__ = ["carried_facts", "fact_line_chars", "identifiers", "key_facts", "salience", "window_facts"]
+__all__ = ["carried_facts", "fact_line_chars", "identifiers", "key_facts", "salience", "shown_in", "window_facts"]

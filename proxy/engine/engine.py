@@ -43,6 +43,7 @@ from ..telemetry import NO_TELEMETRY, Telemetry, TurnTrace
 from ..titles import task_of
 from ..tokens import TokenCounter
 from ..tools import offered, standing
+from ..tools.history_search import SEARCH_TOOL_SPEC
 from ..tools.readback import READ_TOOL_SPEC
 from ..turns import TurnWriter, adoptable
 from ..upstream import HttpUpstream
@@ -420,7 +421,9 @@ class Engine:
             request.headers, report,
             reply_reserve=dialect.reply_reserve(body),
             fixed_tokens=self.counter.count_texts(dialect.fixed_parts(body) + standing_tools, model),
-            proxy_tool_tokens=self.counter.count_texts([orjson.dumps(dialect.tool_definition(READ_TOOL_SPEC)).decode()], model),
+            proxy_tool_tokens=self.counter.count_texts(
+                [orjson.dumps(dialect.tool_definition(spec)).decode() for spec in (READ_TOOL_SPEC, SEARCH_TOOL_SPEC)], model
+            ),
             body=body,
             marks=dict(conversation.marks) if conversation else {},
             conversation=conversation,

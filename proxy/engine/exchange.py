@@ -37,6 +37,10 @@ log = logging.getLogger("proxy.exchange")
 
 # What a read-back answer's message adds around its text (role, call id, framing).
 ANSWER_OVERHEAD = 20
+# Kept spare by every answer: room for the model's next call and a short "no room" answer to it,
+# so a read that fills the budget never leaves the next round unmade (the client then got an
+# empty reply: the model's calls were all ours).
+NEXT_ROUND_TOKENS = 200  # a call (~50 tokens with its ids) and a short answer (~50), twice
 
 
 class Exchange:
@@ -176,7 +180,9 @@ class Exchange:
             used = (self.report.tokens_sent or 0) + self.internal_tokens + sum(await self._count(calls_made))
             answers = []
             for call in ours:
-                room = None if self.report.token_budget is None else self.report.token_budget - used - ANSWER_OVERHEAD
+                room = None if self.report.token_budget is None else (
+                    self.report.token_budget - used - ANSWER_OVERHEAD - NEXT_ROUND_TOKENS
+                )
                 answer = codec.tool_result(call, await self.trace.tool(call, self.tools[call.name].answer(call, room)))
                 used += sum(await self._count([answer]))
                 answers.append(answer)

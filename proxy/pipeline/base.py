@@ -58,7 +58,7 @@ class Turn:
     report: TurnReport
     reply_reserve: int = 0  # tokens the request keeps for the reply (its max tokens)
     fixed_tokens: int = 0  # tokens sent with every call besides the transcript (tool schemas, instructions)
-    proxy_tool_tokens: int = 0  # what the proxy's read_tool_output definition adds when it is offered
+    proxy_tool_tokens: int = 0  # what the proxy's recall tools' definitions add when they are offered
     summary: Summary | None = None  # the conversation's current compaction summary, if any
     marks: dict[str, int] = field(default_factory=dict)  # where the cuts stood after the last turn (see Conversation)
     body: dict[str, Any] | None = None  # the request as received (for custom stages); never edited

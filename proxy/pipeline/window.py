@@ -37,9 +37,11 @@ from ..compaction.render import render_summary
 from ..config import Settings
 from ..transcript import Item, Role, is_instruction, leading_system_count, unit_start, units
 from .base import StageRun, Turn, passed_through
+from ..tools.history_search import RECALL_MARK
 from .compaction import SUMMARY
 
 MAX_PASSES = 4
+RECALL_ROOM = 600  # tokens (at most a tenth of the limit) kept free for a recall round once the recall tools go
 # The most of the history limit the window's quotes of the user messages it leaves out may take
 # (the rest stays for the history itself), and the characters per token that budget assumes.
 QUOTE_SHARE = 0.25
@@ -54,7 +56,7 @@ class Stepped:
     mark: int | None  # the window mark the next turn starts from
     history_tokens: int  # the history sent, from the start on
     limit: int  # the history's budget
-    with_read_tool: bool  # whether the read tool's schema was counted in (a shortened output went)
+    with_read_tool: bool  # whether the recall tools' schemas were counted in (something had left the prompt)
 
 
 class TokenWindow:
@@ -149,24 +151,30 @@ class TokenWindow:
         after = sum(await self._count(turn, [redone[i] for i in moved]))
         return moved, tokens - before + after
 
-    async def _choose(self, turn: Turn, items: list[Item], quoted_tokens: int) -> tuple[list[int], int, int, int]:
+    async def _choose(
+        self, turn: Turn, items: list[Item], quoted_tokens: int, recall: bool = False
+    ) -> tuple[list[int], int, int, int]:
         """(the indices of the items to send, the tokens they make, the budget of the prompt, the
-        history limit before `quoted_tokens` of the window's own quotes are taken from it)."""
+        history limit before `quoted_tokens` of the window's own quotes are taken from it). With
+        `recall`, room is kept for the recall tools whatever the prompt holds."""
         n_system = leading_system_count(items)
         head = n_system
         while head < len(items) and items[head].pinned:
             head += 1
         head_counts = await self._count(turn, items[:head])
-        fixed = turn.fixed_tokens
-        if any(item.ref is not None for item in items):  # the proxy's read tool may go with this prompt
-            fixed += turn.proxy_tool_tokens
+        # The recall tools go with any prompt that something has left, and stay: their room is
+        # kept once they may go (a window that cuts chooses again with it, so they never overflow it).
+        recall = recall or _recall_goes(turn, items, range(len(items)))
+        fixed = turn.fixed_tokens + (turn.proxy_tool_tokens if recall else 0)
+        # ... and room for one of their rounds: a search the window leaves no room for finds nothing.
+        room = min(RECALL_ROOM, turn.profile.context.history_token_limit // 10) if recall else 0
         # The client's instructions after the leading system items (Claude Code's environment
         # block after the task) are not history either: they count as those do, against the
         # model's window but not the history limit, so the window cuts nothing for their sake.
         at = [i for i in range(n_system, len(items)) if is_instruction(items[i])]
         instructions = dict(zip(at, await self._count(turn, [items[i] for i in at]), strict=True))
         limit = effective_limit(
-            max(turn.profile.context.history_token_limit - fixed, 0),
+            max(turn.profile.context.history_token_limit - fixed - room, 0),
             turn.counter.context_window(turn.model),
             turn.reply_reserve,
             sum(head_counts[:n_system]) + sum(instructions.values()) + fixed,
@@ -179,14 +187,13 @@ class TokenWindow:
         for i in instructions:
             counts[i] = 0
         kept = self._stepped(turn, items, counts, limit, head, scan_from)
-        with_read_tool = fixed != turn.fixed_tokens
-        if not any(items[i].ref is not None for i in kept):
-            fixed = turn.fixed_tokens  # no shortened output left in the prompt: no read tool either
-            with_read_tool = False
+        with_read_tool = recall
+        if not recall and len(kept) < len(items):  # the cut makes the recall tools go: their room first
+            return await self._choose(turn, items, quoted_tokens, recall=True)
         tokens = fixed + sum(counts[i] for i in kept) + sum(instructions.get(i, 0) for i in kept)
         history = sum(counts[i] for i in kept[head:])
         self._note(turn, items, kept, head, Stepped(None, history, limit, with_read_tool))
-        return kept, tokens, tokens + limit - history, full_limit
+        return kept, tokens, tokens + limit + room - history, full_limit
 
     @staticmethod
     def _note(turn: Turn, items: list[Item], kept: list[int], head: int, stepped: Stepped) -> None:
@@ -287,6 +294,15 @@ TAIL_BATCH = 4  # the fewest items `_tail_counts` counts at once
 
 
 WINDOW_MARK = "window_start"  # the seq the window starts at since its last cut
+
+
+def _recall_goes(turn: Turn, items: Sequence[Item], kept: Sequence[int]) -> bool:
+    """Whether the recall tools go with the prompt of `kept` (as tools/history_search.py decides)."""
+    if RECALL_MARK in turn.marks or RECALL_MARK in turn.report.marks or turn.summary is not None:
+        return True
+    if len(kept) < len(items) or turn.report.messages_left_out > 0 or turn.report.masked > 0:
+        return True
+    return any(items[i].ref is not None for i in kept)
 
 
 def _start_index(items: Sequence[Item], head: int, start_seq: int | None) -> int | None:

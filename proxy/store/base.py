@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -21,6 +21,9 @@ from ..errors import ProxyError
 from ..identity import ConversationKey, family_of
 from ..messages import Message
 from ..titles import title_from_task
+
+if TYPE_CHECKING:
+    from .search import SearchHit
 
 # Written before forwarding; becomes live when the upstream accepts the request, failed otherwise.
 PENDING = "pending"
@@ -554,6 +557,13 @@ class Store(Protocol):
         it, or None (and creates nothing) if there is no such conversation."""
 
     async def message(self, key: ConversationKey, seq: int) -> StoredMessage | None: ...
+
+    async def search(self, key: ConversationKey, query: str, *, limit: int = 5) -> list[SearchHit]:
+        """The passages of the conversation's live messages (those a compaction covers included;
+        never superseded, failed or internal ones, never another conversation's) that best match
+        `query` (BM25 over passages of a few lines, identifiers matched whole), best first, at most
+        `limit` (1..20), one per message. Both backends answer from an index derived from their own
+        log (see search.py)."""
 
     async def count_llm_call(self, key: ConversationKey, limit: int | None = None) -> int | None:
         """Count one upstream call; returns the conversation's total so far, this one included.

@@ -92,6 +92,7 @@ from .base import (
     now,
 )
 from .checkpoints import Checkpointer
+from .search import DEFAULT_HITS, HistoryIndexes, SearchHit
 from .worker import StoreThread
 
 log = logging.getLogger("proxy.store.disk")
@@ -657,6 +658,7 @@ class DiskStore:
         self._thread = StoreThread("diskstore", initializer=lambda: self._checkpoints.writer(self._cache._con))
         self._locks: weakref.WeakValueDictionary[ConversationKey, asyncio.Lock] = weakref.WeakValueDictionary()
         self._leases: dict[str, tuple[str, float]] = {}  # name -> (token, monotonic expiry)
+        self._search = HistoryIndexes()  # history search: built from the log, see search.py
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         try:
@@ -803,6 +805,7 @@ class DiskStore:
         return found
 
     async def delete(self, key: ConversationKey) -> bool:
+        self._search.forget(key)
         try:
             return await self._write(self._delete, key, telling=False)
         except StoreFull:
@@ -1207,6 +1210,10 @@ class DiskStore:
     async def import_conversation(self, dump: ConversationDump, *, replace: bool = False) -> None:
         dump.check()
         await self._write(self._import, dump, replace)
+        self._search.forget(dump.conversation.key)
+
+    async def search(self, key: ConversationKey, query: str, *, limit: int = DEFAULT_HITS) -> list[SearchHit]:
+        return await self._search.search(self, key, query, limit)
 
     def _import(self, dump: ConversationDump, replace: bool) -> None:
         c = dump.conversation

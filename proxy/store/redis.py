@@ -83,6 +83,7 @@ from redis.retry import Retry
 from ..identity import ConversationKey
 from ..messages import Message
 from . import redis_records
+from .search import DEFAULT_HITS, HistoryIndexes, SearchHit
 from .base import (
     FAILED,
     INBOX_DELIVERED,
@@ -772,6 +773,7 @@ class RedisStore:
         self._lock_ttl_ms = max(1, round(lock_ttl_s * 1000))
         self._locks: weakref.WeakValueDictionary[ConversationKey, asyncio.Lock] = weakref.WeakValueDictionary()
         self._renewals: set[asyncio.Task[None]] = set()
+        self._search = HistoryIndexes()  # history search: built from the shared log, see search.py
         register = self._redis.register_script
         self._append, self._set_statuses, self._count_call = register(APPEND), register(SET_STATUSES), register(COUNT_CALL)
         self._finish_turn = register(FINISH_TURN)
@@ -977,6 +979,7 @@ class RedisStore:
 
     @_guarded
     async def delete(self, key: ConversationKey) -> bool:
+        self._search.forget(key)
         # Deleting is how room is made, so it must work when Redis is out of memory. Then it
         # refuses scripts and MULTI, but not these commands (they free memory), and no other
         # writer can interleave: every write is refused.
@@ -1153,8 +1156,12 @@ class RedisStore:
     # -- import --------------------------------------------------------------------------------
 
     @_guarded
+    async def search(self, key: ConversationKey, query: str, *, limit: int = DEFAULT_HITS) -> list[SearchHit]:
+        return await self._search.search(self, key, query, limit)
+
     async def import_conversation(self, dump: ConversationDump, *, replace: bool = False) -> None:
         dump.check()
+        self._search.forget(dump.conversation.key)
         c = dump.conversation
         meta = {MARK + name: seq for name, seq in c.marks.items()}
         for name, value in c.description().items():  # absent = unknown, as _conversation reads them

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..config import Profile
 from ..dialects.base import ToolSpec
 from ..transcript import Call, Item
-from . import knowledge, readback
+from . import history_search, knowledge, readback
 
 if TYPE_CHECKING:
     from ..pipeline import Turn
@@ -32,7 +32,8 @@ ToolFactory = Callable[["Turn", list[Item]], "ProxyTool | None"]
 
 # In the order they are declared to the model.
 TOOLS: list[ToolFactory] = [
-    readback.offer,  # while a shortened output is in the prompt
+    readback.offer,  # the recall tools, together: once anything left the prompt, and from then on
+    history_search.offer,
     knowledge.offer_read,  # on every turn with knowledge on
     knowledge.offer_replace,
     knowledge.offer_append,

@@ -20,6 +20,7 @@ from ..markers import READ_TOOL
 from ..refs import RefSigner
 from ..store import Store
 from ..transcript import Call, Codec, Item
+from .history_search import recall_wanted
 
 if TYPE_CHECKING:
     from ..pipeline import Turn
@@ -48,8 +49,9 @@ def split_calls(calls: list[Call], ours: frozenset[str]) -> tuple[list[Call], li
 
 
 def offer(turn: Turn, items: list[Item]) -> ReadBack | None:
-    """Offered while the prompt holds a shortened (truncated or masked) output."""
-    if not any(item.ref is not None for item in items):
+    """Offered with search_history, the other recall tool (see history_search.py): once the prompt
+    holds a shortened (truncated or masked) output or anything left it, and from then on."""
+    if not recall_wanted(turn, items):
         return None
     return ReadBack(
         turn.store, turn.refs, turn.key, turn.profile.truncation, turn.codec,

@@ -571,7 +571,7 @@
     if (turns === null) view.noTurns();
     main.replaceChildren(view.root);
     const inbox = inboxPanel(base, query, signal);
-    view.cards.after(inbox, knowledgeCard(conversation, turns || []) || "");
+    view.cards.after(inbox, historySearchPanel(base, query, signal), knowledgeCard(conversation, turns || []) || "");
     const inboxLoad = inbox.refresh();
 
     let after = null;
@@ -1585,6 +1585,69 @@
     );
     panel.refresh = refresh;
     return panel;
+  }
+
+  /** The conversation's messages searched (the agent's search_history, for people): each hit a
+   *  passage with its seq, role and time, linked to the message in the replay. */
+  function historySearchPanel(base, query, signal) {
+    const input = h("input", {
+      id: "history-search",
+      type: "search",
+      maxlength: 500,
+      placeholder: "Words or exact names: a path, an id, a number…",
+      "aria-label": "Search this conversation's messages",
+    });
+    const list = h("ol", { id: "history-hits", class: "history-hits" });
+    const status = h("p", { id: "history-status", class: "muted small", role: "status" });
+    const form = h(
+      "form",
+      {
+        id: "history-form",
+        class: "row",
+        onsubmit: async (event) => {
+          event.preventDefault();
+          const q = input.value.trim();
+          if (!q) return;
+          status.textContent = "Searching…";
+          try {
+            const page = await api(base + "/search", { ...query, q, limit: 20 }, signal);
+            list.replaceChildren(...page.data.map(historyHit));
+            status.textContent = page.data.length ? `${page.data.length} passages, most relevant first.` : "Nothing matches.";
+          } catch (err) {
+            if (err.name === "AbortError") throw err;
+            if (err instanceof ApiError && err.status === 401) return showTokenPrompt(err);
+            list.replaceChildren();
+            status.textContent = `Could not search: ${err.message}`;
+          }
+        },
+      },
+      input,
+      h("button", { type: "submit", id: "history-search-go" }, "Search")
+    );
+    return h(
+      "section",
+      { id: "history", class: "card history" },
+      h("h2", null, "Search the messages"),
+      h("p", { class: "muted small" }, "What the agent finds with search_history: every live message, those left out of its prompt included."),
+      form,
+      status,
+      list
+    );
+  }
+
+  function historyHit(hit) {
+    const where = `#${hit.seq} · ${hit.role} · ${when(hit.created_at)}` + (hit.ref ? ` · ${hit.ref}` : "");
+    return h(
+      "li",
+      { class: "history-hit", "data-seq": hit.seq },
+      h("a", { href: `#seq-${hit.seq}`, class: "muted small",
+               onclick: (event) => {
+                 event.preventDefault();
+                 const target = document.querySelector(`#timeline [data-seq="${hit.seq}"]`);
+                 if (target) target.scrollIntoView({ block: "center" });
+               } }, where),
+      h("pre", { class: "history-text" }, hit.text)
+    );
   }
 
   function inboxItem(m) {
