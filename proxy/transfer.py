@@ -79,7 +79,7 @@ def dump_to_json(dump: ConversationDump) -> dict[str, Any]:
         "llm_calls": c.llm_calls,
         "boundary": c.boundary,
         "summary_id": c.summary_id,
-        "marks": c.marks,
+        "marks": dict(sorted(c.marks.items())),  # in one order whatever the backend keeps them in
         **c.description(),
         "messages": [
             {"seq": m.seq, "status": m.status, "hash": m.hash, "created_at": m.created_at, "message": m.message}

@@ -141,7 +141,7 @@ def test_codexs_tools_are_in_its_record_once_and_its_instructions_in_its_transcr
     parts = {p["hash"]: p for p in trajectory["request_parts"]}
     for record, body in zip(trajectory["turns"], bodies, strict=True):
         assert "instructions" not in body and record["system_hash"] is None
-        assert parts[record["tools_hash"]]["value"] == [t for t in body["tools"] if t.get("name") != "read_tool_output"]
+        assert parts[record["tools_hash"]]["value"] == [t for t in body["tools"] if t.get("name") not in ("read_tool_output", "search_history")]
     assert [(p["kind"], p["turns"]) for p in trajectory["request_parts"]] == [("tools", [1, 2, 3])]
     developer = [m for m in codex_requests["stored"]["data"] if m.get("role") == "developer"]
     assert developer and developer[0]["content"] == bodies[0]["input"][0]["content"]

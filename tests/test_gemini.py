@@ -160,7 +160,7 @@ def test_a_long_function_response_is_shortened_and_read_back_out_of_the_clients_
     sent_output = round1.body["contents"][-1]["parts"][0]["functionResponse"]["response"]["output"]
     assert len(sent_output) < 3000 and "read_tool_output" in sent_output and "FAILED" not in sent_output
     declared = [d["name"] for t in round1.body["tools"] for d in t.get("functionDeclarations", [])]
-    assert declared == ["run_build", "read_tool_output"]
+    assert declared == ["run_build", "read_tool_output", "search_history"]  # the recall tools, as Gemini declarations
     # The read round: the model's own call, signed, then the proxy's answer (the fake checks both).
     call_content, answer_content = round2.body["contents"][-2:]
     assert call_content["parts"][-1]["functionCall"]["name"] == "read_tool_output"
