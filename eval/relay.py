@@ -26,6 +26,8 @@ import aiohttp
 from aiohttp import web
 
 READ_TOOL = "read_tool_output"
+SEARCH_TOOL = "search_history"  # the proxy's recall tool: answered by the proxy, like READ_TOOL
+PROXY_TOOLS = frozenset({READ_TOOL, SEARCH_TOOL})
 SHORTENED_MARKER = 'is stored as ref "'  # in the proxy's marker of a truncated tool output
 # llama-server's refusal of a prompt longer than its context (type `exceed_context_size_error`).
 LENGTH_ERRORS = ("exceed_context_size", "exceeds the available context size")
@@ -39,6 +41,8 @@ class UpstreamCall:
     messages: int
     offered_read_tool: bool
     read_round: bool  # its prompt ends with answers to the model's read_tool_output calls
+    offered_search_tool: bool
+    search_round: bool  # its prompt ends with answers to the model's search_history calls
     shortened_outputs: int  # truncation markers in its prompt
     request_chars: int
     started_s: float
@@ -70,11 +74,13 @@ def describe(body: dict[str, Any]) -> dict[str, Any]:
     messages = body.get("messages") or []
     tools = body.get("tools") or []
     names = {(t.get("function") or {}).get("name") for t in tools if isinstance(t, dict)}
-    client_tools = names - {READ_TOOL}
+    client_tools = names - PROXY_TOOLS
     last_assistant = next((m for m in reversed(messages) if m.get("role") == "assistant"), None)
     trailing_tools = messages and messages[-1].get("role") == "tool"
     calls = (last_assistant or {}).get("tool_calls") or []
-    read_round = bool(trailing_tools and calls and all((c.get("function") or {}).get("name") == READ_TOOL for c in calls))
+    called = {(c.get("function") or {}).get("name") for c in calls}
+    read_round = bool(trailing_tools and calls and called == {READ_TOOL})
+    search_round = bool(trailing_tools and calls and SEARCH_TOOL in called and called <= PROXY_TOOLS)
     shortened = sum(
         (m.get("content") or "").count(SHORTENED_MARKER) for m in messages if isinstance(m.get("content"), str)
     )
@@ -83,6 +89,8 @@ def describe(body: dict[str, Any]) -> dict[str, Any]:
         "messages": len(messages),
         "offered_read_tool": READ_TOOL in names,
         "read_round": read_round,
+        "offered_search_tool": SEARCH_TOOL in names,
+        "search_round": search_round,
         "shortened_outputs": shortened,
     }
 

@@ -66,6 +66,18 @@ def figures(run: dict[str, Any], ctx_size: int) -> dict[str, Any]:
             "most_rounds_in_one_request": max((sum(calls[i]["read_round"] for i in r["upstream_calls"]) for r in requests),
                                               default=0),
         },
+        # History search: offered once something left the prompt; did the model call it, and what
+        # did the turns it called it in answer (a late probe of an evicted tool output, mostly).
+        "history_search": {
+            "offered": sum(c["offered_search_tool"] for c in agent),
+            "calls": [f"turn {c['turn']}: {t}" for c in agent for t in c["tool_calls"] if t.startswith("search_history(")],
+            "rounds": sum(c["search_round"] for c in agent),
+            "probes": [{"turn": p["turn"], "found": p["found"], "answer": p["answer"][:200],
+                        "searched": any(c["turn"] == p["turn"] and any(t.startswith("search_history(") for t in c["tool_calls"])
+                                        for c in agent),
+                        "offered": any(c["turn"] == p["turn"] and c["offered_search_tool"] for c in agent)}
+                       for p in session["probes"]],
+        },
         "failed_requests": {
             "total": len(failed),
             "by": {who: sum(r["failed_by"] == who for r in failed) for who in ("proxy", "upstream", "client")},
@@ -128,6 +140,8 @@ def print_report(run: dict[str, Any]) -> None:
         ["agent replies rewritten from untagged calls", sum(c["rewrote_untagged_call"] for c in calls)],
         ["read-back rounds (relay / proxy metric)", f"{rb['rounds']} / {rb['proxy_metric']}"],
         ["read_tool_output offered (without a shortened output)", f"{rb['offered']} ({rb['offered_without_shortened_output']})"],
+        ["search_history offered / called / rounds answered",
+         f"{f['history_search']['offered']} / {len(f['history_search']['calls'])} / {f['history_search']['rounds']}"],
         ["failed requests (proxy / upstream / client)", f"{fr['total']} ({fr['by']['proxy']} / {fr['by']['upstream']} / {fr['by']['client']})"],
         ["failed because of the proxy (upstream refused its prompt)", fr["because_of_proxy"]],
         ["probes answered", f"{f['probes']['found']} of {f['probes']['asked']}"],
@@ -136,6 +150,11 @@ def print_report(run: dict[str, Any]) -> None:
     ]
     print()
     print(_table(["figure", "value"], summary))
+    for call in f["history_search"]["calls"]:
+        print("  search_history call:", call[:200])
+    for probe in f["history_search"]["probes"]:
+        print(f"  probe, turn {probe['turn']}: found={probe['found']} search offered={probe['offered']} "
+              f"called={probe['searched']}: {probe['answer'][:160]!r}")
     for line in f["upstream_errors"]:
         print("  upstream error:", line[:300])
     for line in fr["errors"]:

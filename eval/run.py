@@ -105,7 +105,8 @@ async def run_strategy(strategy: str, args: argparse.Namespace, run_dir: Path) -
         shutil.rmtree(WORKSPACE, ignore_errors=True)
         client = openai.AsyncOpenAI(base_url=proxy_url + "/v1", api_key=API_KEY, max_retries=0, timeout=900)
         agent = Agent(client, args.model, Tools(make_workspace(WORKSPACE)), relay, seed=SEED)
-        result = await agent.run(TURNS[: args.turns], args.minutes)
+        chosen = tuple(TURNS[n - 1] for n in args.only) if args.only else TURNS[: args.turns]
+        result = await agent.run(chosen, args.minutes)
         await client.close()
         # Background summaries may still be running: let them finish before reading the figures.
         await _settle(relay, timeout_s=120 if args.minutes is not None else 600)
@@ -178,6 +179,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ctx-size", type=int, default=8192, help="llama-server's --ctx-size = the proxy's context_window")
     parser.add_argument("--history-token-limit", type=int, default=3000)
     parser.add_argument("--turns", type=int, default=len(TURNS), help=f"user turns to run (at most {len(TURNS)})")
+    parser.add_argument("--only", type=lambda text: [int(n) for n in text.split(",")], default=None,
+                        help="run these user turns alone, in this order (1-based, e.g. 1,5,6,7,13,17,18: "
+                             "an early log read and its late probe, sooner)")
     parser.add_argument("--minutes", type=float, default=None,
                         help="start no new user turn after this many minutes (and give up a request 8 minutes later)")
     args = parser.parse_args(argv)
@@ -192,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
         print_report(run)
     out = RESULTS / f"{stamp}.json"
     settings = {"model": args.model, "ctx_size": args.ctx_size, "history_token_limit": args.history_token_limit,
-                "turns": args.turns, "minutes": args.minutes, "seed": SEED, "strategies": {s: STRATEGIES[s] for s in args.strategy or STRATEGIES}}
+                "turns": args.turns, "only": args.only, "minutes": args.minutes, "seed": SEED, "strategies": {s: STRATEGIES[s] for s in args.strategy or STRATEGIES}}
     out.write_text(json.dumps({"settings": settings, "build": build, "runs": runs}, indent=2))
     print(f"\nfigures: {out}")
 
