@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.conftest import live_messages, openai_client, trajectory
-from tests.fake_upstream import Reply
+from tests.fakes.fake_upstream import Reply
 
 CONVERSATION = {"X-Conversation-ID": "in-flight"}
 SYSTEM = {"role": "system", "content": "You are terse."}

@@ -7,7 +7,7 @@ import openai
 import pytest
 
 from tests.conftest import ALICE, BOB, admin_get, leave_mid_stream, openai_client
-from tests.fake_upstream import Reply
+from tests.fakes.fake_upstream import Reply
 
 TOKEN = "admin-token-for-tests"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from bench.agent_run import PLANTS_PER_KIND, generate_run, occurs
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_generator_plants_each_fact_once_where_a_run_names_it():

@@ -19,7 +19,7 @@ from bench.forwarder import REPLY, REQUEST, run_key
 from bench.procs import Proc, free_port
 from bench.workload import Conversation
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

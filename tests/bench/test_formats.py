@@ -12,11 +12,11 @@ from bench.gemini_workload import GeminiConversation
 from bench.messages_workload import MessagesConversation
 from bench.responses_workload import ResponsesConversation
 from bench.mock_upstream import CALL_ARGS, CALL_NAME
-from tests.anthropic_rules import check_messages_request
-from tests.gemini_rules import SignatureIssuer, check_generate_request
-from tests.responses_checks import check_request
+from tests.fakes.anthropic_rules import check_messages_request
+from tests.fakes.gemini_rules import SignatureIssuer, check_generate_request
+from tests.fakes.responses_checks import check_request
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 class NoThinking:

@@ -20,7 +20,7 @@ import pytest
 
 from bench.report import COLUMNS, WIRE_NAMES
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TARGETS = ["direct", "forwarder", "floor", "proxy-off", "proxy", "proxy-named", "proxy-models", "litellm"]
 NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
 # What the direct row has no figure for: it has no process of its own between client and mock.

@@ -1,12 +1,12 @@
 """Record what Claude Code sends, as the fixtures in tests/samples/claude-*.json.
 
-    .venv/bin/python -m tests.record_claude_samples
+    .venv/bin/python -m tests.clients.record_claude_samples
 
 runs the installed Claude Code (scripts/ensure-claude.sh) against the fake upstream directly:
 a first turn whose scripted reply is a `Bash` tool_use (with thinking), the tool continuation
 answered with text, then a `--resume`d turn. Each request is written with its headers (the key
 and the device id scrubbed, the temporary folders renamed) exactly as the fake received it.
-Re-record when the pinned Claude Code version changes; tests/test_claude_cli.py checks that a live
+Re-record when the pinned Claude Code version changes; tests/clients/test_claude_cli.py checks that a live
 run still has the recorded shape.
 """
 
@@ -17,10 +17,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tests.claude_agent import ClaudeAgent
-from tests.fake_upstream import Recorded, Reply, running_in_thread
+from tests.fakes.fake_upstream import Recorded, Reply, running_in_thread
+from tests.support.claude_agent import ClaudeAgent
 
-SAMPLES = Path(__file__).resolve().parent / "samples"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 NAMES = ("claude-turn1.json", "claude-tool-continuation.json", "claude-resumed-turn.json")
 FIRST_TASK = "Run `echo hello` with Bash and tell me what it printed."
 RESUMED_TASK = "Thanks. Now say goodbye."

@@ -1,6 +1,6 @@
 """Record what Codex CLI sends in one session, as tests/samples/codex-session.json.
 
-    .venv/bin/python -m tests.record_codex_session
+    .venv/bin/python -m tests.clients.record_codex_session
 
 Codex runs straight against a fresh fake upstream (no proxy in between): turn 1 (the fake answers
 with reasoning and an `exec_command` call), the tool continuation that carries the command's
@@ -17,10 +17,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tests.agents import CODEX_VERSION, codex_session
-from tests.fake_upstream import FakeUpstream, Recorded, Reply, running_in_thread
+from tests.fakes.fake_upstream import FakeUpstream, Recorded, Reply, running_in_thread
+from tests.support.agents import CODEX_VERSION, codex_session
 
-SAMPLE = Path(__file__).parent / "samples" / "codex-session.json"
+SAMPLE = Path(__file__).resolve().parents[1] / "samples" / "codex-session.json"
 TURNS = ("turn_1", "tool_continuation", "resumed_turn")
 # Not headers of Codex's own: what the transport adds.
 TRANSPORT_HEADERS = ("host", "content-length")
@@ -55,7 +55,7 @@ def record() -> dict[str, Any]:
             sys.exit(f"expected {len(TURNS)} accepted requests, got {[r.status_sent for r in records]}")
         return {
             "client": f"codex-cli {CODEX_VERSION} (codex exec / exec resume --last, custom provider, "
-            "wire_api=responses), recorded by tests/record_codex_session.py",
+            "wire_api=responses), recorded by tests/clients/record_codex_session.py",
             "commands": [c["command"] for c in first.commands],
             **{turn: scrubbed(r) for turn, r in zip(TURNS, records)},
         }

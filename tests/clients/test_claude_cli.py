@@ -11,12 +11,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.claude_agent import ClaudeAgent
 from tests.conftest import MakeProxy
-from tests.fake_anthropic import tool_use_id
-from tests.fake_upstream import FakeUpstream, Recorded, Reply
+from tests.fakes.fake_anthropic import tool_use_id
+from tests.fakes.fake_upstream import FakeUpstream, Recorded, Reply
+from tests.support.claude_agent import ClaudeAgent
 
-SAMPLES = Path(__file__).resolve().parent / "samples"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 RECORDED = ("claude-turn1.json", "claude-tool-continuation.json", "claude-resumed-turn.json")
 
 
@@ -78,9 +78,9 @@ def test_claude_code_runs_a_tool_loop_through_the_proxy_and_resumes(
 
 
 def test_a_live_run_still_sends_what_the_fixtures_recorded(upstream: FakeUpstream, tmp_path: Path) -> None:
-    """tests/samples/claude-*.json (tests/record_claude_samples.py) must stay true to the pinned
+    """tests/samples/claude-*.json (tests/clients/record_claude_samples.py) must stay true to the pinned
     Claude Code: same fields, roles, block keys, tools and header names on every request."""
-    from tests.record_claude_samples import FIRST_TASK, RESUMED_TASK, script
+    from tests.clients.record_claude_samples import FIRST_TASK, RESUMED_TASK, script
 
     upstream.enqueue(*script())
     with ClaudeAgent(upstream.anthropic.base_url, tmp_path) as agent:

@@ -11,10 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.claude_agent import ClaudeAgent
 from tests.conftest import MakeProxy, admin_get, live_messages
-from tests.fake_upstream import FakeUpstream, Reply
-from tests.messages_helpers import messages_proxy
+from tests.fakes.fake_upstream import FakeUpstream, Reply
+from tests.support.claude_agent import ClaudeAgent
+from tests.support.messages_helpers import messages_proxy
 
 COUNT = 6000
 SEQ_OUTPUT = "".join(f"{i}\n" for i in range(1, COUNT + 1)).rstrip("\n")  # what Bash gives back

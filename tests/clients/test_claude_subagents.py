@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.claude_agent import ClaudeAgent
 from tests.conftest import MakeProxy, admin_get, trajectory
-from tests.fake_upstream import FakeUpstream, Reply
+from tests.fakes.fake_upstream import FakeUpstream, Reply
+from tests.support.claude_agent import ClaudeAgent
 
 TASK = "Main task: delegate one check to a subagent."
 SUBTASK = "Subagent task: answer 42"

@@ -15,12 +15,12 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.agents import codex_session
 from tests.conftest import ALICE
-from tests.fake_upstream import FakeUpstream, Recorded, Reply
-from tests.harness import LoopThread, ProxyServer, proxy_settings
+from tests.fakes.fake_upstream import FakeUpstream, Recorded, Reply
+from tests.support.agents import codex_session
+from tests.support.harness import LoopThread, ProxyServer, proxy_settings
 
-RECORDED = Path(__file__).parent / "samples" / "codex-session.json"
+RECORDED = Path(__file__).resolve().parents[1] / "samples" / "codex-session.json"
 TRANSPORT_HEADERS = {"host", "content-length"}
 
 
@@ -110,7 +110,7 @@ def test_the_upstream_receives_valid_requests_of_one_session(codex_requests: dic
 
 def test_codex_still_sends_what_the_recorded_sample_shows(codex_requests: dict[str, Any]) -> None:
     """tests/samples/codex-session.json is what the Responses parser is built against: when a
-    Codex upgrade changes what it sends, re-record it (python -m tests.record_codex_session)."""
+    Codex upgrade changes what it sends, re-record it (python -m tests.clients.record_codex_session)."""
     recorded = json.loads(RECORDED.read_text())
     live = [shape(body, record.headers) for body, record in zip(codex_requests["bodies"], codex_requests["records"])]
     expected = [shape(recorded[turn]["body"], recorded[turn]["headers"])

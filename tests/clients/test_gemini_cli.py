@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from tests.conftest import MakeProxy, admin_get, live_messages, trajectory
-from tests.fake_upstream import FakeUpstream, Reply
-from tests.gemini_agent import TEST_KEY, GeminiAgent
+from tests.fakes.fake_upstream import FakeUpstream, Reply
+from tests.support.gemini_agent import TEST_KEY, GeminiAgent
 
 MODELS = ["gemini-2.5-pro", "gemini-3-flash-preview"]  # Gemini 3 checks each step's thought signature
 

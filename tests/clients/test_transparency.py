@@ -2,7 +2,7 @@
 
 Each test runs one scripted session twice — straight against the strict fake upstream, then
 through a proxy on its DEFAULT settings — and compares what the upstream received, request by
-request and message by message, by meaning (tests/transparency.py): roles, part types, texts,
+request and message by message, by meaning (tests/clients/transparency.py): roles, part types, texts,
 calls and results, the system prompt / instructions, the tools and the other parameters, with
 what each run makes up (temp dirs, session ids, uuids, timestamps, the fake's call and reply ids)
 blanked. A request anchored with `previous_response_id` is compared as the proxy sends it: the
@@ -25,10 +25,18 @@ import anthropic
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
+from tests.clients.transparency import (
+    TRANSCRIPT_KEY,
+    Blanks,
+    Format,
+    compared,
+    expand_anchors,
+    first_difference,
+    meaning,
+)
 from tests.conftest import ALICE, MakeProxy
-from tests.fake_upstream import FakeUpstream, Reply
-from tests.harness import ProxyServer
-from tests.transparency import TRANSCRIPT_KEY, Blanks, Format, compared, expand_anchors, first_difference, meaning
+from tests.fakes.fake_upstream import FakeUpstream, Reply
+from tests.support.harness import ProxyServer
 
 SYSTEM = "You are a careful test runner. Answer in one sentence."
 TASK = "Run the tests under tests/ and tell me how many passed."
@@ -499,7 +507,7 @@ CODEX_RUN_VALUES = (("chunk", re.compile(r"(?<=Chunk ID: )[0-9a-f]+")),
 
 
 def test_codex_cli(proxy: ProxyServer, upstream: FakeUpstream, tmp_path: Path) -> None:
-    from tests.agents import codex_session
+    from tests.support.agents import codex_session
 
     def script() -> list[Reply]:
         return [
@@ -533,7 +541,7 @@ def test_claude_code(proxy: ProxyServer, upstream: FakeUpstream, tmp_path: Path)
     """Claude Code's ~9k tokens of system prompt and tools leave the default 10,000-token window
     little room: every message it sends must still reach the upstream (the '# Environment' system
     message after the task included, a string on later turns, blocks on the first)."""
-    from tests.claude_agent import ClaudeAgent
+    from tests.support.claude_agent import ClaudeAgent
 
     def script() -> list[Reply]:
         bash = json.dumps({"command": "echo hello", "description": "Print hello"})

@@ -1,6 +1,6 @@
 """What a client meant to send the upstream, to compare two runs of one scripted session: one
 straight against the fake upstream, one through the proxy ("point your agent at it and change
-nothing": tests/test_transparency.py).
+nothing": tests/clients/test_transparency.py).
 
 `meaning(format, body)` reads an upstream request as what the model reads: the fixed parts
 (system prompt / instructions, tool definitions, the other parameters) and the transcript,

@@ -15,8 +15,8 @@ from proxy.tokens import TokenCounter
 from proxy.tools.history_search import SEARCH_TOOL_SPEC
 from proxy.tools.readback import READ_TOOL_SPEC
 from tests.conftest import ALICE
-from tests.fake_upstream import Reply, default_responder
-from tests.responders import is_summary_request
+from tests.fakes.fake_upstream import Reply, default_responder
+from tests.fakes.responders import is_summary_request
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 
@@ -272,7 +272,7 @@ def test_the_window_trims_while_no_summary_is_ready(make_proxy, upstream):
 
 
 def test_custom_compactor_class(make_proxy, upstream):
-    proxy = make_proxy(**foreground(strategy="turns", every_n_user_messages=1, compactor_class="tests.custom_compactor.FixedCompactor"))
+    proxy = make_proxy(**foreground(strategy="turns", every_n_user_messages=1, compactor_class="tests.support.custom_compactor.FixedCompactor"))
     agent = Agent(proxy, "custom")
     agent.say("task")
     agent.say("two")

@@ -12,8 +12,9 @@ from proxy.config import CompactionSettings
 from proxy.state import ENGINE
 from proxy.store import KeyFact, QuotedMessage, Summary
 from proxy.tokens import TokenCounter
-from tests.fake_upstream import Reply, default_responder
-from tests.responders import (
+from tests.compaction.test_compaction import Agent, agent_requests, foreground, summary_requests
+from tests.fakes.fake_upstream import Reply, default_responder
+from tests.fakes.responders import (
     KEEPS_NOTHING,
     READ_TOOL,
     REF,
@@ -22,7 +23,6 @@ from tests.responders import (
     fixed_summary,
     is_summary_request,
 )
-from tests.test_compaction import Agent, agent_requests, foreground, summary_requests
 
 LOG = "\n".join(
     f"2024-05-12T12:04:{i:02d}.403Z INFO [{i:05d}] order {10230 + i} done in {400 + i} ms cpu=0.{i:02d} "

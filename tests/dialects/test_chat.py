@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from tests.conftest import ALICE, async_openai_client, leave_mid_stream, live_messages, openai_client, trajectory
-from tests.fake_upstream import Reply
+from tests.fakes.fake_upstream import Reply
 
 SYSTEM = {"role": "system", "content": "You are a careful agent."}
 

@@ -14,11 +14,11 @@ from google import genai
 from google.genai import errors, types
 
 from tests.conftest import ALICE, BOB, MakeProxy, admin_get, live_messages, trajectory
-from tests.fake_gemini import gemini_error
-from tests.fake_upstream import FakeUpstream, Reply
-from tests.harness import ProxyServer
+from tests.fakes.fake_gemini import gemini_error
+from tests.fakes.fake_upstream import FakeUpstream, Reply
+from tests.support.harness import ProxyServer
+from tests.telemetry.test_telemetry import has_turns, otlp, turns  # noqa: F401  # `otlp` is a fixture
 from tests.test_metrics import scrape, value
-from tests.test_telemetry import has_turns, otlp, turns  # noqa: F401  # `otlp` is a fixture
 
 MODEL = "gemini-2.5-pro"
 MODEL_3 = "gemini-3-flash-preview"

@@ -15,9 +15,9 @@ import httpx
 import pytest
 
 from tests.conftest import ALICE, MakeProxy, live_messages, trajectory
-from tests.fake_upstream import FakeUpstream, Reply
-from tests.harness import ROOT, ProxyServer, write_config
-from tests.responders import SUMMARIZER_MARK, TOOL_SUMMARY_MARK
+from tests.fakes.fake_upstream import FakeUpstream, Reply
+from tests.fakes.responders import SUMMARIZER_MARK, TOOL_SUMMARY_MARK
+from tests.support.harness import ROOT, ProxyServer, write_config
 
 MODEL = "gemini-2.5-pro"
 SYSTEM = {"role": "user", "parts": [{"text": "You are a build agent."}]}

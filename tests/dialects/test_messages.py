@@ -15,10 +15,11 @@ import httpx
 import pytest
 
 from tests.conftest import ALICE, BOB, MakeProxy, admin_get, live_messages, trajectory
-from tests.fake_anthropic import REDACTED_THINKING_TRIGGER, error_mid_stream, overloaded, tool_use_id
-from tests.fake_upstream import FakeUpstream, Reply
-from tests.harness import ProxyServer
-from tests.messages_helpers import (
+from tests.fakes.fake_anthropic import REDACTED_THINKING_TRIGGER, error_mid_stream, overloaded, tool_use_id
+from tests.fakes.fake_upstream import FakeUpstream, Reply
+from tests.fakes.responders import by_kind, fixed_summary, is_summary_request, is_tool_summary_request
+from tests.support.harness import ProxyServer
+from tests.support.messages_helpers import (
     BUILD,
     MODEL,
     THINKING,
@@ -30,7 +31,6 @@ from tests.messages_helpers import (
     results,
     sse_events,
 )
-from tests.responders import by_kind, fixed_summary, is_summary_request, is_tool_summary_request
 
 HEADERS = {"x-api-key": ALICE, "anthropic-version": "2023-06-01"}
 
@@ -304,7 +304,7 @@ def test_a_reply_that_was_only_a_read_past_the_limit_goes_back_upstream_valid(
 def test_the_summary_goes_into_system_after_the_clients_own_blocks(
     make_proxy: MakeProxy, upstream: FakeUpstream
 ) -> None:
-    compaction = {"strategy": "turns", "compactor_class": "tests.custom_compactor.FixedCompactor", "background": False}
+    compaction = {"strategy": "turns", "compactor_class": "tests.support.custom_compactor.FixedCompactor", "background": False}
     proxy = messages_proxy(make_proxy, upstream, compaction=compaction)
     client = claude_client(proxy, headers={"X-Conversation-ID": "summary-1"})
     system = [
@@ -486,7 +486,7 @@ def test_a_count_of_something_on_its_own_is_not_counted_with_the_conversations_s
 ) -> None:
     """Claude Code counts a tool result or its tool list on its own, under its session id: that
     count is no continuation of the session, so neither its summary nor its cuts go with it."""
-    compaction = {"strategy": "turns", "compactor_class": "tests.custom_compactor.FixedCompactor", "background": False}
+    compaction = {"strategy": "turns", "compactor_class": "tests.support.custom_compactor.FixedCompactor", "background": False}
     proxy = messages_proxy(make_proxy, upstream, compaction=compaction)
     client = claude_client(proxy, headers={"X-Claude-Code-Session-Id": "count-alone"})
     messages: list[dict[str, Any]] = []

@@ -15,9 +15,18 @@ import httpx
 import pytest
 
 from tests.conftest import ALICE, MakeProxy, live_messages, trajectory
-from tests.fake_upstream import FakeUpstream, Reply
-from tests.harness import ProxyServer
-from tests.messages_helpers import BUILD, MODEL, THINKING, as_params, claude_client, messages_proxy, results, sse_events
+from tests.fakes.fake_upstream import FakeUpstream, Reply
+from tests.support.harness import ProxyServer
+from tests.support.messages_helpers import (
+    BUILD,
+    MODEL,
+    THINKING,
+    as_params,
+    claude_client,
+    messages_proxy,
+    results,
+    sse_events,
+)
 
 AUTH = {"Authorization": f"Bearer {ALICE}"}
 STEER = "Stop: the failing step is the linker, not the compiler."

@@ -8,9 +8,9 @@ import re
 import httpx
 import pytest
 
-from tests.agents_sdk import run_tests_agent
 from tests.conftest import ALICE, live_messages, openai_client, trajectory
-from tests.fake_upstream import Reply
+from tests.fakes.fake_upstream import Reply
+from tests.support.agents_sdk import run_tests_agent
 
 REF = re.compile(r"out_\d+_[0-9a-f]{24}")
 BIG = "".join(f"line {i:05d}: some build log output\n" for i in range(1500))  # ~48k chars

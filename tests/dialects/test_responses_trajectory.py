@@ -13,9 +13,9 @@ import httpx
 from proxy.identity import tenant_of
 from proxy.state import ENGINE, TRAJECTORIES
 from tests.conftest import ALICE, openai_client
-from tests.fake_upstream import Reply, default_responder
-from tests.responders import SUMMARIZER_MARK
-from tests.test_responses import TOOLS, user
+from tests.dialects.test_responses import TOOLS, user
+from tests.fakes.fake_upstream import Reply, default_responder
+from tests.fakes.responders import SUMMARIZER_MARK
 
 BUILD_LOG = (
     "".join(f"line {i:05d}: compiling module_{i % 97}.c ... ok\n" for i in range(600)) + "END OF BUILD LOG: 3 warnings"

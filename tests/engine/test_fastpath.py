@@ -31,10 +31,10 @@ import pytest
 
 from proxy.state import ENGINE
 from tests.conftest import openai_client
-from tests.fake_upstream import Reply, ToolCall, last_user_text
-from tests.messages_helpers import MODEL as CLAUDE_MODEL
-from tests.messages_helpers import as_params, claude_client
-from tests.responders import is_summary_request, is_tool_summary_request
+from tests.fakes.fake_upstream import Reply, ToolCall, last_user_text
+from tests.fakes.responders import is_summary_request, is_tool_summary_request
+from tests.support.messages_helpers import MODEL as CLAUDE_MODEL
+from tests.support.messages_helpers import as_params, claude_client
 
 CONVERSATION = "fast-path-run"
 SEED = int(os.environ.get("FAST_PATH_SEED", "16"))

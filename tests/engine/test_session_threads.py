@@ -13,10 +13,10 @@ from typing import Any
 import httpx
 
 from tests.conftest import admin_get, trajectory
-from tests.fake_upstream import FakeUpstream, Reply
-from tests.messages_helpers import messages_proxy
+from tests.fakes.fake_upstream import FakeUpstream, Reply
+from tests.support.messages_helpers import messages_proxy
 
-SAMPLE = json.loads((Path(__file__).parent / "samples" / "claude-code-subagent.json").read_text())
+SAMPLE = json.loads((Path(__file__).resolve().parents[1] / "samples" / "claude-code-subagent.json").read_text())
 SESSION = "9bc5bf73-b7ef-4822-994d-73bb9b9c2bcc"
 KEY = "sk-ant-test-threads-0123456789"
 

@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from tests.anthropic_rules import content_blocks
+from tests.fakes.anthropic_rules import content_blocks
 
 __all__ = ["CacheUsage", "PromptCache", "estimate_tokens", "prompt_tokens"]
 

@@ -1,7 +1,7 @@
 """The Anthropic Messages side of the fake upstream: `POST /v1/messages` (also `?beta=true`)
-and `POST /v1/messages/count_tokens`, mounted by `tests.fake_upstream.FakeUpstream`.
+and `POST /v1/messages/count_tokens`, mounted by `tests.fakes.fake_upstream.FakeUpstream`.
 
-Strict: a body the real API refuses gets its 400 (`tests.anthropic_rules`), a request without
+Strict: a body the real API refuses gets its 400 (`tests.fakes.anthropic_rules`), a request without
 `x-api-key` (or Bearer) a 401, one without `anthropic-version` a 400.
 
 Scripted by the very Replies the chat fake serves, from the same queue and responder:
@@ -15,7 +15,7 @@ Scripted by the very Replies the chat fake serves, from the same queue and respo
 - `Reply.error` is answered as is when Anthropic-shaped, else translated (`overloaded()` is 529);
 - `Reply.hang`, `pause_after_chunks`, and `error_mid_stream` / `endless_stream` below misbehave
   as the real API can. Streams count SSE events (`ping` included) for those.
-Usage reports prompt-cache reads and writes from `tests.anthropic_cache`.
+Usage reports prompt-cache reads and writes from `tests.fakes.anthropic_cache`.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from tests.anthropic_cache import CacheUsage, PromptCache, estimate_tokens, prompt_tokens
-from tests.anthropic_rules import (
+from tests.fakes.anthropic_cache import CacheUsage, PromptCache, estimate_tokens, prompt_tokens
+from tests.fakes.anthropic_rules import (
     AnthropicRefusal,
     betas_of,
     check_messages_request,
@@ -43,7 +43,7 @@ from tests.anthropic_rules import (
 )
 
 if TYPE_CHECKING:  # fake_upstream imports this module: no runtime import back
-    from tests.fake_upstream import FakeUpstream, Recorded, Reply, ToolCall
+    from tests.fakes.fake_upstream import FakeUpstream, Recorded, Reply, ToolCall
 
 __all__ = [
     "REDACTED_THINKING_TRIGGER",
@@ -79,7 +79,7 @@ def tool_use_id(call: ToolCall) -> str:
 
 
 def anthropic_error(status: int, error_type: str, message: str) -> Reply:
-    from tests.fake_upstream import Reply
+    from tests.fakes.fake_upstream import Reply
 
     return Reply.error(status, {"type": "error", "error": {"type": error_type, "message": message}})
 

@@ -1,8 +1,8 @@
 """The Gemini API side of the fake upstream: `POST /v1beta/models/{model}:generateContent`,
 `:streamGenerateContent?alt=sse` and `:countTokens` (and the same under `/v1`), mounted by
-`tests.fake_upstream.FakeUpstream`.
+`tests.fakes.fake_upstream.FakeUpstream`.
 
-Strict: a body the real API refuses gets its 400 (`tests.gemini_rules`), in Google's shape; a
+Strict: a body the real API refuses gets its 400 (`tests.fakes.gemini_rules`), in Google's shape; a
 request without a key (`x-goog-api-key` or `?key=`) a 403, one with `INVALID_KEY` a 400
 `API_KEY_INVALID`; a stream asked without `alt=sse` a 400 (the fake speaks SSE only).
 
@@ -10,7 +10,7 @@ Scripted by the very Replies the chat fake serves, from the same queue and respo
 - `Reply.text` / `Reply.tool_calls` become a candidate whose content holds `text` and
   `functionCall` parts (`args` from the Reply's JSON arguments; no `id`, as the real API sends
   none: `call_ids = True` gives them one), finishReason `STOP`. The first functionCall of a
-  reply carries a thought signature the fake checks when it comes back (tests.gemini_rules);
+  reply carries a thought signature the fake checks when it comes back (tests.fakes.gemini_rules);
 - `reasoning=` becomes a thought part (`{"text", "thought": true}`) first, when the request
   asks for thoughts (`thinkingConfig.includeThoughts`);
 - `Reply.error` is answered in Google's shape (an OpenAI-shaped script is translated);
@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from tests.gemini_rules import GeminiRefusal, SignatureIssuer, check_generate_request, google_error
+from tests.fakes.gemini_rules import GeminiRefusal, SignatureIssuer, check_generate_request, google_error
 
 if TYPE_CHECKING:  # fake_upstream imports this module: no runtime import back
-    from tests.fake_upstream import FakeUpstream, Recorded, Reply
+    from tests.fakes.fake_upstream import FakeUpstream, Recorded, Reply
 
 __all__ = ["INVALID_KEY", "GeminiAPI", "GeminiCall", "gemini_error"]
 
@@ -40,7 +40,7 @@ INVALID_KEY = "invalid-gemini-key"
 
 def gemini_error(status: int, message: str) -> Reply:
     """A scripted error reply in Google's shape."""
-    from tests.fake_upstream import Reply
+    from tests.fakes.fake_upstream import Reply
 
     return Reply.error(status, google_error(status, message))
 

@@ -9,7 +9,7 @@
 - `FakeGemini`, Google AI Studio's `models/{model}:generateContent` / `:streamGenerateContent`.
 - `FakeOllama`, Ollama's `/api/chat` (NDJSON streaming).
 
-Scripted like tests/fake_upstream.py: `enqueue` ProviderReply objects or rely on the default
+Scripted like tests/fakes/fake_upstream.py: `enqueue` ProviderReply objects or rely on the default
 echo ("reply to: <last user text>"), read back `requests`. OpenAI-compatible providers (openai/,
 hosted_vllm/, ...) are tested against tests/fake_upstream.FakeUpstream itself.
 """
@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-from tests.harness import serve_on_loopback
+from tests.support.harness import serve_on_loopback
 
 ANTHROPIC_PARAMS = frozenset(
     {

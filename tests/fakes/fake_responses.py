@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any
 
-from tests.fake_upstream import (
+from tests.fakes.fake_upstream import (
     SERVER_ERROR,
     InvalidRequest,
     Reply,
@@ -33,7 +33,7 @@ from tests.fake_upstream import (
     _split,
     _text_of,
 )
-from tests.responses_checks import IssuedReasoning, check_chain, check_request, item_type
+from tests.fakes.responses_checks import IssuedReasoning, check_chain, check_request, item_type
 
 __all__ = ["ResponsesAPI", "response_events", "sse_event"]
 

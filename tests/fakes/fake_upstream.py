@@ -1025,9 +1025,9 @@ class FakeUpstream:
         self._closing = False
         self.port: int = 0
         # Imported here: those modules build on this one's replies and refusals.
-        from tests.fake_anthropic import AnthropicMessages
-        from tests.fake_gemini import GeminiAPI
-        from tests.fake_responses import ResponsesAPI
+        from tests.fakes.fake_anthropic import AnthropicMessages
+        from tests.fakes.fake_gemini import GeminiAPI
+        from tests.fakes.fake_responses import ResponsesAPI
 
         self.anthropic = AnthropicMessages(self)  # POST /v1/messages, and what it issued
         self.responses = ResponsesAPI()  # POST /v1/responses, and what it stored

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from tests.fake_upstream import Reply, ToolCall, default_responder
+from tests.fakes.fake_upstream import Reply, ToolCall, default_responder
 
 Responder = Callable[[dict], Reply]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tests.fake_upstream import (
+from tests.fakes.fake_upstream import (
     InvalidRequest,
     _check_name,
     _invalid_type,

@@ -15,19 +15,19 @@ import anthropic
 import httpx
 import pytest
 
-from tests.fake_anthropic import (
+from tests.fakes.fake_anthropic import (
     REDACTED_THINKING_TRIGGER,
     endless_stream,
     error_mid_stream,
     overloaded,
     tool_use_id,
 )
-from tests.fake_upstream import FakeUpstream, Reply
+from tests.fakes.fake_upstream import FakeUpstream, Reply
 
 KEY = "sk-ant-test-0123456789"
 HEADERS = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
 WAIT = 5.0  # seconds: an upper bound for what should happen at once, never a sleep
-SAMPLES = Path(__file__).resolve().parent / "samples"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 CLAUDE_CODE_SAMPLE = Path("/work/shared/samples/claude-code-request.json")
 MODEL = "claude-test-1"
 WEATHER = {

@@ -16,8 +16,8 @@ import pytest
 from google import genai
 from google.genai import errors, types
 
-from tests.fake_gemini import INVALID_KEY
-from tests.fake_upstream import FakeUpstream, Reply
+from tests.fakes.fake_gemini import INVALID_KEY
+from tests.fakes.fake_upstream import FakeUpstream, Reply
 
 KEY = "gemini-test-key"
 MODEL = "gemini-2.5-pro"

@@ -17,13 +17,13 @@ import pytest
 from agents import Agent, OpenAIResponsesModel, RunConfig, Runner, function_tool
 from openai import AsyncOpenAI
 
-from tests.fake_responses import SEAL_PREFIX
-from tests.fake_upstream import FakeUpstream, Reply, last_user_text
-from tests.test_fake_upstream import AUTH, WAIT, wait_for_event
-from tests.test_fake_upstream import WEATHER_TOOL as CHAT_WEATHER_TOOL
+from tests.fakes.fake_responses import SEAL_PREFIX
+from tests.fakes.fake_upstream import FakeUpstream, Reply, last_user_text
+from tests.fakes.test_fake_upstream import AUTH, WAIT, wait_for_event
+from tests.fakes.test_fake_upstream import WEATHER_TOOL as CHAT_WEATHER_TOOL
 
 SHARED_SAMPLE = Path("/work/shared/samples/codex-request.json")
-RECORDED = Path(__file__).parent / "samples" / "codex-session.json"
+RECORDED = Path(__file__).resolve().parents[1] / "samples" / "codex-session.json"
 
 # The chat tests' tool in the Responses form: flat, no "function" wrapper.
 WEATHER_TOOL = {"type": "function", **CHAT_WEATHER_TOOL["function"]}

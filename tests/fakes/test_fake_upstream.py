@@ -14,7 +14,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from tests.fake_upstream import FakeUpstream, Reply, validate_chat_request
+from tests.fakes.fake_upstream import FakeUpstream, Reply, validate_chat_request
 
 AUTH = {"Authorization": "Bearer sk-test"}
 WAIT = 5.0  # seconds: an upper bound for events that should happen at once, never a sleep

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from tests.conftest import ALICE
-from tests.harness import LoopThread
+from tests.support.harness import LoopThread
 
 AUTH = {"Authorization": f"Bearer {ALICE}"}
 CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "a page's words"}]}

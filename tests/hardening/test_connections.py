@@ -16,8 +16,8 @@ import pytest
 
 from proxy.connections import CONNECTIONS
 from tests.conftest import ALICE, live_messages
-from tests.fake_upstream import Reply
-from tests.harness import ProxyProcess, merge_sections, wait_until, write_config
+from tests.fakes.fake_upstream import Reply
+from tests.support.harness import ProxyProcess, merge_sections, wait_until, write_config
 
 AUTH = {"Authorization": f"Bearer {ALICE}"}
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"

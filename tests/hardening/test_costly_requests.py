@@ -14,8 +14,8 @@ import httpx
 import orjson
 
 from tests.conftest import ALICE
-from tests.fake_upstream import Reply
-from tests.harness import ProxyProcess, peak_rss_kb
+from tests.fakes.fake_upstream import Reply
+from tests.support.harness import ProxyProcess, peak_rss_kb
 
 JSON_AUTH = {"Authorization": f"Bearer {ALICE}", "Content-Type": "application/json"}
 

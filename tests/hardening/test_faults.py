@@ -22,8 +22,8 @@ import pytest
 from proxy.config import StorageSettings
 from proxy.state import COMPACTION, ENGINE
 from tests.conftest import ALICE
-from tests.fake_upstream import FakeUpstream, Reply, default_responder
-from tests.harness import (
+from tests.fakes.fake_upstream import FakeUpstream, Reply, default_responder
+from tests.support.harness import (
     LoopThread,
     ProxyProcess,
     chat,
@@ -32,7 +32,7 @@ from tests.harness import (
     wait_until,
     write_config,
 )
-from tests.redis_server import RedisServer
+from tests.support.redis_server import RedisServer
 
 AUTH = {"Authorization": f"Bearer {ALICE}"}
 SYSTEM = {"role": "system", "content": "You are a coding agent."}

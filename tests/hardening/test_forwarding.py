@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from tests.conftest import ALICE
-from tests.harness import ProxyProcess, wait_until, write_config
+from tests.support.harness import ProxyProcess, wait_until, write_config
 
 AUTH = {"Authorization": f"Bearer {ALICE}"}
 TOKEN = "admin-token-5f0e9d2c7b1a4e38"

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from proxy.upstream.sse import SSEParser
 from tests.conftest import ALICE
-from tests.fake_upstream import Reply
-from tests.harness import peak_rss_kb
+from tests.fakes.fake_upstream import Reply
+from tests.support.harness import peak_rss_kb
 
 AUTH = {"Authorization": f"Bearer {ALICE}"}
 MB = 1024 * 1024

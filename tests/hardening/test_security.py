@@ -16,8 +16,8 @@ import redis as redis_sync
 
 from proxy.messages import MAX_DEPTH, too_deep
 from tests.conftest import ALICE, BOB
-from tests.fake_upstream import FakeUpstream, Reply, default_responder
-from tests.harness import ProxyProcess, chat, peak_rss_kb, stored_form
+from tests.fakes.fake_upstream import FakeUpstream, Reply, default_responder
+from tests.support.harness import ProxyProcess, chat, peak_rss_kb, stored_form
 
 TOKEN = "admin-token-7d1c0b9e55aa41f3"
 SYSTEM = {"role": "system", "content": "You are a coding agent."}

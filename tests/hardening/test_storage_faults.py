@@ -20,8 +20,8 @@ import pytest
 import redis as redis_sync
 
 from tests.conftest import ALICE
-from tests.fake_upstream import Reply
-from tests.harness import kill_process, wait_until
+from tests.fakes.fake_upstream import Reply
+from tests.support.harness import kill_process, wait_until
 
 AUTH = {"Authorization": f"Bearer {ALICE}"}
 BIG = "a tool's long output " * 20_000  # 420 KB: more than a full disk's last free pages
@@ -166,7 +166,7 @@ def test_a_store_that_cannot_be_opened_stops_start_up_with_one_line(tmp_path, ex
     config.write_text(f"storage: {{path: {ext4_disk / 'data'}}}\n")
     done = subprocess.run(
         [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", "0"],
-        capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2],
     )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("context-proxy: storage.path: cannot open the store")

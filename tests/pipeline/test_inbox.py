@@ -14,8 +14,8 @@ import pytest
 from proxy.identity import tenant_of
 from proxy.state import ENGINE, TRAJECTORIES
 from tests.conftest import ALICE, BOB, openai_client, trajectory
-from tests.fake_upstream import Reply
-from tests.harness import chat
+from tests.fakes.fake_upstream import Reply
+from tests.support.harness import chat
 
 AUTH = {"Authorization": f"Bearer {ALICE}"}
 SYSTEM = {"role": "system", "content": "You are a coding agent."}

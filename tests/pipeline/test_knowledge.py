@@ -13,10 +13,10 @@ import pytest
 
 from proxy.knowledge import append_section, replace_section, sections
 from tests.conftest import ALICE, BOB, openai_client
-from tests.fake_upstream import Reply, default_responder
-from tests.harness import ProxyServer
-from tests.messages_helpers import MODEL as CLAUDE_MODEL
-from tests.messages_helpers import claude_client, messages_proxy
+from tests.fakes.fake_upstream import Reply, default_responder
+from tests.support.harness import ProxyServer
+from tests.support.messages_helpers import MODEL as CLAUDE_MODEL
+from tests.support.messages_helpers import claude_client, messages_proxy
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object", "properties": {}}}}]

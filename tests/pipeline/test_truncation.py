@@ -10,7 +10,7 @@ import pytest
 
 from proxy.tokens import TokenCounter
 from tests.conftest import ALICE, BOB, admin_get, live_messages, openai_client, trajectory
-from tests.fake_upstream import Reply, validate_chat_request
+from tests.fakes.fake_upstream import Reply, validate_chat_request
 
 REF = re.compile(r"out_\d+_[0-9a-f]{24}")
 BIG = "".join(f"line {i:05d}: some build log output\n" for i in range(1500))  # ~48k chars

@@ -22,7 +22,7 @@ from proxy.pipeline.window import select_window as select_items
 from proxy.refs import RefSigner
 from proxy.tokens import TokenCounter
 from proxy.transcript import Item, units
-from tests.fake_upstream import validate_chat_request
+from tests.fakes.fake_upstream import validate_chat_request
 
 Msg = dict[str, Any]
 COUNTER = TokenCounter()  # shared: its cache makes the stage tests cheap

@@ -1,4 +1,4 @@
-"""The contract every store backend passes: diskcache and Redis (a real redis-server, see tests/redis_server.py)."""
+"""The contract every store backend passes: diskcache and Redis (a real redis-server, see tests/support/redis_server.py)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,6 @@ from proxy.store import (
 )
 from proxy.store.redis import RedisStore
 from proxy.transfer import read_dump
-from tests.redis_server import redis_server  # noqa: F401  (a fixture)
 
 A = ConversationKey("tenant-a", "conv")
 B = ConversationKey("tenant-b", "conv")

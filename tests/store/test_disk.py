@@ -1,5 +1,5 @@
 """What only the diskcache store's layout must do (the contract both backends pass is in
-tests/test_store_contract.py): a turn writes rows of its own, not the conversation's; stores
+tests/store/test_contract.py): a turn writes rows of its own, not the conversation's; stores
 written before batches and index chunks read and go on; crash recovery finds every pending turn."""
 
 from __future__ import annotations

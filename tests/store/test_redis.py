@@ -15,7 +15,7 @@ from proxy.identity import ConversationKey
 from proxy.messages import message_hash
 from proxy.store import LIVE, PENDING, SUPERSEDED, Summary
 from proxy.store.redis import RedisStore, StoreUnavailable
-from tests.redis_server import RedisServer, redis_server  # noqa: F401  (a fixture)
+from tests.support.redis_server import RedisServer
 
 A = ConversationKey("tenant-a", "conv")
 
@@ -28,7 +28,7 @@ async def add(store: RedisStore, key: ConversationKey, texts: list[str], status:
 
 
 @pytest.fixture
-async def replica(redis_server: RedisServer) -> AsyncIterator[MakeReplica]:  # noqa: F811
+async def replica(redis_server: RedisServer) -> AsyncIterator[MakeReplica]:
     """`replica(**kwargs)`: another RedisStore sharing this test's prefix, as another proxy replica would."""
     prefix = f"cp-test-{uuid.uuid4().hex[:8]}:"
     made: list[RedisStore] = []
@@ -206,7 +206,7 @@ async def test_ids_that_look_like_key_suffixes_do_not_collide(replica: MakeRepli
 
 
 async def test_every_key_is_under_the_prefix_and_delete_leaves_no_conversation_data(
-    replica: MakeReplica, redis_server: RedisServer  # noqa: F811
+    replica: MakeReplica, redis_server: RedisServer
 ):
     prefix = f"cp-layout-{uuid.uuid4().hex[:8]}:"
     store = replica(prefix=prefix)

@@ -21,7 +21,7 @@ from proxy.store import APPEND, BEFORE, FAILED, INTERNAL, LIVE, PENDING, SUPERSE
 from proxy.store.redis import RedisStore
 from proxy.store.redis_records import Snapshot, Snapshots
 from proxy.transfer import read_dump
-from tests.redis_server import RedisServer, redis_server  # noqa: F401  (a fixture)
+from tests.support.redis_server import RedisServer
 
 A = ConversationKey("tenant-a", "conv")
 OTHER = ConversationKey("tenant-a", "other")
@@ -78,7 +78,7 @@ class Replicas:
 
 
 @pytest.fixture
-async def replicas(redis_server: RedisServer) -> AsyncIterator[Replicas]:  # noqa: F811
+async def replicas(redis_server: RedisServer) -> AsyncIterator[Replicas]:
     made = Replicas(redis_server.url)
     yield made
     for store in made.made:

@@ -18,9 +18,9 @@ import httpx
 import pytest
 
 from tests.conftest import ALICE, MakeProcesses
-from tests.fake_upstream import Reply, default_responder
-from tests.harness import ProxyProcess, chat, merge_sections, stored_form, wait_until
-from tests.redis_server import RedisServer
+from tests.fakes.fake_upstream import Reply, default_responder
+from tests.support.harness import ProxyProcess, chat, merge_sections, stored_form, wait_until
+from tests.support.redis_server import RedisServer
 
 AUTH = {"Authorization": f"Bearer {ALICE}"}
 SYSTEM = {"role": "system", "content": "You are a coding agent."}

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CODEX = ROOT / ".tools" / "codex" / "node_modules" / ".bin" / "codex"
 CODEX_VERSION = "0.171.0"
 KEY_VARIABLE = "CODEX_TEST_API_KEY"  # not CONTEXT_PROXY_*: that prefix is the proxy's settings

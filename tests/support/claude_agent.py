@@ -3,7 +3,7 @@
 `ClaudeAgent(base_url, folder)` runs the `claude` that `scripts/ensure-claude.sh` installs in
 `.tools/claude/` with `claude -p "<task>" --output-format json --allowedTools Bash --max-turns 6`
 (`resume=` adds `--resume <session_id>`), in a temporary HOME and working folder under `folder`,
-with a clean environment (`tests.agents.loopback_environment`): ANTHROPIC_BASE_URL, a test key,
+with a clean environment (`tests.support.agents.loopback_environment`): ANTHROPIC_BASE_URL, a test key,
 the switches that turn off its own traffic (telemetry, error reports, auto-update, non-essential
 calls), and HTTP(S)_PROXY pointing at an `EgressRecorder` -- so any attempt to reach past loopback
 is seen, and each run fails if one was made. A run that outlives its timeout has its whole process
@@ -16,11 +16,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.agents import EgressRecorder, TimedOut, loopback_environment, run_in_group
+from tests.support.agents import EgressRecorder, TimedOut, loopback_environment, run_in_group
 
 __all__ = ["CLAUDE", "TEST_KEY", "ClaudeAgent", "ClaudeFailed", "EgressRecorder"]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CLAUDE = ROOT / ".tools" / "claude" / "node_modules" / ".bin" / "claude"
 TEST_KEY = "sk-ant-test-claude-code-0123456789"
 # Claude Code's own switches for "talk to ANTHROPIC_BASE_URL and nothing else".

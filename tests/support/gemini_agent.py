@@ -3,7 +3,7 @@
 `GeminiAgent(base_url, folder)` runs the `gemini` that `scripts/ensure-gemini.sh` installs in
 `.tools/gemini/` as `gemini -p "<task>" -m <model> --yolo --output-format json` (`resume=True`
 adds `--resume latest`), in a temporary HOME and working folder under `folder`, with a clean
-environment (`tests.agents.loopback_environment`): GOOGLE_GEMINI_BASE_URL, a test key, the
+environment (`tests.support.agents.loopback_environment`): GOOGLE_GEMINI_BASE_URL, a test key, the
 settings GEMINI-RULES.md gives (API-key auth, no telemetry, usage statistics, auto-update, IDE
 or sandbox), and HTTP(S)_PROXY pointing at an `EgressRecorder` -- so any attempt to reach past
 loopback is seen, and each run fails if one was made. A run that outlives its timeout has its
@@ -16,11 +16,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.agents import EgressRecorder, TimedOut, loopback_environment, run_in_group
+from tests.support.agents import EgressRecorder, TimedOut, loopback_environment, run_in_group
 
 __all__ = ["GEMINI", "TEST_KEY", "GeminiAgent", "GeminiFailed"]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GEMINI = ROOT / ".tools" / "gemini" / "node_modules" / ".bin" / "gemini"
 TEST_KEY = "gemini-test-key-0123456789"
 SETTINGS = {

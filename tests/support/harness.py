@@ -30,7 +30,7 @@ from proxy.state import ADMIN_TOKEN
 
 T = TypeVar("T")
 UI_URL = re.compile(rb"context-proxy: open http://\S+/ui/\?token=(\S+)")
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 ADMIN_PATHS = ("/v1/conversations", "/v1/knowledge", "/ui", "/metrics")

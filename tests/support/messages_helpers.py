@@ -9,8 +9,8 @@ from typing import Any
 import anthropic
 
 from tests.conftest import ALICE, MakeProxy
-from tests.fake_upstream import FakeUpstream
-from tests.harness import ProxyServer, merge_sections
+from tests.fakes.fake_upstream import FakeUpstream
+from tests.support.harness import ProxyServer, merge_sections
 
 MODEL = "claude-test-1"
 THINKING = {"type": "enabled", "budget_tokens": 1024}

@@ -22,7 +22,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
-from tests.harness import serve_on_loopback
+from tests.support.harness import serve_on_loopback
 
 KINDS = {
     ProtoSpan.SPAN_KIND_INTERNAL: "INTERNAL",

@@ -7,7 +7,6 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -80,11 +79,3 @@ class RedisServer:
     def remove(self) -> None:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
-
-
-@pytest.fixture(scope="session")
-def redis_server() -> Iterator[RedisServer]:
-    """One server for a test session; tests keep apart by a key prefix of their own."""
-    server = RedisServer().start()
-    yield server
-    server.remove()

@@ -1,5 +1,5 @@
 """OpenTelemetry traces, end to end: real turns through the proxy (the official clients, the strict
-fake upstream) export over OTLP/HTTP to a real receiver the test starts (tests/otlp_receiver.py,
+fake upstream) export over OTLP/HTTP to a real receiver the test starts (tests/support/otlp_receiver.py,
 decoding with the opentelemetry-proto messages); the tests read the span tree it got."""
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from proxy.identity import tenant_of
 from proxy.state import STORE, TELEMETRY
 from proxy.telemetry import NO_TELEMETRY
 from tests.conftest import ALICE, openai_client
-from tests.fake_upstream import Reply, default_responder
-from tests.harness import ROOT, proxy_settings
-from tests.messages_helpers import MODEL as CLAUDE_MODEL
-from tests.messages_helpers import claude_client
-from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
-from tests.responders import by_kind
+from tests.fakes.fake_upstream import Reply, default_responder
+from tests.fakes.responders import by_kind
+from tests.support.harness import ROOT, proxy_settings
+from tests.support.messages_helpers import MODEL as CLAUDE_MODEL
+from tests.support.messages_helpers import claude_client
+from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan
 
 REF = re.compile(r"out_\d+_[0-9a-f]{24}")
 BIG = "".join(f"line {i:05d}: linking libledger.so ... ok\n" for i in range(900))  # ~40k chars

@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from tests.conftest import ALICE, BOB, MakeProxy, admin_get, openai_client
-from tests.fake_upstream import FakeUpstream, Reply, default_responder, last_user_text
-from tests.messages_helpers import MODEL, claude_client, messages_proxy
-from tests.test_ui import browser  # noqa: F401  (a fixture)
+from tests.fakes.fake_upstream import FakeUpstream, Reply, default_responder, last_user_text
+from tests.support.messages_helpers import MODEL, claude_client, messages_proxy
+from tests.ui.test_ui import browser  # noqa: F401  (a fixture)
 
 QUESTION = "What was the ledger drift the log warned about?"
 LOG = "\n".join(f"2024-05-01T10:{i % 60:02d}:00Z INFO order {10000 + i} processed in {i % 90} ms" for i in range(120))
@@ -171,7 +171,7 @@ def test_the_ui_searches_a_conversations_messages(proxy, upstream: FakeUpstream,
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as EC
 
-    from tests.test_ui import XSS, open_ui, text, wait
+    from tests.ui.test_ui import XSS, open_ui, text, wait
 
     client = openai_client(proxy, headers={"X-Conversation-ID": "searched"})
     start = chat_start()

@@ -24,11 +24,11 @@ from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.conftest import BOB, leave_mid_stream, openai_client
-from tests.fake_upstream import Reply, default_responder
-from tests.harness import ROOT, wait_until
+from tests.fakes.fake_upstream import Reply, default_responder
+from tests.support.harness import ROOT, wait_until
 
 ARTIFACTS = ROOT / "test-artifacts"
-INSTALL_HINT = "chromium and chromedriver are needed for tests/test_ui.py: run scripts/ensure-chromium.sh (as root)"
+INSTALL_HINT = "chromium and chromedriver are needed for tests/ui/test_ui.py: run scripts/ensure-chromium.sh (as root)"
 FLAGS = (
     "--headless",
     "--no-sandbox",

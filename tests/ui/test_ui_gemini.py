@@ -8,9 +8,9 @@ import json
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 
-from tests.fake_upstream import Reply
-from tests.test_gemini_pipeline import gemini_proxy, responses, turn, user
-from tests.test_ui import browser, open_ui, screenshot, text, wait  # noqa: F401  # `browser` is a fixture
+from tests.dialects.test_gemini_pipeline import gemini_proxy, responses, turn, user
+from tests.fakes.fake_upstream import Reply
+from tests.ui.test_ui import browser, open_ui, screenshot, text, wait  # noqa: F401  # `browser` is a fixture
 
 LOG = "".join(f"step {i:05d}: linking module_{i % 31}.o ok\n" for i in range(700)) + "LINK FAILED: undefined symbol foo"
 

@@ -1,4 +1,4 @@
-"""The /ui page's inbox and knowledge views, in the real headless browser of tests/test_ui.py: a
+"""The /ui page's inbox and knowledge views, in the real headless browser of tests/ui/test_ui.py: a
 person sends the running agent a message from the conversation page and sees where it was
 delivered; the knowledge page shows the document, saves an edit as a new version and diffs two."""
 
@@ -11,8 +11,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 
 from tests.conftest import ALICE, openai_client
-from tests.fake_upstream import Reply
-from tests.test_ui import XSS, browser, open_ui, screenshot, text, wait  # noqa: F401  (browser: a fixture)
+from tests.fakes.fake_upstream import Reply
+from tests.ui.test_ui import XSS, browser, open_ui, screenshot, text, wait  # noqa: F401  (browser: a fixture)
 
 AUTH = {"Authorization": f"Bearer {ALICE}"}
 SYSTEM = {"role": "system", "content": "You are a coding agent."}

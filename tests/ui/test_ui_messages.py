@@ -8,9 +8,9 @@ import json
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 
-from tests.fake_upstream import Reply
-from tests.messages_helpers import BUILD, MODEL, THINKING, as_params, claude_client, messages_proxy, results
-from tests.test_ui import browser, open_ui, screenshot, text, wait  # noqa: F401  # `browser` is a fixture
+from tests.fakes.fake_upstream import Reply
+from tests.support.messages_helpers import BUILD, MODEL, THINKING, as_params, claude_client, messages_proxy, results
+from tests.ui.test_ui import browser, open_ui, screenshot, text, wait  # noqa: F401  # `browser` is a fixture
 
 LOG = "".join(f"step {i:05d}: linking module_{i % 31}.o ok\n" for i in range(700)) + "LINK FAILED: undefined symbol foo"
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 
-from tests.messages_helpers import BUILD, MODEL, WEATHER, as_params, claude_client, messages_proxy
-from tests.test_ui import XSS, browser, open_ui, screenshot, text, wait  # noqa: F401  # `browser` is a fixture
+from tests.support.messages_helpers import BUILD, MODEL, WEATHER, as_params, claude_client, messages_proxy
+from tests.ui.test_ui import XSS, browser, open_ui, screenshot, text, wait  # noqa: F401  # `browser` is a fixture
 
 
 def test_the_replay_shows_the_system_prompt_and_tools_collapsed_with_earlier_versions(make_proxy, upstream, browser) -> None:  # noqa: F811

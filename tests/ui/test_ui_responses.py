@@ -1,5 +1,5 @@
 """/ui replays a Responses conversation (what Codex sends) item by item, in a real headless browser
-as tests/test_ui.py does: messages with their text parts, reasoning summaries, function calls with
+as tests/ui/test_ui.py does: messages with their text parts, reasoning summaries, function calls with
 their arguments, the long function_call_output expandable from tool_outputs/{ref}, the compaction
 summary, and an item type the page does not know shown as its JSON."""
 
@@ -9,9 +9,9 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 
 from tests.conftest import openai_client
-from tests.test_responses import TOOLS, user
-from tests.test_responses_trajectory import BUILD_LOG, DEVELOPER, SUMMARY, TASK, codex_run, responder
-from tests.test_ui import ARTIFACTS, browser, open_ui, screenshot, text, wait
+from tests.dialects.test_responses import TOOLS, user
+from tests.dialects.test_responses_trajectory import BUILD_LOG, DEVELOPER, SUMMARY, TASK, codex_run, responder
+from tests.ui.test_ui import ARTIFACTS, browser, open_ui, screenshot, text, wait
 
 __all__ = ["browser"]  # the module's fixture, shared with test_ui.py
 

@@ -1,8 +1,8 @@
 """litellm-routed upstreams: litellm's real provider code against fake providers on loopback.
 
 The LiteLLMUpstream, the router and the /v1/models handler are exercised directly (real objects,
-real litellm, real HTTP): an Anthropic Messages API fake (tests/fake_providers.py) and the strict
-OpenAI-compatible FakeUpstream. Everything runs on the session's server loop (tests/harness.py),
+real litellm, real HTTP): an Anthropic Messages API fake (tests/fakes/fake_providers.py) and the strict
+OpenAI-compatible FakeUpstream. Everything runs on the session's server loop (tests/support/harness.py),
 so litellm's cached HTTP sessions live on one loop, as they would in the proxy.
 """
 
@@ -30,9 +30,9 @@ from proxy.upstream import HttpUpstream
 from proxy.upstream.litellm import LiteLLMReply, LiteLLMUpstream, ProviderError, ProviderStreamBroken
 from proxy.upstream.router import UpstreamRouter, counting_aliases, window_overrides
 from proxy.upstream.sse import ReplyAssembler, SSEParser
-from tests.fake_providers import FakeAnthropic, FakeGemini, FakeOllama, ProviderReply, ToolUse
-from tests.fake_upstream import FakeUpstream, Reply
-from tests.harness import ROOT, LoopThread
+from tests.fakes.fake_providers import FakeAnthropic, FakeGemini, FakeOllama, ProviderReply, ToolUse
+from tests.fakes.fake_upstream import FakeUpstream, Reply
+from tests.support.harness import ROOT, LoopThread
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*using the `ReadOnly` qualifier")
 

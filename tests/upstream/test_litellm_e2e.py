@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from tests.conftest import ALICE, live_messages, openai_client
-from tests.fake_providers import FakeAnthropic, ProviderReply, ToolUse
+from tests.fakes.fake_providers import FakeAnthropic, ProviderReply, ToolUse
 
 KEY = "sk-ant-e2e-key-123456"
 

@@ -11,11 +11,11 @@ import httpx
 import pytest
 
 from tests.conftest import MakeProxy, live_messages
-from tests.fake_upstream import FakeUpstream, Reply
-from tests.gemini_agent import GeminiAgent
-from tests.harness import ProxyServer
-from tests.responders import by_kind, fixed_summary, is_summary_request
-from tests.test_gemini import ask, client_of, results, user
+from tests.dialects.test_gemini import ask, client_of, results, user
+from tests.fakes.fake_upstream import FakeUpstream, Reply
+from tests.fakes.responders import by_kind, fixed_summary, is_summary_request
+from tests.support.gemini_agent import GeminiAgent
+from tests.support.harness import ProxyServer
 
 KEY = "sk-openai-routed-0123456789"
 MODEL = "gemini-on-gpt"

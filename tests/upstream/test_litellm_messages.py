@@ -12,9 +12,10 @@ import httpx
 import pytest
 
 from tests.conftest import ALICE, MakeProxy, live_messages
-from tests.fake_upstream import FakeUpstream, Reply
-from tests.harness import ProxyServer
-from tests.messages_helpers import (
+from tests.fakes.fake_upstream import FakeUpstream, Reply
+from tests.fakes.responders import by_kind, fixed_summary, is_summary_request
+from tests.support.harness import ProxyServer
+from tests.support.messages_helpers import (
     BUILD,
     THINKING,
     WEATHER,
@@ -24,7 +25,6 @@ from tests.messages_helpers import (
     results,
     sse_events,
 )
-from tests.responders import by_kind, fixed_summary, is_summary_request
 
 KEY = "sk-openai-routed-0123456789"
 MODEL = "claude-on-gpt"

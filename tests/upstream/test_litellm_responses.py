@@ -14,10 +14,10 @@ import json
 import openai
 import pytest
 
-from tests.agents_sdk import run_tests_agent
 from tests.conftest import live_messages, openai_client, trajectory
-from tests.fake_upstream import Reply
-from tests.test_responses import BIG, DEVELOPER, REF, TOOLS, dump, user
+from tests.dialects.test_responses import BIG, DEVELOPER, REF, TOOLS, dump, user
+from tests.fakes.fake_upstream import Reply
+from tests.support.agents_sdk import run_tests_agent
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*using the `ReadOnly` qualifier"),
