@@ -1,7 +1,7 @@
 """Benchmarks that hold context-proxy to the targets of DESIGN.md ("Targets").
 
 `python -m bench.run` (or `make bench`) runs everything; `python -m bench.run --smoke` is the tiny
-version `tests/test_bench_smoke.py` runs. Modules:
+version `tests/bench/test_smoke.py` runs. Modules:
 
 - workload.py       the deterministic agent transcript and the growing full-history client's bodies
 - mock_upstream.py  the fast OpenAI-compatible upstream every target forwards to

@@ -60,9 +60,9 @@ import httpx
 from bench.agent_run import KINDS, Run, Step, generate_run, occurs
 from proxy.state import COMPACTION
 from proxy.tokens import TokenCounter
-from tests.fake_upstream import FakeUpstream, Reply, ToolCall
-from tests.harness import LoopThread, ProxyServer, proxy_settings
-from tests.responders import READ_TOOL, REF, SUMMARIZER_MARK, TOOL_SUMMARY_MARK, is_summary_request, is_tool_summary_request
+from tests.fakes.fake_upstream import FakeUpstream, Reply, ToolCall
+from tests.support.harness import LoopThread, ProxyServer, proxy_settings
+from tests.fakes.responders import READ_TOOL, REF, SUMMARIZER_MARK, TOOL_SUMMARY_MARK, is_summary_request, is_tool_summary_request
 
 MODEL = "gpt-4o-mini"
 KEY = "sk-bench-context"

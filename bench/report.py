@@ -15,7 +15,7 @@ WIRE_NAMES = {"chat": "chat completions", "responses": "the Responses API, as Co
               "messages": "Anthropic Messages, as Claude Code sends it",
               "gemini": "the Gemini API, as Gemini CLI sends it"}
 
-# The side-by-side table: (key, header). tests/test_bench_smoke.py checks every one is printed.
+# The side-by-side table: (key, header). tests/bench/test_smoke.py checks every one is printed.
 COLUMNS: list[tuple[str, str]] = [
     ("target", "target"),
     ("p50", "p50 ms"),

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Make sure Debian's chromium and chromium-driver are installed: tests/test_ui.py drives the /ui
+# Make sure Debian's chromium and chromium-driver are installed: tests/ui/test_ui.py drives the /ui
 # page in a real headless browser through Selenium. CI starts from a fresh Debian machine as root,
 # so install them from the distribution's packages when missing (no browser download of its own).
 set -eu

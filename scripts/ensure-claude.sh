@@ -1,5 +1,5 @@
 #!/bin/sh
-# Make sure Claude Code is installed in the checkout's own .tools/claude (tests/test_claude_cli.py
+# Make sure Claude Code is installed in the checkout's own .tools/claude (tests/clients/test_claude_cli.py
 # runs it headless against the fake upstream). A pinned version from npm, never a global install,
 # never an auto-update: quick and silent when that version is already there.
 set -eu

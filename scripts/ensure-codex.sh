@@ -1,6 +1,6 @@
 #!/bin/sh
 # Make sure Codex CLI (npm's @openai/codex, a prebuilt binary inside the package) is installed in
-# .tools/codex/ of this checkout: tests/test_codex_cli.py runs it against the fake upstream.
+# .tools/codex/ of this checkout: tests/clients/test_codex_cli.py runs it against the fake upstream.
 # Quick when the right version is already there; otherwise one `npm install` (~100 MB).
 set -eu
 version=0.171.0

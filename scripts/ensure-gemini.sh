@@ -1,6 +1,6 @@
 #!/bin/sh
 # Make sure Gemini CLI (npm's @google/gemini-cli) is installed in .tools/gemini/ of this checkout:
-# tests/test_gemini_cli.py runs it against the fake upstream. Quick when the right version is
+# tests/clients/test_gemini_cli.py runs it against the fake upstream. Quick when the right version is
 # already there; otherwise one `npm install`.
 set -eu
 version=0.61.0

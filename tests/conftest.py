@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import httpx
 import pytest
-import pytest_asyncio
 from openai import AsyncOpenAI, OpenAI
 
-from tests.fake_upstream import FakeUpstream, Reply, running_in_thread
-from tests.harness import (
+from tests.fakes.fake_upstream import FakeUpstream, Reply
+from tests.support.harness import (
     LoopThread,
     ProxyProcess,
     ProxyServer,
@@ -24,7 +21,7 @@ from tests.harness import (
     start_processes,
     write_config,
 )
-from tests.redis_server import RedisServer
+from tests.support.redis_server import RedisServer
 
 ALICE = "sk-test-alice-0123456789"
 BOB = "sk-test-bob-9876543210"
@@ -101,28 +98,6 @@ def processes(tmp_path: Path, upstream: FakeUpstream) -> Iterator[MakeProcesses]
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeUpstream]:
-    """A fake upstream of the test's own, for the fake's tests. It runs on its own loop in another
-    thread, as the scripting API promises to support: those tests drive it cross-thread."""
-    with running_in_thread() as server:
-        yield server
-
-
-@pytest_asyncio.fixture
-async def sdk(fake: FakeUpstream) -> AsyncIterator[AsyncOpenAI]:
-    """The async openai client on `fake`."""
-    client = AsyncOpenAI(base_url=fake.base_url, api_key="sk-test", max_retries=0)
-    yield client
-    await client.close()
-
-
-@pytest_asyncio.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as client_session:
-        yield client_session
-
-
-@pytest.fixture
 def redis() -> Iterator[RedisServer]:
     """A redis-server of this test's own on a free loopback port: nothing of another test in it."""
     server = RedisServer().start()
@@ -176,40 +151,6 @@ def trajectory(http: httpx.Client, conversation_id: str, api_key: str | None = N
     response = admin_get(http, f"/{conversation_id}/trajectory", api_key, limit=1000)
     assert response.status_code == 200, response.text
     return response.json()["data"]
-
-
-@pytest.fixture
-def raw_upstream_of(servers: LoopThread) -> Iterator[Callable[[bytes], str]]:
-    """`raw_upstream_of(bytes)`: a base URL whose server answers every request with those bytes
-    (read the request, write them, keep the connection open until the client leaves)."""
-    started: list[asyncio.base_events.Server] = []
-
-    def make(answer: bytes) -> str:
-        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            try:
-                await reader.readuntil(b"\r\n\r\n")
-                writer.write(answer)
-                await writer.drain()
-                await reader.read()  # until the client hangs up
-            except (ConnectionError, asyncio.IncompleteReadError):
-                pass
-            finally:
-                writer.close()
-
-        async def start() -> asyncio.base_events.Server:
-            return await asyncio.start_server(serve, "127.0.0.1", 0)
-
-        server = servers.run(start())
-        started.append(server)
-        return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
-
-    yield make
-
-    async def stop(server: asyncio.base_events.Server) -> None:
-        server.close()
-
-    for server in started:
-        servers.run(stop(server))
 
 
 def leave_mid_stream(

@@ -22,7 +22,7 @@ from openai import OpenAI
 
 from proxy.banner import client_address, render, ui_address
 from proxy.config import load_settings
-from tests.harness import ROOT
+from tests.support.harness import ROOT
 
 CLIENT_KEY = "sk-client-key-never-printed-4c1d"
 ADMIN_TOKEN = "admin-token-for-the-banner-9e2f"

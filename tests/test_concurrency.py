@@ -8,7 +8,7 @@ import json
 import httpx
 
 from tests.conftest import ALICE, async_openai_client
-from tests.fake_upstream import Reply, default_responder
+from tests.fakes.fake_upstream import Reply, default_responder
 
 CONVERSATIONS = 50
 TURNS = 20

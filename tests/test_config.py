@@ -10,7 +10,7 @@ import pytest
 
 from proxy import settings_doc
 from proxy.config import ConfigError, Settings, load_settings
-from tests.harness import ROOT
+from tests.support.harness import ROOT
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from tests.conftest import ALICE, admin_get, live_messages, trajectory
-from tests.fake_upstream import Reply
+from tests.fakes.fake_upstream import Reply
 
 AUTH = {"Authorization": f"Bearer {ALICE}", "Content-Type": "application/json"}
 OK_MESSAGES = [{"role": "user", "content": "hello"}]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import ALICE, live_messages, openai_client, trajectory
-from tests.fake_upstream import Reply
+from tests.fakes.fake_upstream import Reply
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tests.conftest import ALICE, BOB, admin_get, live_messages, openai_client, trajectory
-from tests.fake_upstream import Reply
+from tests.fakes.fake_upstream import Reply
 
 SYSTEM = {"role": "system", "content": "You are an agent."}
 

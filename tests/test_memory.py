@@ -21,8 +21,8 @@ from proxy.activity import Activity
 from proxy.engine.fastpath import wire_of
 from proxy.memory import Trimmer
 from tests.conftest import ALICE
-from tests.fake_upstream import Reply
-from tests.harness import ProxyProcess, peak_rss_kb, wait_until
+from tests.fakes.fake_upstream import Reply
+from tests.support.harness import ProxyProcess, peak_rss_kb, wait_until
 
 JSON_AUTH = {"Authorization": f"Bearer {ALICE}", "Content-Type": "application/json"}
 MB = 1024 * 1024

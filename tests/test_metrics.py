@@ -12,9 +12,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import ALICE, openai_client
-from tests.fake_upstream import Reply
-from tests.harness import wait_until
-from tests.responders import by_kind, is_summary_request
+from tests.fakes.fake_upstream import Reply
+from tests.fakes.responders import by_kind, is_summary_request
+from tests.support.harness import wait_until
 
 BIG = "z" * 30_000
 

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from tests.conftest import openai_client
-from tests.fake_upstream import Reply
-from tests.harness import ROOT, ProxyProcess
+from tests.fakes.fake_upstream import Reply
+from tests.support.harness import ROOT, ProxyProcess
 
 SECRET_KEY = "sk-live-do-not-leak-7f3a9c2e1b"
 

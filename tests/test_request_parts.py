@@ -20,11 +20,11 @@ from proxy.prefix import BodyCache
 from proxy.request_parts import RequestParts, sent_parts
 from proxy.state import ENGINE, TRAJECTORIES
 from proxy.store import Conversation, RequestPart, part_hash
-from tests.claude_agent import ClaudeAgent
 from tests.conftest import ALICE, MakeProxy, admin_get, openai_client
-from tests.fake_upstream import FakeUpstream, Reply
-from tests.harness import ROOT, ProxyServer, write_config
-from tests.messages_helpers import BUILD, MODEL, WEATHER, as_params, claude_client, messages_proxy
+from tests.fakes.fake_upstream import FakeUpstream, Reply
+from tests.support.claude_agent import ClaudeAgent
+from tests.support.harness import ROOT, ProxyServer, write_config
+from tests.support.messages_helpers import BUILD, MODEL, WEATHER, as_params, claude_client, messages_proxy
 
 TERSE = [{"type": "text", "text": "You are a terse assistant. ✓"}]
 VERBOSE = "You explain every step."

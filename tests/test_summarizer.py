@@ -12,11 +12,11 @@ import pytest
 from proxy.config import ConfigError, load_settings
 from proxy.state import COMPACTION, ENGINE, SUMMARIZER
 from proxy.tokens import TokenCounter
+from tests.compaction.test_compaction import Agent, agent_requests, foreground, summary_requests
 from tests.conftest import ALICE
-from tests.fake_upstream import Reply, default_responder
-from tests.harness import wait_until
-from tests.responders import by_kind, echoes_prompt, fixed_summary, is_summary_request, refuses_over
-from tests.test_compaction import Agent, agent_requests, foreground, summary_requests
+from tests.fakes.fake_upstream import Reply, default_responder
+from tests.fakes.responders import by_kind, echoes_prompt, fixed_summary, is_summary_request, refuses_over
+from tests.support.harness import wait_until
 
 LOCAL = "local-coder"  # a model tiktoken does not know: its tokenizer may count more than ours
 

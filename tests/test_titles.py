@@ -15,7 +15,7 @@ from proxy.dialects.responses import RESPONSES
 from proxy.errors import InvalidRequest
 from proxy.titles import MAX_OPENINGS, MAX_TASK_CHARS, check_title, task_of, title_from_task, without_wrapped_blocks
 from proxy.usage import TokenUsage
-from tests.harness import ROOT
+from tests.support.harness import ROOT
 
 SAMPLES = ROOT / "tests" / "samples"
 

@@ -21,8 +21,8 @@ from proxy.store.disk import DiskStore
 from proxy.trajectory import build_trajectory
 from proxy.trajectory_files import TrajectoryWriter
 from tests.conftest import ALICE, openai_client
-from tests.fake_upstream import Reply, default_responder
-from tests.responders import is_summary_request
+from tests.fakes.fake_upstream import Reply, default_responder
+from tests.fakes.responders import is_summary_request
 
 BIG = "".join(f"line {i:05d}: test output\n" for i in range(800))  # ~20k characters: truncated upstream
 TOOLS = [{"type": "function", "function": {"name": "sh", "parameters": {"type": "object", "properties": {}}}}]

@@ -18,9 +18,9 @@ from proxy.identity import tenant_of
 from proxy.store import Summary
 from proxy.transfer import SUMMARY_FIELDS, SUMMARY_PARTS
 from tests.conftest import ALICE, BOB, openai_client
-from tests.fake_upstream import Reply, default_responder
-from tests.harness import ROOT, write_config
-from tests.responders import SUMMARIZER_MARK
+from tests.fakes.fake_upstream import Reply, default_responder
+from tests.fakes.responders import SUMMARIZER_MARK
+from tests.support.harness import ROOT, write_config
 
 REF = re.compile(r"out_\d+_[0-9a-f]{24}")
 BIG = "".join(f"tests/test_io.py::case_{i:04d} PASSED\n" for i in range(600))  # ~22k characters

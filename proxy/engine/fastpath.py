@@ -23,7 +23,7 @@ do the stages after it, on what the stages before it made of the new items: thei
 report's figures as they left it (kept on each StageRun), are reused. Any other doubt (an edit of
 the request further back) means the whole pipeline, as on the conversation's first turn. A
 summary in force is no doubt: new items come after its boundary. The result is the same either
-way, only its cost differs: tests/test_fastpath.py proves it byte for byte in every wire format,
+way, only its cost differs: tests/engine/test_fastpath.py proves it byte for byte in every wire format,
 streamed turns and moving breakpoints included, with the turn records' figures.
 
 Kept per conversation (least recently used out first, bounded by the bytes of upstream bodies

@@ -492,7 +492,7 @@ class TurnFacts:
 
 
 class Store(Protocol):
-    """What the proxy needs from storage. Backends must pass tests/test_store_contract.py."""
+    """What the proxy needs from storage. Backends must pass tests/store/test_contract.py."""
 
     def lock(self, key: ConversationKey) -> AbstractAsyncContextManager[None]:
         """Serialize the writes of one conversation's turns: a turn holds it while it plans and

@@ -1,0 +1,329 @@
+"""What only the diskcache store's layout must do (the contract both backends pass is in
+tests/store/test_contract.py): a turn writes rows of its own, not the conversation's; stores
+written before batches and index chunks read and go on; crash recovery finds every pending turn."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import pickle
+import secrets
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.identity import ConversationKey
+from proxy.messages import message_hash
+from proxy.store import FAILED, LIVE, PENDING, SUPERSEDED, Summary
+from proxy.store.checkpoints import BACKSTOP_PAGES, EVERY_WRITES
+from proxy.store.disk import BATCH_MAX, INDEX_CHUNK, SETTLED_FLAGS, DiskStore, _open_cache
+from proxy.transfer import read_dump
+
+A = ConversationKey("a" * 24, "conv-a")
+B = ConversationKey("b" * 24, "conv-b")
+
+# The rows of a store written before batches, index chunks and pending buckets, as that code named
+# them: stores out there hold these.
+OLD_CONV, OLD_MSG, OLD_REWRITE = "conv\0{t}\0{c}", "msg\0{t}\0{c}\0{seq:012d}", "rewrite\0{t}\0{c}\0{seq:012d}"
+OLD_INDEX_PAGE, OLD_TENANTS, OLD_CREATED, OLD_PENDING, OLD_ALL = "index\0{scope}\0{page:012d}", "tenants", "created-counter", "pending", "\x01all"
+
+
+def msg(text: str, role: str = "user") -> dict[str, Any]:
+    return {"role": role, "content": text}
+
+
+def write_old_layout(
+    path: Path, key: ConversationKey, messages: list[tuple[dict[str, Any], str]], *,
+    forwarded: dict[int, int] | None = None, rewrites: dict[int, str] | None = None, llm_calls: int = 0,
+) -> None:
+    """A conversation as the store wrote it before batches: a row per message, the record holding
+    the whole live index, first-forwarded marks and rewritten seqs, pending ones in one set."""
+    cache = _open_cache(str(path))
+    with cache.transact():
+        order = cache.incr(OLD_CREATED, default=0)
+        for scope, entry in ((key.tenant, key.id), (OLD_ALL, (key.tenant, key.id))):
+            page_key = OLD_INDEX_PAGE.format(scope=scope, page=order // 1000)
+            cache.set(page_key, {**cache.get(page_key, {}), order: entry})
+        cache.set(OLD_TENANTS, cache.get(OLD_TENANTS, set()) | {key.tenant})
+        live, pending = [], []
+        for seq, (message, status) in enumerate(messages, start=1):
+            digest = message_hash(message)
+            cache.set(OLD_MSG.format(t=key.tenant, c=key.id, seq=seq),
+                      {"message": message, "hash": digest, "status": status, "created_at": 1000.0 + seq})
+            if status == LIVE:
+                live.append((seq, digest))
+            if status == PENDING:
+                pending.append(seq)
+        for seq, content in (rewrites or {}).items():
+            cache.set(OLD_REWRITE.format(t=key.tenant, c=key.id, seq=seq), content)
+        cache.set(OLD_CONV.format(t=key.tenant, c=key.id), {
+            "created_at": 1000.0, "updated_at": 1000.0 + len(messages), "next_seq": len(messages) + 1, "live": live,
+            "llm_calls": llm_calls, "first_forwarded": dict(forwarded or {}), "rewritten": set(rewrites or {}),
+            "summaries": 0, "boundary": 0, "summary_id": None, "turns": 0, "order": order,
+            "inbox": 0, "inbox_open": [], "inbox_at": {}, "pending": pending,
+        })
+        if pending:
+            cache.set(OLD_PENDING, cache.get(OLD_PENDING, set()) | {(key.tenant, key.id)})
+    cache.close()
+
+
+@pytest.fixture
+async def reopen(tmp_path: Path) -> AsyncIterator[Callable[[], Any]]:
+    """`await reopen()`: the store in tmp_path/store, the one opened before closed first."""
+    opened: list[DiskStore] = []
+
+    async def open_again() -> DiskStore:
+        if opened:
+            await opened[-1].close()
+        opened.append(DiskStore(tmp_path / "store"))
+        return opened[-1]
+
+    yield open_again
+    await opened[-1].close()
+
+
+def rows(store: DiskStore, kind: str, key: ConversationKey | None = None) -> list[str]:
+    """The keys of one kind of row (of one conversation's, if given)."""
+    prefix = kind + "\0" + (f"{key.tenant}\0{key.id}\0" if key else "")
+    return [k for k in store._cache.iterkeys() if isinstance(k, str) and (k.startswith(prefix) or k == prefix.rstrip("\0"))]
+
+
+def rows_of(store: DiskStore, key: ConversationKey) -> list[str]:
+    return [k for k in store._cache.iterkeys() if isinstance(k, str) and f"\0{key.tenant}\0{key.id}" in k]
+
+
+def flagged(store: DiskStore) -> set[tuple[str, str]]:
+    """The conversations the pending buckets (and a set written before them) name."""
+    return {m for k in rows(store, "pending") for m in store._cache.get(k)} | set(store._cache.get(OLD_PENDING, set()))
+
+
+async def turn(store: DiskStore, key: ConversationKey, texts: list[str], reply: str = "ok") -> list[int]:
+    new = [msg(t) for t in texts]
+    seqs = await store.append(key, new, [message_hash(m) for m in new], PENDING)
+    answer = msg(reply, "assistant")
+    await store.finish_turn(key, dict.fromkeys(seqs, LIVE), [(answer, message_hash(answer))], LIVE,
+                            {"created_at": 1.0, "sent_seqs": seqs}, llm_calls=1, forwarded=dict.fromkeys(seqs, 1))
+    return seqs
+
+
+# -- a turn writes what it adds -----------------------------------------------------------------------
+
+
+async def test_a_first_turn_is_one_batch_and_each_later_turn_one_more(reopen):
+    store = await reopen()
+    await turn(store, A, [f"output {i} " + "x" * 100 for i in range(200)])
+    assert len(rows(store, "batch", A)) == 1 and rows(store, "msg", A) == []  # not a row per message
+    assert len(rows(store, "part", A)) == 1  # its 200 messages in a row of their own, written once
+    for i in range(3):
+        await turn(store, A, [f"later {i}"])
+    assert len(rows(store, "batch", A)) == 4  # each turn's item and reply together
+    stored = await store.messages(A, live_only=False)
+    assert [m.seq for m in stored] == list(range(1, 208)) and {m.status for m in stored} == {LIVE}
+    assert stored[200].message == msg("ok", "assistant") and stored[201].message == msg("later 0")
+
+
+async def test_the_record_holds_the_newest_index_chunk_and_older_ones_have_rows(reopen):
+    store = await reopen()
+    for i in range(INDEX_CHUNK * 2):  # two items a turn: four chunks' worth
+        await turn(store, A, [f"step {i}"])
+    await store.set_statuses(A, {3: SUPERSEDED, 4: SUPERSEDED})  # an old chunk changes too
+    before = await store.get(A)
+    row = store._cache.get(f"conv\0{A.tenant}\0{A.id}")
+    tail = row["tail"]
+    assert tail == (before.next_seq - 1) // INDEX_CHUNK
+    assert all(seq // INDEX_CHUNK == tail for seq, _ in row["index"]["live"])  # the tail alone, not the index
+    assert len(rows(store, "chunk", A)) == tail
+    assert len(pickle.dumps(row)) < 20_000  # bounded by the chunk, whatever the conversation holds
+    store = await reopen()  # read back from the chunks
+    after = await store.get(A)
+    assert after == before and after.live[:3] == [(1, before.live[0][1]), (2, before.live[1][1]), (5, before.live[2][1])]
+    assert after.first_forwarded == {seq: 1 for seq in range(1, before.next_seq, 2)}
+
+
+async def test_a_write_bigger_than_a_batch_is_split_and_read_back_in_order(reopen):
+    store = await reopen()
+    texts = [f"m{i}" for i in range(BATCH_MAX * 2 + 10)]
+    seqs = await store.append(A, [msg(t) for t in texts], [message_hash(msg(t)) for t in texts], LIVE)
+    assert len(rows(store, "batch", A)) == 3
+    changed = range(BATCH_MAX - 5, BATCH_MAX + 5)  # across two batches
+    await store.set_statuses(A, dict.fromkeys(changed, SUPERSEDED))
+    async def check(store: DiskStore) -> None:
+        assert [m.message["content"] for m in await store.messages(A, live_only=False)] == texts
+        live = await store.messages(A, live_only=True, after=BATCH_MAX - 10, limit=10)
+        assert [m.seq for m in live] == [*range(BATCH_MAX - 9, BATCH_MAX - 5), *range(BATCH_MAX + 5, BATCH_MAX + 11)]
+        assert (await store.message(A, seqs[-1])).message == msg(texts[-1])
+        assert (await store.message(A, BATCH_MAX)).status == SUPERSEDED
+
+    await check(store)
+    await check(await reopen())  # read back from disk
+
+
+async def test_what_the_caller_changes_after_a_write_is_not_stored(reopen):
+    store = await reopen()
+    sent = msg("as sent")
+    [seq] = await store.append(A, [sent], [message_hash(sent)], PENDING)
+    sent["content"] = "changed by the caller afterwards"  # the batch is held in memory until the turn ends
+    reply = msg("as answered", "assistant")
+    await store.finish_turn(A, {seq: LIVE}, [(reply, message_hash(reply))], LIVE, None)
+    reply["content"] = "changed too"
+    assert [m.message["content"] for m in await store.messages(A, live_only=False)] == ["as sent", "as answered"]
+    store = await reopen()
+    assert [m.message["content"] for m in await store.messages(A, live_only=False)] == ["as sent", "as answered"]
+
+
+async def test_a_failed_write_leaves_nothing_of_it_held_in_memory(reopen):
+    store = await reopen()
+    [seq] = await store.append(A, [msg("q")], [message_hash(msg("q"))], PENDING)
+    with pytest.raises(KeyError):  # a seq that is not there: the whole turn's end is refused
+        await store.finish_turn(A, {seq: LIVE, 99: LIVE}, [(msg("r"), "h")], LIVE, None, llm_calls=1)
+    conversation = await store.get(A)
+    assert (conversation.live, conversation.next_seq, conversation.llm_calls) == ([], 2, 0)
+    assert [m.status for m in await store.messages(A, live_only=False)] == [PENDING]
+    await store.finish_turn(A, {seq: LIVE}, [(msg("r", "assistant"), "h")], LIVE, None)
+    assert [(m.seq, m.status) for m in await store.messages(A, live_only=False)] == [(1, LIVE), (2, LIVE)]
+    store = await reopen()
+    assert [(m.seq, m.status) for m in await store.messages(A, live_only=False)] == [(1, LIVE), (2, LIVE)]
+
+
+async def test_the_index_pages_held_in_memory_are_the_stored_ones_even_after_a_failed_write(reopen):
+    store = await reopen()
+    keys = [ConversationKey("t" * 24, f"listed-{i}") for i in range(5)]
+    for key in keys[:3]:
+        await turn(store, key, ["hello"])
+    with pytest.raises(ValueError):  # refused after the conversation was registered: the write rolls back
+        await store.append(keys[3], [msg("a"), msg("b")], [message_hash(msg("a"))], PENDING)
+    assert all(store._cache.get(page_key) == page for page_key, page in store._pages.items())
+    await turn(store, keys[4], ["hello"])
+    await store.delete(keys[1])
+    expected = [keys[4].id, keys[2].id, keys[0].id]  # newest first; the failed one and the deleted one not there
+    listed, _ = await store.list_conversations(tenant=keys[0].tenant, after=None, limit=10)
+    assert [c.key.id for c in listed] == expected
+    store = await reopen()  # what was written, read back
+    listed, _ = await store.list_conversations(tenant=keys[0].tenant, after=None, limit=10)
+    assert [c.key.id for c in listed] == expected
+    assert [c.key.id for c in await store.find(keys[4].id)] == [keys[4].id]
+
+
+async def test_delete_leaves_no_row_of_the_conversation(reopen):
+    store = await reopen()
+    for i in range(INDEX_CHUNK):
+        await turn(store, A, [f"step {i}", "big " + "y" * 10_000])  # parts of their own too
+    await store.set_rewrites(A, {2: "short"})
+    await store.add_summary(A, Summary("s", 1, 10, "turns", "m", 1, 1))
+    await store.post_inbox(A, "note", "note", 5)
+    await turn(store, B, ["other"])
+    assert rows(store, "chunk", A) and rows(store, "part", A) and rows(store, "pending")
+    assert await store.delete(A)
+    assert rows_of(store, A) == []
+    assert (A.tenant, A.id) not in flagged(store) and (await store.get(B)).next_seq == 3
+
+
+# -- SQLite checkpoints: never inside a turn's write ------------------------------------------------
+
+
+async def test_a_thread_of_its_own_copies_the_writes_into_the_database(reopen, tmp_path: Path):
+    store = await reopen()
+    database = tmp_path / "store" / "cache.db"
+    empty = database.stat().st_size
+    turns = 3 * EVERY_WRITES // 2  # two writes each
+    for i in range(turns):
+        await turn(store, A, [secrets.token_hex(15_000)])  # 30 KB that no page can share
+    # The store thread's connection checkpoints only past the backstop, far above what was written
+    # (by itself, the WAL would hold it all and the database file stay as it was)...
+    written = turns * 30_000
+    assert written < BACKSTOP_PAGES * 4096 // 4
+    autocheckpoint = await store._run(lambda: store._cache._con.execute("PRAGMA wal_autocheckpoint").fetchone()[0])
+    assert autocheckpoint == BACKSTOP_PAGES
+    # ... while the checkpoint thread, asked every EVERY_WRITES writes, copied it all there.
+    assert await asyncio.to_thread(store._checkpoints.wait, 3, 30)
+    assert database.stat().st_size - empty > written
+    reopened = await reopen()  # closes it first: its checkpoint thread ends with it
+    assert not store._checkpoints._thread.is_alive()
+    assert [m.message["role"] for m in await reopened.messages(A, live_only=True)] == ["user", "assistant"] * turns
+
+
+# -- crash recovery: pending flags ----------------------------------------------------------------------
+
+
+async def test_a_crash_after_many_turns_leaves_few_flags_and_every_pending_turn_is_failed(tmp_path: Path):
+    store = DiskStore(tmp_path / "store")
+    keys = [ConversationKey("t" * 24, f"c{i}") for i in range(SETTLED_FLAGS + 40)]
+    for key in keys:
+        await turn(store, key, ["finished"])
+    cut = keys[:3]
+    for key in cut:  # turns a crash cuts short: written pending, never ended
+        await store.append(key, [msg("cut")], [message_hash(msg("cut"))], PENDING)
+    assert flagged(store) >= {(k.tenant, k.id) for k in cut}
+    assert len(flagged(store)) <= SETTLED_FLAGS + len(cut)  # settled flags are cleared as they pile up
+    # The crash: no close. The next process opens the same store.
+    restarted = DiskStore(tmp_path / "store")
+    assert await restarted.fail_pending() == 3
+    for key in cut:
+        assert [m.status for m in await restarted.messages(key, live_only=False)] == [LIVE, LIVE, FAILED]
+    assert flagged(restarted) == set()  # the write that failed them cleared every flag it looked at
+    assert await restarted.fail_pending() == 0
+    await restarted.close()
+    store._thread.shutdown()  # the crashed one's thread, without a close (no sweep)
+
+
+async def test_a_clean_stop_leaves_flags_only_where_messages_are_pending(reopen):
+    store = await reopen()
+    for i in range(5):
+        await turn(store, ConversationKey("t" * 24, f"c{i}"), ["done"])
+    [seq] = await store.append(A, [msg("in flight")], [message_hash(msg("in flight"))], PENDING)
+    assert len(flagged(store)) == 6  # flagged while in use: a turn's writes flag nothing more
+    store = await reopen()
+    assert flagged(store) == {(A.tenant, A.id)}
+    assert await store.fail_pending() == 1 and (await store.message(A, seq)).status == FAILED
+
+
+# -- stores written before batches and index chunks -----------------------------------------------------
+
+OLD = [
+    (msg("task"), LIVE), (msg("answer", "assistant"), LIVE), (msg("edited away"), SUPERSEDED),
+    (msg("task, again"), LIVE), (msg("answer again", "assistant"), LIVE), (msg("refused"), FAILED),
+]
+
+
+async def test_a_conversation_written_before_batches_reads_and_goes_on(tmp_path: Path, reopen):
+    write_old_layout(tmp_path / "store", A, OLD, forwarded={1: 1, 4: 2}, rewrites={4: "short task"}, llm_calls=2)
+    store = await reopen()
+    conversation = await store.get(A)
+    assert conversation.live == [(s, message_hash(OLD[s - 1][0])) for s in (1, 2, 4, 5)] and conversation.next_seq == 7
+    assert (conversation.first_forwarded, conversation.rewritten, conversation.llm_calls) == ({1: 1, 4: 2}, {4}, 2)
+    assert [(m.message, m.status, m.created_at) for m in await store.messages(A, live_only=False)] == [
+        (m, s, 1000.0 + seq) for seq, (m, s) in enumerate(OLD, start=1)
+    ]
+    assert (await store.message(A, 3)).status == SUPERSEDED and await store.rewrites(A, [4]) == {4: "short task"}
+    assert [c.key for c in (await store.list_conversations(A.tenant))[0]] == [A]
+    # It goes on: a turn that edits the last answer away (an old row changed in place), in a batch.
+    new = await store.append(A, [msg("edit")], [message_hash(msg("edit"))], PENDING)
+    assert new == [7]
+    reply = msg("new answer", "assistant")
+    await store.finish_turn(A, {7: LIVE, 5: SUPERSEDED}, [(reply, message_hash(reply))], LIVE, None, forwarded={7: 3})
+    expected = [m.message["content"] for m in await store.messages(A, live_only=True)]
+    assert expected == ["task", "answer", "task, again", "edit", "new answer"]
+    dump = await read_dump(store, A)
+    store = await reopen()  # mixed, read back: old rows below seq 7, a batch from it on
+    assert await read_dump(store, A) == dump and dump.conversation.first_forwarded == {1: 1, 4: 2, 7: 3}
+    assert [m.status for m in dump.messages] == [LIVE, LIVE, SUPERSEDED, LIVE, SUPERSEDED, FAILED, LIVE, LIVE]
+    assert store._cache.get(f"conv\0{A.tenant}\0{A.id}")["legacy"] == 7
+    # It moves like any other, and goes away whole.
+    await store.import_conversation(dataclasses.replace(dump, conversation=dataclasses.replace(dump.conversation, key=B)))
+    moved = await read_dump(store, B)
+    assert moved.messages == dump.messages and moved.conversation.live == dump.conversation.live
+    assert await store.delete(A) and rows_of(store, A) == []
+
+
+async def test_pending_turns_a_crash_left_in_a_store_written_before_are_marked_failed(tmp_path: Path, reopen):
+    write_old_layout(tmp_path / "store", A, [(msg("done"), LIVE), (msg("cut"), PENDING), (msg("short"), PENDING)])
+    write_old_layout(tmp_path / "store", B, [(msg("done"), LIVE)])
+    store = await reopen()
+    assert await store.fail_pending() == 2
+    assert [m.status for m in await store.messages(A, live_only=False)] == [LIVE, FAILED, FAILED]
+    assert store._cache.get(OLD_PENDING) is None  # the old set is drained as its conversations are seen
+    assert await store.fail_pending() == 0
+    await turn(store, A, ["next"])  # and the conversation goes on after its failed turn
+    assert [m.seq for m in await store.messages(A, live_only=True)] == [1, 4, 5]
