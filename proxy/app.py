@@ -13,12 +13,13 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from . import connections, guard
 from .admin_token import known_admin_token, new_admin_token
 from .api import admin, count_tokens, gemini, inbox, knowledge, models, turns, ui
+from .api.errors import error_boundary
 from .api.passthrough import passthrough
 from .compaction import check_compactors
 from .compaction.runner import CompactionRunner
 from .config import Settings
 from .engine import Engine
-from .errors import error_body, error_boundary
+from .errors import error_body
 from .identity import ConversationKey
 from .logs import ACCESS_LOGGER, monotonic_ms
 from .memory import Trimmer
