@@ -179,7 +179,7 @@ async def read_turn(
     # (the fast path's first step): the conversation the client names, else its run's, by bytes.
     path_id = request.match_info.get("conversation_id")
     explicit = explicit_conversation_id(request.headers, path_id, settings.conversation)
-    named = explicit or request.headers.get("session-id") or request.headers.get("x-claude-code-session-id")
+    named = explicit or dialect.session_hint(request.headers)
     tenant = request_tenant(request.headers, settings.conversation, request.get(QUERY_API_KEY))
     cache_key = (tenant, dialect.name, named) if named else (tenant, dialect.name, None, run_fingerprint(await request.read()))
     parsed = await read_turn_body(request, dialect, cache_key)

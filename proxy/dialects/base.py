@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import orjson
 
 from ..errors import ProxyError
+from ..identity import session_conversation_id
 from ..transcript import Call, Codec, Item, Raw
 
 
@@ -22,6 +23,10 @@ class JSONBody:
     """What every managed wire format reads the same way from its request body."""
 
     names_replies = False  # see Dialect
+    session_header: str | None = None  # the header a known client names its session in (session_hint)
+
+    def session_hint(self, headers: Mapping[str, str]) -> str | None:
+        return session_conversation_id(headers.get(self.session_header)) if self.session_header else None
 
     def model(self, body: dict[str, Any]) -> str:
         return str(body.get("model") or "")
@@ -236,9 +241,15 @@ class Dialect(Protocol):
     def detach_anchor(self, body: dict[str, Any]) -> dict[str, Any]:
         """`body` without its anchor: the proxy sends the history itself."""
 
+    def session_hint(self, headers: Mapping[str, str]) -> str | None:
+        """The session a known client names in its headers (Codex's `session-id`, Claude Code's
+        `X-Claude-Code-Session-Id`), when it is a valid conversation id; else None. Needs no
+        body: the handler keys the body cache by it before the body is parsed."""
+
     def session_id(self, body: dict[str, Any], headers: Mapping[str, str]) -> str | None:
-        """The session id a known client sends (Codex's `session-id`, Claude Code's
-        `X-Claude-Code-Session-Id`, ...), when it is a valid conversation id; else None."""
+        """The session id a known client sends, in its headers (`session_hint`) or its body
+        (Codex's `prompt_cache_key`, Claude Code's `metadata.user_id`), when it is a valid
+        conversation id; else None."""
 
     def identity_basis(self, body: dict[str, Any], raws: Sequence[Raw]) -> Any:
         """What names an unmodified agent's run: its system prompt and first user message (JSON)."""

@@ -57,6 +57,7 @@ SESSION_HEADER = "X-Claude-Code-Session-Id"
 class MessagesDialect(NoAnchor, JSONBody):
     name = "messages"
     transcript_key = "messages"
+    session_header = SESSION_HEADER
 
     def __init__(self) -> None:
         self.codec = MessagesCodec()
@@ -103,7 +104,7 @@ class MessagesDialect(NoAnchor, JSONBody):
         return body
 
     def session_id(self, body: dict[str, Any], headers: Mapping[str, str]) -> str | None:
-        named = session_conversation_id(headers.get(SESSION_HEADER))
+        named = self.session_hint(headers)
         if named is not None:
             return named
         metadata = body.get("metadata")
