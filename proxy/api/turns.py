@@ -43,7 +43,7 @@ async def read_turn_body(request: web.Request, dialect: Dialect, cache_key: Any)
     names (`cache_key`) by appending transcript items is parsed only where it is new."""
     raw = await request.read()
     bodies = request.app[ENGINE].bodies
-    parts = getattr(dialect, "transcript_parts", None)  # a transcript that is not the body's array as it is
+    parts = dialect.transcript_parts
     parsed = await bodies.extend(cache_key, raw, dialect.transcript_key, parts) if cache_key is not None else None
     if parsed is not None:
         return parsed

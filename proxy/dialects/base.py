@@ -8,7 +8,7 @@ and knows its error shapes. The engine and the stages know only this interface.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -22,8 +22,14 @@ from ..transcript import Call, Codec, Item, Raw
 class JSONBody:
     """What every managed wire format reads the same way from its request body."""
 
-    names_replies = False  # see Dialect
+    # What a dialect offers beyond what every one does, all False or None here (see Dialect).
+    names_replies = False
+    items_sent_alone = False
+    transcript_parts: Callable[[list[Any]], list[Raw]] | None = None
     session_header: str | None = None  # the header a known client names its session in (session_hint)
+
+    def by_elements(self) -> ByElements | None:
+        return None
 
     def session_hint(self, headers: Mapping[str, str]) -> str | None:
         return session_conversation_id(headers.get(self.session_header)) if self.session_header else None
@@ -227,9 +233,21 @@ class Dialect(Protocol):
     # Whether a later request may name a reply by its id (Responses' previous_response_id): the
     # store then keeps which conversation owns it (`response_owner`).
     names_replies: bool
+    # Whether `upstream_body` makes each item one element of the upstream transcript, as that item
+    # alone says (chat, Responses): the fast path then splices a new body of the previous one's
+    # elements and the new items' (proxy/engine/fastpath.py).
+    items_sent_alone: bool
+    # The transcript's items of the body's transcript array, where some element makes several
+    # (Messages' and Gemini's split a message of several results); element by element, so that
+    # parts(a + b) == parts(a) + parts(b) (the body cache, proxy/prefix.py). None: the array is the transcript.
+    transcript_parts: Callable[[list[Any]], list[Raw]] | None
 
     def transcript(self, body: dict[str, Any]) -> list[Raw]:
         """The request's transcript items (raises InvalidRequest if absent or malformed at the top)."""
+
+    def by_elements(self) -> ByElements | None:
+        """This dialect as the fast path rebuilds a body whose elements may each be made of
+        several items (Messages: itself); None when it makes no such body."""
 
     def validate(self, raws: Sequence[Raw], start: int) -> None:
         """Check `raws[start:]` enough to store and forward them safely; InvalidRequest otherwise."""

@@ -41,7 +41,7 @@ from ..errors import InvalidRequest, ProxyError
 from ..identity import session_conversation_id
 from ..messages import MAX_DEPTH, too_deep
 from ..transcript import Call, Item, Raw
-from .base import Elements, JSONBody, NoAnchor, ReplyRead, ToolSpec, has_named_tool, token_limit, tools_text
+from .base import ByElements, Elements, JSONBody, NoAnchor, ReplyRead, ToolSpec, has_named_tool, token_limit, tools_text
 from .messages_breakpoints import MAX_CACHE_BREAKPOINTS, limit_breakpoints, message_breakpoints, outside_breakpoints
 from .messages_codec import ROLES, MessagesCodec, canonical_content, split_message, system_blocks
 from .messages_rebuild import OMITTED_NOTE, messages_of, rebuild_messages
@@ -96,6 +96,9 @@ class MessagesDialect(NoAnchor, JSONBody):
     def validate(self, raws: Sequence[Raw], start: int) -> None:
         for i in range(start, len(raws)):
             _validate_part(raws[i], i)
+
+    def by_elements(self) -> ByElements:
+        return self  # a user message's tool_result parts make one element
 
     def anchor(self, body: dict[str, Any]) -> str | None:
         return None  # a Messages request carries its history
