@@ -3,7 +3,8 @@
 A dialect turns a client's request into the engine's transcript (`Codec.items`) and the
 transcript back into an upstream request (`upstream_body`), reads the upstream's reply (JSON or
 a stream) into items to store, takes the proxy's own tool calls out of what the client sees,
-and knows its error shapes. The engine and the stages know only this interface.
+and knows its error shapes. The engine and the stages know only this interface; the summarizer
+asks a dialect for its one-shot request and its answer's text (`SummaryFormat`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ class JSONBody:
     session_header: str | None = None  # the header a known client names its session in (session_hint)
 
     def by_elements(self) -> ByElements | None:
+        return None
+
+    def summary_format(self) -> SummaryFormat | None:
         return None
 
     def session_hint(self, headers: Mapping[str, str]) -> str | None:
@@ -117,6 +121,30 @@ class ByElements(Protocol):
 
     def breakpoints(self, sendable: Sequence[Any]) -> int:
         """The cache breakpoints these elements hold."""
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """The answer to a one-shot request (the summarizer's): its text, stripped (empty: it gave
+    none), the tokens it took, and whether the model stopped at the request's max tokens."""
+
+    text: str
+    tokens_in: int
+    tokens_out: int
+    cut: bool = False
+
+
+class SummaryFormat(Protocol):
+    """A wire format as the summarizer asks in it: one request for a text, its answer read."""
+
+    name: str
+
+    def summary_request(self, model: str, system: str, user: str, max_tokens: int) -> dict[str, Any]:
+        """A request (not streamed) to `model`: `system`'s instructions, `user`'s message, at most
+        `max_tokens` of answer."""
+
+    def summary_reply(self, parsed: Any) -> Completion:
+        """The answer (its JSON, parsed) read; KeyError, IndexError or TypeError if malformed."""
 
 
 @dataclass(slots=True)
@@ -248,6 +276,10 @@ class Dialect(Protocol):
     def by_elements(self) -> ByElements | None:
         """This dialect as the fast path rebuilds a body whose elements may each be made of
         several items (Messages: itself); None when it makes no such body."""
+
+    def summary_format(self) -> SummaryFormat | None:
+        """This dialect as the summarizer asks a conversation's own model in it (itself: chat,
+        and Messages and Gemini, whose clients' keys open no other API); None: in chat."""
 
     def validate(self, raws: Sequence[Raw], start: int) -> None:
         """Check `raws[start:]` enough to store and forward them safely; InvalidRequest otherwise."""
