@@ -13,12 +13,14 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from . import connections, guard
 from .admin_token import known_admin_token, new_admin_token
 from .api import admin, count_tokens, gemini, inbox, knowledge, models, turns, ui
+from .api.errors import error_boundary
 from .api.passthrough import passthrough
 from .compaction import check_compactors
 from .compaction.runner import CompactionRunner
 from .config import Settings
+from .dialects.formats import DIALECTS
 from .engine import Engine
-from .errors import error_body, error_boundary
+from .errors import error_body
 from .identity import ConversationKey
 from .logs import ACCESS_LOGGER, monotonic_ms
 from .memory import Trimmer
@@ -118,7 +120,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     # Load the token-count tables now, in a thread: the first request must not stall the loop on it.
     await asyncio.to_thread(app[COUNTER].warm, WARM_MODELS)
     telemetry = app[TELEMETRY] = open_telemetry(settings)
-    app[SUMMARIZER] = Summarizer(settings.summarizer, route=router.for_model, telemetry=telemetry)
+    app[SUMMARIZER] = Summarizer(settings.summarizer, route=router.for_model, dialects=DIALECTS, telemetry=telemetry)
     trajectories = app[TRAJECTORIES] = TrajectoryWriter(
         settings.storage.trajectory_dir, app[STORE], app[REFS],
         cache_bytes=int(settings.storage.trajectory_cache_mb * 2**20), failures=app[METRICS].trajectory_failures,

@@ -37,8 +37,9 @@ from typing import Any
 from aiohttp import web
 
 from .activity import Activity
+from .api.errors import error_response, error_shape
 from .config import Settings
-from .errors import ProxyError, RequestTimeout, ServerBusy, error_response, error_shape
+from .errors import ProxyError, RequestTimeout, ServerBusy
 
 log = logging.getLogger("proxy.connections")
 

@@ -1,14 +1,17 @@
-"""Who is asking (tenant) and which conversation a request belongs to."""
+"""Who is asking (tenant) and which conversation a request belongs to.
+
+Pure: it reads headers as a plain Mapping (an HTTP handler passes its request's), so the engine
+and the store use it without an HTTP server.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-
-from aiohttp import web
 
 from .config import ConversationSettings
 from .errors import InvalidRequest
@@ -29,8 +32,8 @@ class ConversationKey:
         return f"{self.tenant}/{self.id}"
 
 
-def bearer_token(request: web.Request) -> str | None:
-    auth = request.headers.get("Authorization", "")
+def bearer_token(headers: Mapping[str, str]) -> str | None:
+    auth = headers.get("Authorization", "")
     scheme, _, token = auth.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         return None
@@ -44,26 +47,23 @@ def tenant_of(api_key: str | None) -> str:
     return hashlib.sha256(b"context-proxy tenant\0" + api_key.encode()).hexdigest()[:24]
 
 
-# A Gemini client's `?key=` on a Gemini route (proxy/api/gemini.py): the key of that request.
-QUERY_API_KEY = web.RequestKey("query_api_key", str)
-
-
-def api_key(request: web.Request) -> str | None:
+def api_key(headers: Mapping[str, str], query_key: str | None = None) -> str | None:
     """The client's API key: its Bearer token, Anthropic's `x-api-key` header, Google's
-    `x-goog-api-key`, or on a Gemini route its `?key=`."""
+    `x-goog-api-key`, or `query_key` (a Gemini route's `?key=`)."""
     return (
-        bearer_token(request)
-        or (request.headers.get("x-api-key") or "").strip()
-        or (request.headers.get("x-goog-api-key") or "").strip()
-        or request.get(QUERY_API_KEY)
+        bearer_token(headers)
+        or (headers.get("x-api-key") or "").strip()
+        or (headers.get("x-goog-api-key") or "").strip()
+        or query_key
         or None
     )
 
 
-def request_tenant(request: web.Request, settings: ConversationSettings) -> str:
+def request_tenant(headers: Mapping[str, str], settings: ConversationSettings, query_key: str | None = None) -> str:
+    """The tenant a request with these headers (and a Gemini route's `?key=`) belongs to."""
     if not settings.tenant_isolation:
         return SHARED
-    return tenant_of(api_key(request))
+    return tenant_of(api_key(headers, query_key))
 
 
 def check_conversation_id(value: str) -> str:
@@ -82,12 +82,13 @@ def session_conversation_id(value: object) -> str | None:
     return None
 
 
-def explicit_conversation_id(request: web.Request, settings: ConversationSettings) -> str | None:
-    """The id named by the header or the `/c/<id>/v1` path, validated; None when neither is given."""
-    header = request.headers.get(settings.id_header)
+def explicit_conversation_id(
+    headers: Mapping[str, str], path_id: str | None, settings: ConversationSettings
+) -> str | None:
+    """The id named by the header or the `/c/<id>/v1` path (`path_id`), validated; None when neither is given."""
+    header = headers.get(settings.id_header)
     if header is not None:
         return check_conversation_id(header)
-    path_id = request.match_info.get("conversation_id")
     if path_id is not None:
         return check_conversation_id(path_id)
     return None

@@ -41,3 +41,5 @@ ADMIN_TOKEN = web.AppKey("admin_token", AdminToken)
 # Per request: the conversation it was routed to, and what the request log line adds.
 CONVERSATION = web.RequestKey("conversation", ConversationKey)
 LOG_FIELDS = web.RequestKey("log_fields", dict)
+# A Gemini client's `?key=` on a Gemini route (proxy/api/gemini.py): the key of that request.
+QUERY_API_KEY = web.RequestKey("query_api_key", str)

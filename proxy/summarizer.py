@@ -3,7 +3,8 @@
 By default it is the request's own model at the same upstream, with the client's credentials,
 asked in chat completions, or for an Anthropic Messages conversation in Messages at the Anthropic
 API (Claude Code's key opens no OpenAI API), for a Gemini one in Gemini's format at the Gemini
-API; `summarizer.model` names another, asked in chat. Its prompts are files in `proxy/prompts/`. Every request
+API (the dialect's `summary_format` says which, and makes the request and reads its answer);
+`summarizer.model` names another, asked in chat. Its prompts are files in `proxy/prompts/`. Every request
 carries a `max_tokens`. A failure raises SummarizerFailed (compaction logs, counts and retries
 later) or, for tool outputs, returns None so the caller falls back to a preview: nothing is lost
 either way. An answer that only echoes its prompt back (small models do) is a failure too, and a
@@ -20,27 +21,23 @@ import json
 import logging
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any
 
 from .config import SummarizerSettings
+from .dialects.base import Completion, Dialect, SummaryFormat
 from .errors import ProxyError
 from .inflight import InFlight
 from .telemetry import NO_TELEMETRY, Telemetry
 from .upstream import Upstream
-from .upstream.base import GeminiRequest
 
 log = logging.getLogger("proxy.summarizer")
 
 # Tool outputs beyond this are cut before summarizing (history windows are chunked instead).
 MAX_TOOL_INPUT_CHARS = 120_000
 TOOL_SUMMARY_MAX_TOKENS = 600  # the tool-output prompt asks for about 300 words
-# Models that refuse `max_tokens` and take `max_completion_tokens` instead (OpenAI's reasoning models).
-# Formats whose conversations' summaries are asked in that format of their own model by default.
-OWN_WIRES = ("messages", "gemini")
-_COMPLETION_TOKENS_MODELS = re.compile(r"(?:^|/)(?:o\d|gpt-5)")
+DEFAULT_WIRE = "chat"  # the wire format a summary is asked in when its conversation's dialect names none
 # How providers say a request is over the model's context: OpenAI and litellm, llama.cpp, vLLM, Ollama.
 _TOO_LONG_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error", "string_above_max_length"})
 _TOO_LONG_TEXT = re.compile(
@@ -64,24 +61,21 @@ class PromptTooLong(SummarizerFailed):
     """The model refused the request as longer than its context."""
 
 
-@dataclass(frozen=True, slots=True)
-class Completion:
-    text: str
-    tokens_in: int
-    tokens_out: int
-    cut: bool = False  # the model stopped at max_tokens (finish_reason "length")
-
-
 class Summarizer:
     def __init__(
         self,
         settings: SummarizerSettings,
         route: Callable[[str], Upstream],
+        dialects: Mapping[str, Dialect],
         inflight: InFlight | None = None,
         telemetry: Telemetry = NO_TELEMETRY,
     ) -> None:
         self.settings = settings
         self.route = route  # model name -> the upstream that serves it
+        self.dialects = dialects  # by name: what a summary for a conversation in each is asked in
+        chat = dialects[DEFAULT_WIRE].summary_format()
+        assert chat is not None, "chat asks every summary no other format does"
+        self._chat = chat
         self.inflight = inflight or InFlight()  # the agent's requests, which summaries may yield to
         self.telemetry = telemetry  # each call is a span of its own when traces are on
         self.failures = 0
@@ -89,10 +83,13 @@ class Summarizer:
     def model_for(self, request_model: str) -> str:
         return self.settings.model or request_model
 
-    def wire(self, dialect: str) -> str:
-        """The wire format a summary for a conversation in `dialect` is asked in: its own for a
-        Messages or Gemini conversation on its own model (its credentials are that API's), else chat."""
-        return dialect if dialect in OWN_WIRES and not self.settings.model else "chat"
+    def format_for(self, dialect: str) -> SummaryFormat:
+        """The wire format a summary for a conversation in `dialect` is asked in: its own where
+        it has one (Messages, Gemini: the client's credentials are that API's) and the summary
+        goes to the conversation's own model; else chat."""
+        known = self.dialects.get(dialect)
+        own = known.summary_format() if known is not None and not self.settings.model else None
+        return own or self._chat
 
     async def tool_output(
         self, text: str, tool: str, model: str, headers: dict[str, str], dialect: str = "chat"
@@ -127,19 +124,8 @@ class Summarizer:
         """One summarizer call with `max_tokens`, for a conversation in `dialect`; SummarizerFailed
         if its answer is no summary (empty, or, where `source` is given, mostly a copy of the
         system prompt and `source`)."""
-        wire = self.wire(dialect)
-        body: dict[str, Any]
-        if wire == "messages":
-            body = {"model": model, "max_tokens": max_tokens, "system": system, "messages": [{"role": "user", "content": user}]}
-        elif wire == "gemini":
-            body = gemini_summary_request(model, system, user, max_tokens)
-        else:
-            limit = "max_completion_tokens" if _COMPLETION_TOKENS_MODELS.search(model) else "max_tokens"
-            body = {
-                "model": model,
-                "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
-                limit: max_tokens,
-            }
+        wire = self.format_for(dialect)
+        body = wire.summary_request(model, system, user, max_tokens)
         upstream = self.route(model)
         with self.telemetry.summarizer_call(model, system, user) as trace:
             traced = trace.headers(headers)
@@ -161,8 +147,10 @@ class Summarizer:
             trace.done(completion.text, completion.tokens_in, completion.tokens_out)
             return completion
 
-    async def _call(self, upstream: Upstream, wire: str, body: dict[str, Any], headers: Mapping[str, str]) -> Completion:
-        reply = await upstream.call(wire, body, headers)
+    async def _call(
+        self, upstream: Upstream, wire: SummaryFormat, body: dict[str, Any], headers: Mapping[str, str]
+    ) -> Completion:
+        reply = await upstream.call(wire.name, body, headers)
         try:
             data = await reply.read()
         finally:
@@ -172,58 +160,10 @@ class Summarizer:
             if reply.status in (400, 413, 422) and _too_long(code, message):
                 raise PromptTooLong(f"upstream answered {reply.status}: {message or code}")
             raise SummarizerFailed(f"upstream answered {reply.status}")
-        parsed = json.loads(data)
-        if wire == "messages":
-            return _messages_completion(parsed)
-        if wire == "gemini":
-            return _gemini_completion(parsed)
-        choice = parsed["choices"][0]
-        content = choice["message"]["content"]
-        if not isinstance(content, str) or not content.strip():
+        completion = wire.summary_reply(json.loads(data))
+        if not completion.text:
             raise SummarizerFailed("empty summary")
-        usage = parsed.get("usage") or {}
-        return Completion(
-            content.strip(),
-            int(usage.get("prompt_tokens") or 0),
-            int(usage.get("completion_tokens") or 0),
-            cut=choice.get("finish_reason") == "length",
-        )
-
-
-def _messages_completion(parsed: dict[str, Any]) -> Completion:
-    """An Anthropic message's text as a Completion (its cache reads and writes are input too)."""
-    text = "".join(b.get("text") or "" for b in parsed["content"] if isinstance(b, dict) and b.get("type") == "text")
-    if not text.strip():
-        raise SummarizerFailed("empty summary")
-    usage = parsed.get("usage") or {}
-    tokens_in = sum(int(usage.get(k) or 0) for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"))
-    return Completion(text.strip(), tokens_in, int(usage.get("output_tokens") or 0), cut=parsed.get("stop_reason") == "max_tokens")
-
-
-def gemini_summary_request(model: str, system: str, user: str, max_tokens: int) -> GeminiRequest:
-    return GeminiRequest(
-        {
-            "systemInstruction": {"parts": [{"text": system}]},
-            "contents": [{"role": "user", "parts": [{"text": user}]}],
-            "generationConfig": {"maxOutputTokens": max_tokens},
-        },
-        model,
-        stream=False,
-    )
-
-
-def _gemini_completion(parsed: dict[str, Any]) -> Completion:
-    """A Gemini reply's text (its thoughts aside) as a Completion (thoughts are output too)."""
-    candidate = parsed["candidates"][0]
-    parts = (candidate.get("content") or {}).get("parts") or []
-    text = "".join(p.get("text") or "" for p in parts if isinstance(p, dict) and not p.get("thought"))
-    if not text.strip():
-        raise SummarizerFailed("empty summary")
-    usage = parsed.get("usageMetadata") or {}
-    tokens_out = int(usage.get("candidatesTokenCount") or 0) + int(usage.get("thoughtsTokenCount") or 0)
-    return Completion(
-        text.strip(), int(usage.get("promptTokenCount") or 0), tokens_out, cut=candidate.get("finishReason") == "MAX_TOKENS"
-    )
+        return completion
 
 
 def echoes(answer: str, prompt_text: str) -> bool:

@@ -63,3 +63,35 @@ def test_no_import_cycles():
         if name not in state:
             visit(name, [name])
     assert cycles == []
+
+
+def imports_aiohttp(path: Path) -> bool:
+    """Whether the module imports aiohttp anywhere in it (in functions too, `TYPE_CHECKING` too)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        if any(name.partition(".")[0] == "aiohttp" for name in names):
+            return True
+    return False
+
+
+def test_no_http_server_below_the_handlers():
+    """The exceptions, the identity of a request and the engine know no HTTP server: aiohttp is
+    proxy/api's (and the upstreams'), so the engine never reaches it through errors or identity."""
+    pure = [PACKAGE / "errors.py", PACKAGE / "identity.py", *sorted((PACKAGE / "engine").rglob("*.py"))]
+    assert [str(p.relative_to(PACKAGE)) for p in pure if imports_aiohttp(p)] == []
+    # What errors.py and identity.py import of the package knows none either (config, ...).
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    seen: set[str] = set()
+    todo = ["proxy.errors", "proxy.identity"]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in modules:
+            continue
+        seen.add(name)
+        todo.extend(top_level_imports(modules[name], name))
+    assert sorted(name for name in seen if imports_aiohttp(modules[name])) == []

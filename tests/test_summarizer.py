@@ -9,8 +9,13 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from proxy.config import ConfigError, load_settings
+from proxy.config import ConfigError, SummarizerSettings, load_settings
+from proxy.dialects.chat import CHAT
+from proxy.dialects.formats import DIALECTS
+from proxy.dialects.gemini import GEMINI
+from proxy.dialects.messages import MESSAGES
 from proxy.state import COMPACTION, ENGINE, SUMMARIZER
+from proxy.summarizer import Completion, Summarizer
 from proxy.tokens import TokenCounter
 from tests.compaction.test_compaction import Agent, agent_requests, foreground, summary_requests
 from tests.conftest import ALICE
@@ -166,3 +171,45 @@ def test_a_true_strategy_is_still_a_clear_error(tmp_path):
     config.write_text("compaction:\n  strategy: on\n")
     with pytest.raises(ConfigError, match="compaction.strategy"):
         load_settings(config)
+
+
+def test_a_summary_is_asked_in_its_conversations_format_where_the_clients_key_opens_no_other():
+    def summarizer(**settings):
+        return Summarizer(SummarizerSettings(**settings), route=lambda model: None, dialects=DIALECTS)
+
+    own = summarizer()
+    assert [own.format_for(name) for name in ("chat", "responses", "messages", "gemini", "unknown")] == [
+        CHAT, CHAT, MESSAGES, GEMINI, CHAT
+    ]
+    assert summarizer(model="a-summarizer").format_for("messages") is CHAT  # `summarizer.model` is asked in chat
+
+
+def test_each_format_makes_the_summary_request_and_reads_its_answer():
+    assert CHAT.summary_request("gpt-4o-mini", "sys", "user", 300) == {
+        "model": "gpt-4o-mini", "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "user"}],
+        "max_tokens": 300,
+    }
+    assert CHAT.summary_request("openai/gpt-5-mini", "s", "u", 300)["max_completion_tokens"] == 300  # reasoning model
+    chat = {"choices": [{"message": {"content": " gist \n"}, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 90, "completion_tokens": 30}}
+    assert CHAT.summary_reply(chat) == Completion("gist", 90, 30, cut=True)
+    assert CHAT.summary_reply({"choices": [{"message": {"content": None}}]}).text == ""  # no summary
+
+    assert MESSAGES.summary_request("claude-x", "sys", "user", 300) == {
+        "model": "claude-x", "max_tokens": 300, "system": "sys", "messages": [{"role": "user", "content": "user"}],
+    }
+    usage = {"input_tokens": 5, "cache_read_input_tokens": 80, "cache_creation_input_tokens": 10, "output_tokens": 30}
+    content = [{"type": "thinking", "thinking": "hm"}, {"type": "text", "text": "gist"}]
+    message = {"content": content, "stop_reason": "end_turn", "usage": usage}
+    assert MESSAGES.summary_reply(message) == Completion("gist", 95, 30)  # cache reads and writes are input too
+
+    request = GEMINI.summary_request("gemini-x", "sys", "user", 300)
+    assert request.path == "/v1beta/models/gemini-x:generateContent"
+    assert request == {
+        "systemInstruction": {"parts": [{"text": "sys"}]},
+        "contents": [{"role": "user", "parts": [{"text": "user"}]}],
+        "generationConfig": {"maxOutputTokens": 300},
+    }
+    candidate = {"content": {"parts": [{"text": "plan", "thought": True}, {"text": "gist"}]}, "finishReason": "MAX_TOKENS"}
+    usage = {"promptTokenCount": 90, "candidatesTokenCount": 30, "thoughtsTokenCount": 12}
+    assert GEMINI.summary_reply({"candidates": [candidate], "usageMetadata": usage}) == Completion("gist", 90, 42, cut=True)

@@ -46,7 +46,7 @@ class AdminTokenRequired(ProxyError):
 
 def caller_scope(request: web.Request) -> str | None:
     """The tenant the caller may see, or ALL_TENANTS for the admin."""
-    token = bearer_token(request)
+    token = bearer_token(request.headers)
     if token is None:
         raise Unauthorized(
             "The admin API needs 'Authorization: Bearer <admin token or your API key>' (the admin token is "

@@ -13,10 +13,10 @@ from __future__ import annotations
 from aiohttp import web
 
 from ..dialects.messages import MESSAGES
-from ..errors import add_error_shape
 from ..request_parts import with_request_parts
 from ..state import ENGINE, ROUTER, UPSTREAM
 from ..upstream import UpstreamReply, forwardable
+from .errors import add_error_shape
 from .turns import read_turn
 
 

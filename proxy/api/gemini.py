@@ -16,10 +16,9 @@ import orjson
 from aiohttp import web
 
 from ..dialects.gemini import GEMINI, METHODS
-from ..errors import add_error_shape
-from ..identity import QUERY_API_KEY
-from ..state import ENGINE, ROUTER, UPSTREAM
+from ..state import ENGINE, QUERY_API_KEY, ROUTER, UPSTREAM
 from ..request_parts import with_request_parts
+from .errors import add_error_shape
 from .count_tokens import relayed
 from .passthrough import GEMINI_KEY, passthrough
 from .turns import read_turn, run_turn

@@ -11,8 +11,8 @@ from urllib.parse import unquote
 from aiohttp import web
 
 from ..errors import InvalidRequest, ProxyError
-from ..identity import QUERY_API_KEY, check_conversation_id
-from ..state import UPSTREAM
+from ..identity import check_conversation_id
+from ..state import QUERY_API_KEY, UPSTREAM
 from ..upstream import forwardable
 from .turns import OWN_HEADERS
 

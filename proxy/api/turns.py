@@ -19,13 +19,14 @@ from ..dialects.chat import CHAT
 from ..dialects.messages import MESSAGES
 from ..dialects.responses import RESPONSES
 from ..engine import TurnReport, TurnRequest
-from ..errors import InvalidRequest, add_error_shape
-from ..identity import QUERY_API_KEY, ConversationKey, explicit_conversation_id, request_tenant
+from ..errors import InvalidRequest
+from .errors import add_error_shape
+from ..identity import ConversationKey, explicit_conversation_id, request_tenant
 from ..messages import MAX_DEPTH, too_deep
 from ..prefix import ParsedBody, run_fingerprint
 from ..request_limits import check_message_count, parse_json
 from ..request_parts import with_request_parts
-from ..state import CONVERSATION, ENGINE, LOG_FIELDS, METRICS, SETTINGS
+from ..state import CONVERSATION, ENGINE, LOG_FIELDS, METRICS, QUERY_API_KEY, SETTINGS
 from ..titles import TITLE_HEADER, check_title
 from ..upstream import forwardable
 
@@ -42,7 +43,7 @@ async def read_turn_body(request: web.Request, dialect: Dialect, cache_key: Any)
     names (`cache_key`) by appending transcript items is parsed only where it is new."""
     raw = await request.read()
     bodies = request.app[ENGINE].bodies
-    parts = getattr(dialect, "transcript_parts", None)  # a transcript that is not the body's array as it is
+    parts = dialect.transcript_parts
     parsed = await bodies.extend(cache_key, raw, dialect.transcript_key, parts) if cache_key is not None else None
     if parsed is not None:
         return parsed
@@ -176,9 +177,10 @@ async def read_turn(
     settings = request.app[SETTINGS]
     # A body that extends the previous request of its conversation is parsed only where it is new
     # (the fast path's first step): the conversation the client names, else its run's, by bytes.
-    explicit = explicit_conversation_id(request, settings.conversation)
-    named = explicit or request.headers.get("session-id") or request.headers.get("x-claude-code-session-id")
-    tenant = request_tenant(request, settings.conversation)
+    path_id = request.match_info.get("conversation_id")
+    explicit = explicit_conversation_id(request.headers, path_id, settings.conversation)
+    named = explicit or dialect.session_hint(request.headers)
+    tenant = request_tenant(request.headers, settings.conversation, request.get(QUERY_API_KEY))
     cache_key = (tenant, dialect.name, named) if named else (tenant, dialect.name, None, run_fingerprint(await request.read()))
     parsed = await read_turn_body(request, dialect, cache_key)
     body = parsed.body

@@ -3,25 +3,40 @@
 A dialect turns a client's request into the engine's transcript (`Codec.items`) and the
 transcript back into an upstream request (`upstream_body`), reads the upstream's reply (JSON or
 a stream) into items to store, takes the proxy's own tool calls out of what the client sees,
-and knows its error shapes. The engine and the stages know only this interface.
+and knows its error shapes. The engine and the stages know only this interface; the summarizer
+asks a dialect for its one-shot request and its answer's text (`SummaryFormat`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import orjson
 
 from ..errors import ProxyError
+from ..identity import session_conversation_id
 from ..transcript import Call, Codec, Item, Raw
 
 
 class JSONBody:
     """What every managed wire format reads the same way from its request body."""
 
-    names_replies = False  # see Dialect
+    # What a dialect offers beyond what every one does, all False or None here (see Dialect).
+    names_replies = False
+    items_sent_alone = False
+    transcript_parts: Callable[[list[Any]], list[Raw]] | None = None
+    session_header: str | None = None  # the header a known client names its session in (session_hint)
+
+    def by_elements(self) -> ByElements | None:
+        return None
+
+    def summary_format(self) -> SummaryFormat | None:
+        return None
+
+    def session_hint(self, headers: Mapping[str, str]) -> str | None:
+        return session_conversation_id(headers.get(self.session_header)) if self.session_header else None
 
     def model(self, body: dict[str, Any]) -> str:
         return str(body.get("model") or "")
@@ -106,6 +121,30 @@ class ByElements(Protocol):
 
     def breakpoints(self, sendable: Sequence[Any]) -> int:
         """The cache breakpoints these elements hold."""
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """The answer to a one-shot request (the summarizer's): its text, stripped (empty: it gave
+    none), the tokens it took, and whether the model stopped at the request's max tokens."""
+
+    text: str
+    tokens_in: int
+    tokens_out: int
+    cut: bool = False
+
+
+class SummaryFormat(Protocol):
+    """A wire format as the summarizer asks in it: one request for a text, its answer read."""
+
+    name: str
+
+    def summary_request(self, model: str, system: str, user: str, max_tokens: int) -> dict[str, Any]:
+        """A request (not streamed) to `model`: `system`'s instructions, `user`'s message, at most
+        `max_tokens` of answer."""
+
+    def summary_reply(self, parsed: Any) -> Completion:
+        """The answer (its JSON, parsed) read; KeyError, IndexError or TypeError if malformed."""
 
 
 @dataclass(slots=True)
@@ -222,9 +261,25 @@ class Dialect(Protocol):
     # Whether a later request may name a reply by its id (Responses' previous_response_id): the
     # store then keeps which conversation owns it (`response_owner`).
     names_replies: bool
+    # Whether `upstream_body` makes each item one element of the upstream transcript, as that item
+    # alone says (chat, Responses): the fast path then splices a new body of the previous one's
+    # elements and the new items' (proxy/engine/fastpath.py).
+    items_sent_alone: bool
+    # The transcript's items of the body's transcript array, where some element makes several
+    # (Messages' and Gemini's split a message of several results); element by element, so that
+    # parts(a + b) == parts(a) + parts(b) (the body cache, proxy/prefix.py). None: the array is the transcript.
+    transcript_parts: Callable[[list[Any]], list[Raw]] | None
 
     def transcript(self, body: dict[str, Any]) -> list[Raw]:
         """The request's transcript items (raises InvalidRequest if absent or malformed at the top)."""
+
+    def by_elements(self) -> ByElements | None:
+        """This dialect as the fast path rebuilds a body whose elements may each be made of
+        several items (Messages: itself); None when it makes no such body."""
+
+    def summary_format(self) -> SummaryFormat | None:
+        """This dialect as the summarizer asks a conversation's own model in it (itself: chat,
+        and Messages and Gemini, whose clients' keys open no other API); None: in chat."""
 
     def validate(self, raws: Sequence[Raw], start: int) -> None:
         """Check `raws[start:]` enough to store and forward them safely; InvalidRequest otherwise."""
@@ -236,9 +291,15 @@ class Dialect(Protocol):
     def detach_anchor(self, body: dict[str, Any]) -> dict[str, Any]:
         """`body` without its anchor: the proxy sends the history itself."""
 
+    def session_hint(self, headers: Mapping[str, str]) -> str | None:
+        """The session a known client names in its headers (Codex's `session-id`, Claude Code's
+        `X-Claude-Code-Session-Id`), when it is a valid conversation id; else None. Needs no
+        body: the handler keys the body cache by it before the body is parsed."""
+
     def session_id(self, body: dict[str, Any], headers: Mapping[str, str]) -> str | None:
-        """The session id a known client sends (Codex's `session-id`, Claude Code's
-        `X-Claude-Code-Session-Id`, ...), when it is a valid conversation id; else None."""
+        """The session id a known client sends, in its headers (`session_hint`) or its body
+        (Codex's `prompt_cache_key`, Claude Code's `metadata.user_id`), when it is a valid
+        conversation id; else None."""
 
     def identity_basis(self, body: dict[str, Any], raws: Sequence[Raw]) -> Any:
         """What names an unmodified agent's run: its system prompt and first user message (JSON)."""

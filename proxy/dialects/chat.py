@@ -8,6 +8,7 @@ SSE events ending in `data: [DONE]`.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,12 +18,14 @@ from ..errors import InvalidRequest, ProxyError, error_body
 from ..messages import SYSTEM_ROLES, message_calls, message_hash, reply_message, text_of, validate_messages
 from ..tokens import counted_parts
 from ..transcript import Call, Item, Raw, Role
-from .base import JSONBody, NoAnchor, ReplyRead, ToolSpec, token_limit, tools_text
+from .base import Completion, JSONBody, NoAnchor, ReplyRead, ToolSpec, token_limit, tools_text
 from .chat_stream import ChatRelay
 
 log = logging.getLogger("proxy.chat")
 
 ROLES = {"system": Role.SYSTEM, "developer": Role.SYSTEM, "user": Role.USER, "assistant": Role.ASSISTANT, "tool": Role.TOOL}
+# Models that refuse `max_tokens` and take `max_completion_tokens` instead (OpenAI's reasoning models).
+_COMPLETION_TOKENS_MODELS = re.compile(r"(?:^|/)(?:o\d|gpt-5)")
 
 
 class ChatCodec:
@@ -168,6 +171,28 @@ class ChatDialect(NoAnchor, JSONBody):
 
     def relay(self, anchor: str | None = None) -> ChatRelay:
         return ChatRelay()
+
+    def summary_format(self) -> ChatDialect:
+        return self
+
+    def summary_request(self, model: str, system: str, user: str, max_tokens: int) -> dict[str, Any]:
+        limit = "max_completion_tokens" if _COMPLETION_TOKENS_MODELS.search(model) else "max_tokens"
+        return {
+            "model": model,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+            limit: max_tokens,
+        }
+
+    def summary_reply(self, parsed: Any) -> Completion:
+        choice = parsed["choices"][0]
+        content = choice["message"]["content"]
+        usage = parsed.get("usage") or {}
+        return Completion(
+            content.strip() if isinstance(content, str) else "",
+            int(usage.get("prompt_tokens") or 0),
+            int(usage.get("completion_tokens") or 0),
+            cut=choice.get("finish_reason") == "length",
+        )
 
     def error_body(self, exc: ProxyError) -> dict[str, Any]:
         return error_body(exc.message, exc.type, exc.code, exc.param)

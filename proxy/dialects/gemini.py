@@ -37,7 +37,7 @@ from ..errors import InvalidRequest, ProxyError
 from ..messages import MAX_DEPTH, too_deep
 from ..transcript import Call, Item, Raw, Role
 from ..upstream.base import GeminiRequest
-from .base import JSONBody, ReplyRead, ToolSpec, token_limit
+from .base import Completion, JSONBody, ReplyRead, ToolSpec, token_limit
 from .gemini_codec import GeminiCodec, canonical_parts, is_note, role_of, split_content
 from .gemini_stream import GeminiRelay, calls_of, error_body, first_candidate, without_our_calls
 
@@ -253,6 +253,31 @@ class GeminiDialect(JSONBody):
 
     def error_body(self, exc: ProxyError) -> dict[str, Any]:
         return error_body(exc)
+
+    def summary_format(self) -> GeminiDialect:
+        return self  # a Gemini key opens the Gemini API only: its summaries go there
+
+    def summary_request(self, model: str, system: str, user: str, max_tokens: int) -> GeminiRequest:
+        return GeminiRequest(
+            {
+                "systemInstruction": {"parts": [{"text": system}]},
+                "contents": [{"role": "user", "parts": [{"text": user}]}],
+                "generationConfig": {"maxOutputTokens": max_tokens},
+            },
+            model,
+            stream=False,
+        )
+
+    def summary_reply(self, parsed: Any) -> Completion:
+        """Its first candidate's text, its thoughts aside (they are output tokens too)."""
+        candidate = parsed["candidates"][0]
+        parts = (candidate.get("content") or {}).get("parts") or []
+        text = "".join(p.get("text") or "" for p in parts if isinstance(p, dict) and not p.get("thought"))
+        usage = parsed.get("usageMetadata") or {}
+        tokens_out = int(usage.get("candidatesTokenCount") or 0) + int(usage.get("thoughtsTokenCount") or 0)
+        return Completion(
+            text.strip(), int(usage.get("promptTokenCount") or 0), tokens_out, cut=candidate.get("finishReason") == "MAX_TOKENS"
+        )
 
 
 def _validate_part(raw: Any, i: int) -> None:

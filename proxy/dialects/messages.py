@@ -41,7 +41,18 @@ from ..errors import InvalidRequest, ProxyError
 from ..identity import session_conversation_id
 from ..messages import MAX_DEPTH, too_deep
 from ..transcript import Call, Item, Raw
-from .base import Elements, JSONBody, NoAnchor, ReplyRead, ToolSpec, has_named_tool, token_limit, tools_text
+from .base import (
+    ByElements,
+    Completion,
+    Elements,
+    JSONBody,
+    NoAnchor,
+    ReplyRead,
+    ToolSpec,
+    has_named_tool,
+    token_limit,
+    tools_text,
+)
 from .messages_breakpoints import MAX_CACHE_BREAKPOINTS, limit_breakpoints, message_breakpoints, outside_breakpoints
 from .messages_codec import ROLES, MessagesCodec, canonical_content, split_message, system_blocks
 from .messages_rebuild import OMITTED_NOTE, messages_of, rebuild_messages
@@ -57,6 +68,7 @@ SESSION_HEADER = "X-Claude-Code-Session-Id"
 class MessagesDialect(NoAnchor, JSONBody):
     name = "messages"
     transcript_key = "messages"
+    session_header = SESSION_HEADER
 
     def __init__(self) -> None:
         self.codec = MessagesCodec()
@@ -96,6 +108,9 @@ class MessagesDialect(NoAnchor, JSONBody):
         for i in range(start, len(raws)):
             _validate_part(raws[i], i)
 
+    def by_elements(self) -> ByElements:
+        return self  # a user message's tool_result parts make one element
+
     def anchor(self, body: dict[str, Any]) -> str | None:
         return None  # a Messages request carries its history
 
@@ -103,7 +118,7 @@ class MessagesDialect(NoAnchor, JSONBody):
         return body
 
     def session_id(self, body: dict[str, Any], headers: Mapping[str, str]) -> str | None:
-        named = session_conversation_id(headers.get(SESSION_HEADER))
+        named = self.session_hint(headers)
         if named is not None:
             return named
         metadata = body.get("metadata")
@@ -197,6 +212,22 @@ class MessagesDialect(NoAnchor, JSONBody):
 
     def relay(self, anchor: str | None = None) -> MessagesRelay:
         return MessagesRelay()
+
+    def summary_format(self) -> MessagesDialect:
+        return self  # Claude Code's key opens no OpenAI API: its summaries go to the Anthropic API
+
+    def summary_request(self, model: str, system: str, user: str, max_tokens: int) -> dict[str, Any]:
+        messages = [{"role": "user", "content": user}]
+        return {"model": model, "max_tokens": max_tokens, "system": system, "messages": messages}
+
+    def summary_reply(self, parsed: Any) -> Completion:
+        """Its text blocks; its cache reads and writes are input too."""
+        blocks = parsed["content"]
+        text = "".join(b.get("text") or "" for b in blocks if isinstance(b, dict) and b.get("type") == "text")
+        usage = parsed.get("usage") or {}
+        tokens_in = sum(int(usage.get(k) or 0) for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"))
+        tokens_out = int(usage.get("output_tokens") or 0)
+        return Completion(text.strip(), tokens_in, tokens_out, cut=parsed.get("stop_reason") == "max_tokens")
 
     def error_body(self, exc: ProxyError) -> dict[str, Any]:
         return error_body(exc)

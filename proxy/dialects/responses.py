@@ -34,6 +34,7 @@ class ResponsesDialect(JSONBody):
     transcript_key = "input"
     items_sent_alone = True  # upstream_body sends each item as it alone says: bodies can be spliced (fastpath.py)
     names_replies = True  # previous_response_id
+    session_header = "session-id"  # Codex's
 
     def __init__(self) -> None:
         self.codec = CODEC
@@ -62,7 +63,7 @@ class ResponsesDialect(JSONBody):
 
     def session_id(self, body: dict[str, Any], headers: Mapping[str, str]) -> str | None:
         # Codex names its session in a header and as the prompt cache key; both stay the same across resume.
-        return session_conversation_id(headers.get("session-id")) or session_conversation_id(body.get("prompt_cache_key"))
+        return self.session_hint(headers) or session_conversation_id(body.get("prompt_cache_key"))
 
     def identity_basis(self, body: dict[str, Any], raws: Sequence[Raw]) -> Any:
         items = [r for r in raws if isinstance(r, dict)]

@@ -46,7 +46,6 @@ from ..tools import offered, standing
 from ..tools.history_search import SEARCH_TOOL_SPEC
 from ..tools.readback import READ_TOOL_SPEC
 from ..turns import TurnWriter, adoptable
-from ..upstream import HttpUpstream
 from ..upstream.router import UpstreamRouter
 from .exchange import Exchange
 from .fastpath import FastPath, FastTurn
@@ -307,7 +306,7 @@ class Engine:
                 standing_tools = tuple(spec.name for spec in standing(profile) if not dialect.has_tool(body, spec.name))
                 fixed = (turn.reply_reserve, turn.fixed_tokens, turn.proxy_tool_tokens, standing_tools, request.knowledge_namespace)
                 fast = self.fastpath.turn(
-                    key, parsed, FastTurn.settings_of(profile, model, dialect, fixed), encode=isinstance(upstream, HttpUpstream)
+                    key, parsed, FastTurn.settings_of(profile, model, dialect, fixed), encode=upstream.sends_encoded
                 )
                 declined = "no_body_entry" if fast is None else None
             else:

@@ -383,26 +383,27 @@ class FastTurn:
         """The first upstream call's body: the previous one's bytes with its last elements made
         again from the new items (or the new items' added), when the fast path was taken and the
         same tools go; else made whole (and kept for next time)."""
-        alone = getattr(dialect, "items_sent_alone", False)
-        if not self.encode or not (alone or hasattr(dialect, "upstream_elements")):
+        alone = dialect.items_sent_alone
+        by_elements = None if alone else dialect.by_elements()
+        if not self.encode or not (alone or by_elements is not None):
             # An upstream that reads the dict (litellm) may edit it.
             return dialect.upstream_body(body, items, tools)
         names = tuple(t.name for t in tools)
         base = self._base
         previous = base.wire if self.taken and base is not None else None
         if previous is not None and previous.tools == names and base is not None:
-            if alone:
+            if by_elements is None:
                 wire = self._spliced(dialect, body, items, tools, previous, base.prompt)
             else:
-                wire = self._rebuilt(dialect, items, previous, base.prompt)  # type: ignore[arg-type]
+                wire = self._rebuilt(by_elements, items, previous, base.prompt)
             if wire is not None:
                 self.wire = wire
                 self.owner.spliced += 1
                 return wire.body()
-        if alone:
+        if by_elements is None:
             made, elements = dialect.upstream_body(body, items, tools), None
         else:
-            made, elements = dialect.upstream_body_elements(body, items, tools)  # type: ignore[attr-defined]
+            made, elements = by_elements.upstream_body_elements(body, items, tools)
             if elements is None:
                 return made
         marked = (elements.firsts, elements.breakpoints, elements.room) if elements is not None else ()

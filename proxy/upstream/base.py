@@ -65,6 +65,10 @@ class UpstreamReply(Protocol):
 
 
 class Upstream(Protocol):
+    # Whether it sends an EncodedBody's bytes as they are (HTTP) rather than reading the dict
+    # (litellm, which may edit it): only then is a body worth making of the previous turn's bytes.
+    sends_encoded: bool
+
     async def call(
         self, dialect: str, body: Mapping[str, Any], headers: Mapping[str, str], query: str = ""
     ) -> UpstreamReply:

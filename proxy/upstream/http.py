@@ -195,6 +195,8 @@ class HttpReply:
 
 
 class HttpUpstream:
+    sends_encoded = True  # see Upstream
+
     def __init__(self, settings: UpstreamSettings) -> None:
         self.settings = settings
         # Credentials in the base URL are sent as Basic auth in place of the client's own

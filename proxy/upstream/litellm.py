@@ -336,6 +336,8 @@ FormatCall = Callable[["LiteLLMUpstream", Mapping[str, Any], Mapping[str, str]],
 class LiteLLMUpstream:
     """One `models:` entry routed through litellm: `chat(body, headers) -> UpstreamReply`."""
 
+    sends_encoded = False  # it reads the body's dict (see Upstream)
+
     def __init__(
         self,
         name: str,
