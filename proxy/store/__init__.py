@@ -39,6 +39,7 @@ from .base import (
     StoreUnavailable,
     Summary,
     TurnFacts,
+    TurnRecord,
     part_hash,
     part_json,
 )
@@ -47,7 +48,7 @@ __all__ = [
     "APPEND", "BEFORE", "FAILED", "INBOX_DELIVERED", "INBOX_DELIVERING", "INBOX_PENDING", "INCOMPLETE", "INTERNAL",
     "LIVE", "LIVE_ORDER_MARK", "PENDING", "RUNS_MARK", "SUPERSEDED", "THREAD_MARK", "Conversation", "ConversationDump", "ConversationExists", "InboxFull",
     "InboxMessage", "KeyFact", "KnowledgeVersion", "QuotedMessage", "Store", "StoreError", "StoreFull", "StoreHealth",
-    "StoreReadOnly", "StoreUnavailable", "StoredMessage", "Summary", "TurnFacts", "open_store",
+    "StoreReadOnly", "StoreUnavailable", "StoredMessage", "Summary", "TurnFacts", "TurnRecord", "open_store",
     "PART_KINDS", "SYSTEM_PART", "TOOLS_PART", "RequestPart", "part_hash", "part_json",  # the request parts
 ]
 

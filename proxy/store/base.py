@@ -469,6 +469,54 @@ class ConversationDump:
         return problems
 
 
+def check_statuses(*statuses: str) -> None:
+    """Every status a write names is one the store knows (a ValueError otherwise: the caller's bug)."""
+    unknown = set(statuses) - STATUSES
+    if unknown:
+        raise ValueError(f"unknown status {sorted(unknown)}")
+
+
+@dataclass
+class TurnRecord:
+    """A finished turn as the engine hands it to the store: what went upstream and how it ended,
+    for the trajectory, the replay page and the conversation list. `row()` is how every backend
+    keeps it (and how exports carry it); the store adds `turn` and `reply_seq`."""
+
+    status: str = LIVE
+    created_at: float | None = None
+    format: str | None = None  # the dialect's name
+    model: str | None = None
+    client: str | None = None  # from the User-Agent
+    sent_seqs: list[int] = field(default_factory=list)
+    new_seqs: list[int] = field(default_factory=list)
+    tokens_sent: int | None = None
+    tokens_sent_total: int = 0
+    messages_left_out: int = 0
+    truncated: int = 0
+    masked: int = 0
+    summary_id: int | None = None
+    repairs: int = 0
+    llm_calls: int | None = None
+    llm_call_limit: int | None = None
+    read_rounds: int = 0
+    response_id: str | None = None  # where a later request may name the reply by it (Responses)
+    inbox: list[int] = field(default_factory=list)  # inbox message ids the prompt delivered
+    knowledge: dict[str, Any] | None = None
+    system_hash: str | None = None  # the request parts it sent, by hash
+    tools_hash: str | None = None
+    usage: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None  # {"status", "message", "source"} of a failed turn
+    title: str | None = None  # X-Conversation-Title, kept only when given
+    task: str | None = None  # the task's first words, on a conversation's first turns only
+
+    def row(self) -> dict[str, Any]:
+        row = asdict(self)
+        for optional in ("title", "task"):
+            if not row[optional]:
+                del row[optional]
+        return row
+
+
 @dataclass(frozen=True, slots=True)
 class TurnFacts:
     """What a finished turn's record tells about its conversation: finish_turn keeps it there."""
@@ -512,7 +560,7 @@ class Store(Protocol):
         changes: Mapping[int, str],
         reply: Sequence[tuple[Message, str]],
         reply_status: str,
-        record: Mapping[str, Any] | None,
+        record: TurnRecord | None,
         *,
         llm_calls: int = 0,
         forwarded: Mapping[int, int] | None = None,

@@ -1,13 +1,14 @@
-"""The embedded store: diskcache (SQLite plus files) in one directory, for one proxy process.
+"""The embedded store: one SQLite database in one directory (diskcache's), for one proxy process.
 
-diskcache is synchronous, so every write runs on one dedicated thread: the event loop never
-waits on SQLite, and the single writer thread means no SQLite lock contention between our own
-operations. Each store call is one hop to that thread (worker.py) and one diskcache transaction;
-SQLite's checkpoints run on a thread of their own (checkpoints.py). Since this process is the
-store's only writer, it keeps the latest snapshot of recent conversation records in memory:
-`get()`, called on every turn, usually needs no hop at all.
+SQLite is synchronous, so every write runs on one dedicated thread: the event loop never waits
+on it, and the single writer thread means no lock contention between our own operations. Each
+store call is one hop to that thread (worker.py) and one write of the rows it changed (one
+statement, usually: see disk_rows.py, a table of ours in diskcache's database, which writes a row
+for a fraction of what `Cache.set` costs); SQLite's checkpoints run on a thread of their own
+(checkpoints.py). Since this process is the store's only writer, it keeps the latest snapshot of
+recent conversation records in memory: `get()`, called on every turn, usually needs no hop at all.
 
-diskcache is a cache by default; here it is a database: no eviction, no culling, ever.
+Nothing is ever evicted or culled: this is a database, not a cache.
 
 Layout: one row per key; a conversation's rows are named by its tenant and id. A turn's two
 writes cost what the turn adds, whatever the conversation holds:
@@ -71,7 +72,8 @@ from .base import (
     INBOX_DELIVERING,
     LIVE,
     PENDING,
-    STATUSES,
+    TurnRecord,
+    check_statuses,
     Conversation,
     ConversationDump,
     ConversationExists,
@@ -92,6 +94,7 @@ from .base import (
     now,
 )
 from .checkpoints import Checkpointer
+from .disk_rows import Rows
 from .search import DEFAULT_HITS, HistoryIndexes, SearchHit
 from .worker import StoreThread
 
@@ -131,49 +134,14 @@ PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
 MB = 1024 * 1024
 
 
-class _PrivateDisk(diskcache.Disk):
-    """diskcache's value files (records over 4 MB) created 0600 in 0700 folders. Disk._write as
-    in diskcache 5, with the modes given to os.open / makedirs instead of the umask's."""
-
-    def _write(self, full_path: str, iterator: Any, mode: str, encoding: str | None = None) -> int:
-        full_dir = os.path.dirname(full_path)
-        for count in range(1, 11):
-            _private_folders(full_dir)
-            try:
-                fd = os.open(full_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE)
-            except OSError:
-                if count == 10:  # another cache may have deleted the folder meanwhile: retried
-                    raise
-                continue
-            with open(fd, mode.replace("x", "w"), encoding=encoding) as writer:
-                size = 0
-                for chunk in iterator:
-                    size += len(chunk)
-                    writer.write(chunk)
-                return size
-        raise AssertionError("unreachable")
-
-
-def _private_folders(folder: str) -> None:
-    """Make `folder` and its missing parents, each 0700 (makedirs gives parents the umask's mode)."""
-    missing = []
-    while folder and not os.path.isdir(folder):
-        missing.append(folder)
-        folder = os.path.dirname(folder)
-    for path in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path, PRIVATE_DIR)
-
-
 def _open_cache(path: str) -> diskcache.Cache:
+    """diskcache's database, whose connection and pragmas our rows use (see disk_rows.py)."""
     return diskcache.Cache(
         path,
-        disk=_PrivateDisk,
-        eviction_policy="none",  # never drop a stored message, whatever the size
+        eviction_policy="none",  # never drop a stored message (our table is not diskcache's: belt and braces)
         cull_limit=0,
         size_limit=2**62,
         statistics=False,
-        disk_min_file_size=2**22,  # records up to 4 MB stay in SQLite: no file churn per turn
         sqlite_mmap_size=0,  # reads through SQLite's own cache: no 64 MB map in our resident set
         sqlite_cache_size=2**9,  # pages (2 MB): the pages a turn touches (the B-tree's upper levels, the newest rows) fit
     )
@@ -556,8 +524,8 @@ class _PendingFlags:
     is read as one more bucket. Store thread only, inside the caller's transaction; a write that
     failed makes it read its rows again."""
 
-    def __init__(self, cache: diskcache.Cache) -> None:
-        self._cache = cache
+    def __init__(self, store_rows: Rows) -> None:
+        self._store_rows = store_rows
         self._rows: dict[str, set[tuple[str, str]]] | None = None  # row key -> its members
         self._where: dict[ConversationKey, str] = {}  # a flagged conversation -> its row
         self._settled: set[ConversationKey] = set()
@@ -566,7 +534,7 @@ class _PendingFlags:
         if self._rows is None:
             rows = {}
             for row_key in (LEGACY_PENDING, *map(_pending_row, range(PENDING_BUCKETS))):
-                members = self._cache.get(row_key)
+                members = self._store_rows.get(row_key)
                 if members:
                     rows[row_key] = set(members)
             self._rows = rows
@@ -626,9 +594,9 @@ class _PendingFlags:
         assert self._rows is not None
         members = self._rows[row_key]
         if members:
-            self._cache.set(row_key, members)
+            self._store_rows.set(row_key, members)
         else:
-            self._cache.delete(row_key)
+            self._store_rows.delete(row_key)
             del self._rows[row_key]
 
 
@@ -637,7 +605,7 @@ class DiskStore:
         self._path = Path(path)
         try:
             self._path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
-            self._cache = _open_cache(str(path))
+            self._rows = Rows(_open_cache(str(path)))
         except (sqlite3.Error, OSError) as exc:  # e.g. a read-only filesystem: SQLite's WAL can't open there
             raise ConfigError(f"storage.path: cannot open the store in {path}: {exc}") from exc
         _make_private(self._path)  # also a store made before files were private
@@ -651,11 +619,11 @@ class DiskStore:
         self._records: _Held[_Record] = _Held(MAX_RECORDS)
         self._pages: OrderedDict[str, dict[int, Any]] = OrderedDict()  # index pages as last written (store thread)
         self._tenants: set[str] | None = None  # the TENANTS row as last written (store thread)
-        self._pending = _PendingFlags(self._cache)
+        self._pending = _PendingFlags(self._rows)
         # SQLite's checkpoints in a thread of their own (see checkpoints.py); the store thread's
         # connection is made to leave them to it.
         self._checkpoints = Checkpointer(os.path.join(path, diskcache.core.DBNAME))
-        self._thread = StoreThread("diskstore", initializer=lambda: self._checkpoints.writer(self._cache._con))
+        self._thread = StoreThread("diskstore", initializer=lambda: self._checkpoints.writer(self._rows.connection))
         self._locks: weakref.WeakValueDictionary[ConversationKey, asyncio.Lock] = weakref.WeakValueDictionary()
         self._leases: dict[str, tuple[str, float]] = {}  # name -> (token, monotonic expiry)
         self._search = HistoryIndexes()  # history search: built from the log, see search.py
@@ -723,15 +691,15 @@ class DiskStore:
         held = self._records.get(key)
         if held is not None:
             return held
-        row = self._cache.get(_conv_key(key))
+        row = self._rows.get(_conv_key(key))
         if row is None:
             return None
-        return _Record.stored(row, lambda number: self._cache.get(_chunk_key(key, number)))
+        return _Record.stored(row, lambda number: self._rows.get(_chunk_key(key, number)))
 
     def _fields(self, key: ConversationKey) -> dict[str, Any] | None:
         """The record's small fields alone (counters, order): no index chunk read."""
         held = self._records.get(key)
-        return held.fields if held is not None else self._cache.get(_conv_key(key))
+        return held.fields if held is not None else self._rows.get(_conv_key(key))
 
     def _save(self, key: ConversationKey, record: _Record, *, snapshot: bool = True) -> None:
         """Write what the write under way changed, inside its transaction: the batches it touched,
@@ -742,18 +710,18 @@ class DiskStore:
         fields = record.fields
         for batch in record.unsaved.values():
             for first, blob in batch.unwritten.items():
-                self._cache.set(_part_key(key, first), blob)
+                self._rows.set(_part_key(key, first), blob)
             batch.unwritten.clear()
             legacy = batch.legacy is not None
-            self._cache.set(_msg_key(key, batch.first) if legacy else _batch_key(key, batch.first), batch.row())
+            self._rows.set(_msg_key(key, batch.first) if legacy else _batch_key(key, batch.first), batch.row())
         tail = (fields["next_seq"] - 1) // INDEX_CHUNK
         if tail != fields["tail"]:
             record.changed.add(fields["tail"])  # the chunk the record held: a row of its own from now on
             fields["tail"] = tail
         for number in record.changed:
             if number != tail:
-                self._cache.set(_chunk_key(key, number), record.chunk_row(number))
-        self._cache.set(_conv_key(key), record.row())
+                self._rows.set(_chunk_key(key, number), record.chunk_row(number))
+        self._rows.set(_conv_key(key), record.row())
         self._pending.saw(key, bool(fields["pending"]))
         record.saved()
         if snapshot:
@@ -776,7 +744,7 @@ class DiskStore:
         """Newest first, from the creation-order index pages, starting below the `after` conversation."""
         scope = tenant if tenant is not None else ALL_TENANTS
         index = FAILED_SCOPE + scope if failed else scope
-        start = self._cache.get(CREATED, 0) + 1
+        start = self._rows.get(CREATED, 0) + 1
         if after is not None:
             candidates = [ConversationKey(tenant, after)] if tenant is not None else [c.key for c in self._find(after)]
             orders = [fields["order"] for k in candidates if (fields := self._fields(k)) is not None]
@@ -815,33 +783,33 @@ class DiskStore:
             return await self._write(self._delete, key, telling=False)
 
     def _delete(self, key: ConversationKey) -> bool:
-        with self._cache.transact():
+        with self._rows.transact():
             record = self._load(key)
             if record is None:
                 return False
             fields = record.fields
             for seq in range(1, min(fields["legacy"], fields["next_seq"])):
-                self._cache.delete(_msg_key(key, seq))
+                self._rows.delete(_msg_key(key, seq))
             for first in record.starts():
                 batch = self._batch_of(key, record, first)
                 for part in batch.own_parts() if batch is not None else ():
-                    self._cache.delete(_part_key(key, part))
-                self._cache.delete(_batch_key(key, first))
+                    self._rows.delete(_part_key(key, part))
+                self._rows.delete(_batch_key(key, first))
             for number in range(fields["tail"]):
-                self._cache.delete(_chunk_key(key, number))
+                self._rows.delete(_chunk_key(key, number))
             for seq in record.rewritten():
-                self._cache.delete(_rewrite_key(key, seq))
+                self._rows.delete(_rewrite_key(key, seq))
             for summary_id in range(1, fields["summaries"] + 1):
-                self._cache.delete(_summary_key(key, summary_id))
+                self._rows.delete(_summary_key(key, summary_id))
             for message_id in range(1, fields["inbox"] + 1):
-                self._cache.delete(_inbox_key(key, message_id))
+                self._rows.delete(_inbox_key(key, message_id))
             for turn in range(1, fields["turns"] + 1):
-                turn_record = self._cache.get(_turn_key(key, turn))
+                turn_record = self._rows.get(_turn_key(key, turn))
                 if isinstance(turn_record, dict) and turn_record.get("response_id"):
-                    self._cache.delete(_response_key(key.tenant, turn_record["response_id"]))
-                self._cache.delete(_turn_key(key, turn))
+                    self._rows.delete(_response_key(key.tenant, turn_record["response_id"]))
+                self._rows.delete(_turn_key(key, turn))
             self._delete_request_parts(key)
-            self._cache.delete(_conv_key(key))
+            self._rows.delete(_conv_key(key))
             self._snapshots.pop(key)
             self._records.pop(key)
             self._pending.drop([key])
@@ -859,7 +827,7 @@ class DiskStore:
         return await self._write(self._set_title, key, title)
 
     def _set_title(self, key: ConversationKey, title: str | None) -> Conversation | None:
-        with self._cache.transact():
+        with self._rows.transact():
             record = self._load(key)
             if record is None:
                 return None
@@ -870,8 +838,7 @@ class DiskStore:
     # -- messages ------------------------------------------------------------------------------
 
     async def append(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
-        if status not in STATUSES:
-            raise ValueError(f"unknown status {status!r}")
+        check_statuses(status)
         return await self._write(self._append, key, messages, hashes, status)
 
     def _append(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
@@ -918,7 +885,7 @@ class DiskStore:
             if held is not None and held.first == first:
                 batch = held
             else:
-                row = self._cache.get(_msg_key(key, first) if first < record.fields["legacy"] else _batch_key(key, first))
+                row = self._rows.get(_msg_key(key, first) if first < record.fields["legacy"] else _batch_key(key, first))
                 if row is None:
                     return None
                 batch = _Batch.of_row(first, row)
@@ -948,12 +915,12 @@ class DiskStore:
     def _register(self, key: ConversationKey, record: _Record) -> _Record:
         """Index a new conversation: by a counter, not a timestamp, so that two made in the same
         microsecond still list in order; one index page per 1,000 conversations is rewritten."""
-        record.fields["order"] = self._cache.incr(CREATED, default=0)
+        record.fields["order"] = self._rows.incr(CREATED, default=0)
         self._index(key, record.fields["order"], key.tenant, ALL_TENANTS)
         tenants = self._known_tenants()
         if key.tenant not in tenants:
             self._tenants = tenants | {key.tenant}
-            self._cache.set(TENANTS, self._tenants)
+            self._rows.set(TENANTS, self._tenants)
         return record
 
     def _index(self, key: ConversationKey, order: int, tenant_scope: str, all_scope: str) -> None:
@@ -971,10 +938,10 @@ class DiskStore:
         if page is not None:
             self._pages.move_to_end(page_key)
             return page
-        return self._cache.get(page_key) or {}
+        return self._rows.get(page_key) or {}
 
     def _set_page(self, page_key: str, page: dict[int, Any]) -> None:
-        self._cache.set(page_key, page)
+        self._rows.set(page_key, page)
         self._pages[page_key] = page
         self._pages.move_to_end(page_key)
         while len(self._pages) > MAX_PAGES:
@@ -983,17 +950,16 @@ class DiskStore:
     def _known_tenants(self) -> set[str]:
         """The tenants that have conversations (the TENANTS row): held once read."""
         if self._tenants is None:
-            self._tenants = set(self._cache.get(TENANTS, set()))
+            self._tenants = set(self._rows.get(TENANTS, set()))
         return self._tenants
 
     async def set_statuses(self, key: ConversationKey, changes: Mapping[int, str]) -> None:
-        if not set(changes.values()) <= STATUSES:
-            raise ValueError(f"unknown status in {set(changes.values())}")
+        check_statuses(*changes.values())
         if changes:
             await self._write(self._set_statuses, key, dict(changes))
 
     def _set_statuses(self, key: ConversationKey, changes: dict[int, str]) -> None:
-        with self._cache.transact():
+        with self._rows.transact():
             record = self._load(key)
             if record is None:
                 raise KeyError(str(key))
@@ -1034,16 +1000,15 @@ class DiskStore:
         changes: Mapping[int, str],
         reply: Sequence[tuple[Message, str]],
         reply_status: str,
-        record: Mapping[str, Any] | None,
+        record: TurnRecord | None,
         *,
         llm_calls: int = 0,
         forwarded: Mapping[int, int] | None = None,
         marks: Mapping[str, int] | None = None,
     ) -> int | None:
-        if not set(changes.values()) <= STATUSES or (reply and reply_status not in STATUSES):
-            raise ValueError("unknown status")
+        check_statuses(*changes.values(), *([reply_status] if reply else []))
         return await self._write(
-            self._finish_turn, key, dict(changes), list(reply), reply_status, dict(record) if record else None,
+            self._finish_turn, key, dict(changes), list(reply), reply_status, record.row() if record is not None else None,
             llm_calls, dict(forwarded or {}), dict(marks or {}),
         )
 
@@ -1071,9 +1036,9 @@ class DiskStore:
                 seq = self._add_messages(conversation, [m for m, _ in reply], [h for _, h in reply], reply_status)[0]
             if record is not None:
                 fields["turns"] += 1
-                self._cache.set(_turn_key(key, fields["turns"]), {**record, "turn": fields["turns"], "reply_seq": seq})
+                self._rows.set(_turn_key(key, fields["turns"]), {**record, "turn": fields["turns"], "reply_seq": seq})
                 if seq is not None and record.get("response_id"):
-                    self._cache.set(_response_key(key.tenant, record["response_id"]), (key.id, seq + len(reply) - 1))
+                    self._rows.set(_response_key(key.tenant, record["response_id"]), (key.id, seq + len(reply) - 1))
                 self._keep_facts(key, fields, TurnFacts.of(record), record.get("created_at"))
             return seq
 
@@ -1090,7 +1055,7 @@ class DiskStore:
             fields["last_error"] = facts.last_error(fields["turns"], created_at)
 
     async def response_owner(self, tenant: str, response_id: str) -> tuple[str, int] | None:
-        found = await self._run(self._cache.get, _response_key(tenant, response_id))
+        found = await self._run(self._rows.get, _response_key(tenant, response_id))
         return (found[0], int(found[1])) if found else None
 
     async def turn_records(self, key: ConversationKey, *, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
@@ -1100,7 +1065,7 @@ class DiskStore:
         fields = self._fields(key)
         last = fields["turns"] if fields else 0
         end = last if limit is None else min(last, after + limit)
-        return [r for t in range(after + 1, end + 1) if (r := self._cache.get(_turn_key(key, t))) is not None]
+        return [r for t in range(after + 1, end + 1) if (r := self._rows.get(_turn_key(key, t))) is not None]
 
     async def messages(
         self, key: ConversationKey, *, live_only: bool, after: int | None = None, limit: int | None = None
@@ -1132,7 +1097,7 @@ class DiskStore:
 
     def _part_reader(self, key: ConversationKey) -> Callable[[int], bytes]:
         def read(first: int) -> bytes:
-            blob = self._cache.get(_part_key(key, first))
+            blob = self._rows.get(_part_key(key, first))
             if blob is None:
                 raise _missing(key, first)
             return blob
@@ -1155,21 +1120,21 @@ class DiskStore:
             await self._write(self._set_rewrites, key, dict(rewrites))
 
     def _set_rewrites(self, key: ConversationKey, rewrites: dict[int, str]) -> None:
-        with self._cache.transact():
+        with self._rows.transact():
             for seq, content in rewrites.items():
-                self._cache.set(_rewrite_key(key, seq), content)
+                self._rows.set(_rewrite_key(key, seq), content)
             self._update_record(key, lambda record: record.rewrote(rewrites))
 
     async def rewrites(self, key: ConversationKey, seqs: list[int]) -> dict[int, str]:
         return await self._run(self._rewrites, key, seqs)
 
     def _rewrites(self, key: ConversationKey, seqs: list[int]) -> dict[int, str]:
-        found = {seq: self._cache.get(_rewrite_key(key, seq)) for seq in seqs}
+        found = {seq: self._rows.get(_rewrite_key(key, seq)) for seq in seqs}
         return {seq: content for seq, content in found.items() if content is not None}
 
     def _update_record(self, key: ConversationKey, change: Callable[[_Record], Any], *, snapshot: bool = True) -> Any:
         """Apply `change` to the conversation record (creating it if new); returns what `change` returns."""
-        with self._cache.transact():
+        with self._rows.transact():
             record = self._load(key)
             if record is None:
                 record = self._register(key, _Record.new(now()))
@@ -1185,7 +1150,7 @@ class DiskStore:
             fields = record.fields
             fields["summaries"] += 1
             stored = replace(summary, id=fields["summaries"])
-            self._cache.set(_summary_key(key, stored.id), stored.to_record())
+            self._rows.set(_summary_key(key, stored.id), stored.to_record())
             if summary.last_seq > fields["boundary"]:
                 fields["boundary"], fields["summary_id"] = summary.last_seq, stored.id
             return stored
@@ -1204,7 +1169,7 @@ class DiskStore:
         return await self._run(self._summary, key, summary_id)
 
     def _summary(self, key: ConversationKey, summary_id: int) -> Summary | None:
-        raw = self._cache.get(_summary_key(key, summary_id))
+        raw = self._rows.get(_summary_key(key, summary_id))
         return None if raw is None else Summary.from_record(raw)
 
     async def import_conversation(self, dump: ConversationDump, *, replace: bool = False) -> None:
@@ -1218,7 +1183,7 @@ class DiskStore:
     def _import(self, dump: ConversationDump, replace: bool) -> None:
         c = dump.conversation
         key = c.key
-        with self._cache.transact():
+        with self._rows.transact():
             if self._fields(key) is not None:
                 if not replace:
                     raise ConversationExists(str(key))
@@ -1243,25 +1208,25 @@ class DiskStore:
             if c.failures:
                 self._index(key, record.fields["order"], FAILED_SCOPE + key.tenant, FAILED_SCOPE + ALL_TENANTS)
             for seq, content in dump.rewrites.items():
-                self._cache.set(_rewrite_key(key, seq), content)
+                self._rows.set(_rewrite_key(key, seq), content)
             fields = record.fields
             fields.update(inbox=len(dump.inbox), inbox_open=[], inbox_at={})
             for m in dump.inbox:
-                self._cache.set(_inbox_key(key, m.id), _inbox_record(m))
+                self._rows.set(_inbox_key(key, m.id), _inbox_record(m))
                 if m.status != INBOX_DELIVERED:
                     fields["inbox_open"].append(m.id)
                 if m.seq is not None:
                     fields["inbox_at"].setdefault(m.seq, []).append(m.id)
             for summary in dump.summaries:
-                self._cache.set(_summary_key(key, summary.id), summary.to_record())
+                self._rows.set(_summary_key(key, summary.id), summary.to_record())
             for turn in dump.turns:
-                self._cache.set(_turn_key(key, turn["turn"]), dict(turn))
+                self._rows.set(_turn_key(key, turn["turn"]), dict(turn))
             for response_id, seq in dump.responses.items():
-                self._cache.set(_response_key(key.tenant, response_id), (key.id, seq))
+                self._rows.set(_response_key(key.tenant, response_id), (key.id, seq))
             for n, part in enumerate(dump.parts, 1):
-                self._cache.set(_request_part_key(key, n), part.to_record())
+                self._rows.set(_request_part_key(key, n), part.to_record())
             if dump.parts:
-                self._cache.set(_request_parts_key(key), {part.hash: n for n, part in enumerate(dump.parts, 1)})
+                self._rows.set(_request_parts_key(key), {part.hash: n for n, part in enumerate(dump.parts, 1)})
             self._save(key, record)
 
     # -- request parts -------------------------------------------------------------------------
@@ -1271,39 +1236,39 @@ class DiskStore:
     async def add_request_parts(self, key: ConversationKey, parts: Sequence[RequestPart]) -> list[str]:
         if not parts:
             return []
-        known = await self._run(self._cache.get, _request_parts_key(key))
+        known = await self._run(self._rows.get, _request_parts_key(key))
         if known is not None and all(p.hash in known for p in parts):
             return []
         return await self._write(self._add_request_parts, key, list(parts))
 
     def _add_request_parts(self, key: ConversationKey, parts: list[RequestPart]) -> list[str]:
-        with self._cache.transact():
+        with self._rows.transact():
             if self._fields(key) is None:
                 return []
-            index = dict(self._cache.get(_request_parts_key(key)) or {})
+            index = dict(self._rows.get(_request_parts_key(key)) or {})
             stamp, added = now(), []
             for part in parts:
                 if part.hash not in index:
                     index[part.hash] = len(index) + 1
-                    self._cache.set(_request_part_key(key, index[part.hash]), replace(part, created_at=stamp).to_record())
+                    self._rows.set(_request_part_key(key, index[part.hash]), replace(part, created_at=stamp).to_record())
                     added.append(part.hash)
             if added:
-                self._cache.set(_request_parts_key(key), index)
+                self._rows.set(_request_parts_key(key), index)
             return added
 
     async def request_parts(self, key: ConversationKey, *, after: int = 0) -> list[RequestPart]:
         return await self._run(self._request_parts, key, after)
 
     def _request_parts(self, key: ConversationKey, after: int) -> list[RequestPart]:
-        index = self._cache.get(_request_parts_key(key)) or {}
-        rows = (self._cache.get(_request_part_key(key, n)) for n in range(max(after, 0) + 1, len(index) + 1))
+        index = self._rows.get(_request_parts_key(key)) or {}
+        rows = (self._rows.get(_request_part_key(key, n)) for n in range(max(after, 0) + 1, len(index) + 1))
         return [RequestPart.from_record(row) for row in rows if row is not None]
 
     def _delete_request_parts(self, key: ConversationKey) -> None:
-        index = self._cache.get(_request_parts_key(key)) or {}
+        index = self._rows.get(_request_parts_key(key)) or {}
         for n in range(1, len(index) + 1):
-            self._cache.delete(_request_part_key(key, n))
-        self._cache.delete(_request_parts_key(key))
+            self._rows.delete(_request_part_key(key, n))
+        self._rows.delete(_request_parts_key(key))
 
     # -- inbox ---------------------------------------------------------------------------------
 
@@ -1311,7 +1276,7 @@ class DiskStore:
         return await self._write(self._post_inbox, key, content, note, max_pending)
 
     def _post_inbox(self, key: ConversationKey, content: str, note: str, max_pending: int) -> InboxMessage | None:
-        with self._cache.transact():
+        with self._rows.transact():
             record = self._load(key)
             if record is None:
                 return None
@@ -1321,7 +1286,7 @@ class DiskStore:
             fields["inbox"] += 1
             message = {"id": fields["inbox"], "content": content, "note": note, "created_at": now(),
                        "seq": None, "placement": None, "turn": None, "delivered_at": None}
-            self._cache.set(_inbox_key(key, message["id"]), message)
+            self._rows.set(_inbox_key(key, message["id"]), message)
             fields["inbox_open"] = [*fields["inbox_open"], message["id"]]
             self._save(key, record)
             return InboxMessage(**message)
@@ -1333,7 +1298,7 @@ class DiskStore:
         record = self._load(key)
         last = record.fields["inbox"] if record else 0
         end = last if limit is None else min(last, after + limit)
-        messages = [self._cache.get(_inbox_key(key, i)) for i in range(after + 1, end + 1)]
+        messages = [self._rows.get(_inbox_key(key, i)) for i in range(after + 1, end + 1)]
         return [self._inbox_message(key, record, m) for m in messages if m is not None]
 
     def _inbox_message(self, key: ConversationKey, record: _Record, stored: dict[str, Any]) -> InboxMessage:
@@ -1355,7 +1320,7 @@ class DiskStore:
     def _deliver_inbox(
         self, key: ConversationKey, seq: int, placement: str, turn: int, stamp: float
     ) -> list[InboxMessage]:
-        with self._cache.transact():
+        with self._rows.transact():
             record = self._load(key)
             if record is None:
                 return []
@@ -1364,14 +1329,14 @@ class DiskStore:
             anchor_pending = anchor is None or anchor == PENDING
             taken, still_open = [], []
             for message_id in fields["inbox_open"]:
-                message = self._cache.get(_inbox_key(key, message_id))
+                message = self._rows.get(_inbox_key(key, message_id))
                 if message["seq"] is not None:
                     before = self._status(key, record, message["seq"])
                     if before is not None and before not in (FAILED, PENDING):
                         continue  # its item is live (or was, and moved on): delivered for good
                     _drop_anchor(fields["inbox_at"], message["seq"], message_id)
                 message.update(seq=seq, placement=placement, turn=turn, delivered_at=stamp)
-                self._cache.set(_inbox_key(key, message_id), message)
+                self._rows.set(_inbox_key(key, message_id), message)
                 fields["inbox_at"].setdefault(seq, []).append(message_id)
                 taken.append(InboxMessage(**message, status=INBOX_DELIVERING if anchor_pending else INBOX_DELIVERED))
                 if anchor_pending:
@@ -1392,7 +1357,7 @@ class DiskStore:
         for seq in seqs:
             ids = anchors.get(seq)
             if ids:
-                out[seq] = [self._inbox_message(key, record, self._cache.get(_inbox_key(key, i))) for i in ids]
+                out[seq] = [self._inbox_message(key, record, self._rows.get(_inbox_key(key, i))) for i in ids]
         return out
 
     # -- long-term knowledge -------------------------------------------------------------------
@@ -1402,8 +1367,8 @@ class DiskStore:
 
     def _knowledge(self, tenant: str, namespace: str, version: int | None) -> KnowledgeVersion | None:
         if version is None:
-            version = self._cache.get(_knowledge_index(tenant), {}).get(namespace, 0)
-        raw = self._cache.get(_knowledge_key(tenant, namespace, version)) if version > 0 else None
+            version = self._rows.get(_knowledge_index(tenant), {}).get(namespace, 0)
+        raw = self._rows.get(_knowledge_key(tenant, namespace, version)) if version > 0 else None
         return None if raw is None else KnowledgeVersion(tenant, namespace, version, **raw)
 
     async def knowledge_at(self, tenant: str, namespace: str, cutoff: float) -> KnowledgeVersion | None:
@@ -1411,13 +1376,13 @@ class DiskStore:
 
     def _knowledge_at(self, tenant: str, namespace: str, cutoff: float) -> KnowledgeVersion | None:
         # Versions are written in order, so their times rise with their numbers: a binary search.
-        low, high = 1, self._cache.get(_knowledge_index(tenant), {}).get(namespace, 0)
+        low, high = 1, self._rows.get(_knowledge_index(tenant), {}).get(namespace, 0)
         if high == 0:
             return None
         found = 1
         while low <= high:
             middle = (low + high) // 2
-            if self._cache.get(_knowledge_key(tenant, namespace, middle))["created_at"] <= cutoff:
+            if self._rows.get(_knowledge_key(tenant, namespace, middle))["created_at"] <= cutoff:
                 found, low = middle, middle + 1
             else:
                 high = middle - 1
@@ -1431,7 +1396,7 @@ class DiskStore:
     def _knowledge_versions(
         self, tenant: str, namespace: str, before: int | None, limit: int
     ) -> list[KnowledgeVersion]:
-        newest = self._cache.get(_knowledge_index(tenant), {}).get(namespace, 0)
+        newest = self._rows.get(_knowledge_index(tenant), {}).get(namespace, 0)
         top = newest if before is None else min(newest, before - 1)
         numbers = range(top, max(top - limit, 0), -1)
         return [v for n in numbers if (v := self._knowledge(tenant, namespace, n)) is not None]
@@ -1444,27 +1409,27 @@ class DiskStore:
     def _put_knowledge(
         self, tenant: str, namespace: str, text: str, source: str, base_version: int
     ) -> KnowledgeVersion | None:
-        with self._cache.transact():
-            index = self._cache.get(_knowledge_index(tenant), {})
+        with self._rows.transact():
+            index = self._rows.get(_knowledge_index(tenant), {})
             if index.get(namespace, 0) != base_version:
                 return None
             version = KnowledgeVersion(tenant, namespace, base_version + 1, text, now(), source)
-            self._cache.set(_knowledge_key(tenant, namespace, version.version),
+            self._rows.set(_knowledge_key(tenant, namespace, version.version),
                             {"text": text, "created_at": version.created_at, "source": source})
-            self._cache.set(_knowledge_index(tenant), {**index, namespace: version.version})
-            tenants = self._cache.get(KNOWLEDGE_TENANTS, set())
+            self._rows.set(_knowledge_index(tenant), {**index, namespace: version.version})
+            tenants = self._rows.get(KNOWLEDGE_TENANTS, set())
             if tenant not in tenants:
-                self._cache.set(KNOWLEDGE_TENANTS, tenants | {tenant})
+                self._rows.set(KNOWLEDGE_TENANTS, tenants | {tenant})
             return version
 
     async def knowledge_documents(self, tenant: str | None) -> list[KnowledgeVersion]:
         return await self._run(self._knowledge_documents, tenant)
 
     def _knowledge_documents(self, tenant: str | None) -> list[KnowledgeVersion]:
-        tenants = [tenant] if tenant is not None else sorted(self._cache.get(KNOWLEDGE_TENANTS, set()))
+        tenants = [tenant] if tenant is not None else sorted(self._rows.get(KNOWLEDGE_TENANTS, set()))
         out = []
         for t in tenants:
-            for namespace in sorted(self._cache.get(_knowledge_index(t), {})):
+            for namespace in sorted(self._rows.get(_knowledge_index(t), {})):
                 found = self._knowledge(t, namespace, None)
                 if found is not None:
                     out.append(found)
@@ -1489,14 +1454,14 @@ class DiskStore:
         return await self._write(self._secret)
 
     def _secret(self) -> bytes:
-        value = self._cache.get(SECRET)
+        value = self._rows.get(SECRET)
         if value is not None:  # read without a transaction: a store that can't write still starts
             return value
-        with self._cache.transact():
-            value = self._cache.get(SECRET)
+        with self._rows.transact():
+            value = self._rows.get(SECRET)
             if value is None:
                 value = secrets.token_bytes(32)
-                self._cache.set(SECRET, value)
+                self._rows.set(SECRET, value)
             return value
 
     async def fail_pending(self) -> int:
@@ -1511,7 +1476,7 @@ class DiskStore:
         if not cut:  # the common case, and no write: a full store starts too
             return 0
         failed = 0
-        with self._cache.transact():
+        with self._rows.transact():
             for key in cut:
                 record = self._load(key)
                 assert record is not None
@@ -1534,7 +1499,7 @@ class DiskStore:
     def _check_health(self) -> StoreHealth:
         if self._health.failure is not None:  # does a write work again (room made, remounted)?
             try:
-                self._cache.set(PROBE, now())
+                self._rows.set(PROBE, now())
             except (sqlite3.Error, OSError, diskcache.Timeout):
                 pass
             else:
@@ -1557,11 +1522,11 @@ class DiskStore:
         self._checkpoints.close()  # before the cache's connection: the last to close checkpoints everything
         try:  # a clean stop leaves flags only where messages are pending: the next start reads no more
             if self._pending.any_settled:
-                with self._cache.transact():
+                with self._rows.transact():
                     self._pending.sweep()
         except (sqlite3.Error, OSError, diskcache.Timeout) as exc:  # e.g. a full disk: the next start sweeps
             log.info("store: pending flags left for the next start", extra={"error": str(exc)})
-        self._cache.close()
+        self._rows.close()
 
 
 def _inbox_record(m: InboxMessage) -> dict[str, Any]:
