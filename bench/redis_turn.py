@@ -42,9 +42,8 @@ import redis as sync_redis
 
 from proxy.identity import ConversationKey
 from proxy.messages import message_hash
-from proxy.store import LIVE, PENDING
+from proxy.store import LIVE, PENDING, TurnRecord
 from proxy.store.redis import RedisStore
-from proxy.store import TurnRecord
 
 from .procs import LOOPBACK, free_port
 from .workload import base_parts, tool_pool

@@ -28,11 +28,10 @@ from typing import Any
 from proxy.identity import ConversationKey
 from proxy.messages import message_hash
 from proxy.refs import RefSigner
-from proxy.store import LIVE, PENDING, Store
+from proxy.store import LIVE, PENDING, Store, TurnRecord
 from proxy.store.disk import DiskStore
 from proxy.trajectory import build_trajectory, encode
 from proxy.trajectory_files import TrajectoryWriter, _write_file
-from proxy.store import TurnRecord
 
 KEY = ConversationKey("b" * 24, "long-run")
 

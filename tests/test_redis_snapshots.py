@@ -17,11 +17,10 @@ import redis.asyncio as aioredis
 
 from proxy.identity import ConversationKey
 from proxy.messages import message_hash
-from proxy.store import APPEND, BEFORE, FAILED, INTERNAL, LIVE, PENDING, SUPERSEDED, Conversation, Summary
+from proxy.store import APPEND, BEFORE, FAILED, INTERNAL, LIVE, PENDING, SUPERSEDED, Conversation, Summary, TurnRecord
 from proxy.store.redis import RedisStore
 from proxy.store.redis_records import Snapshot, Snapshots
 from proxy.transfer import read_dump
-from proxy.store import TurnRecord
 from tests.redis_server import RedisServer, redis_server  # noqa: F401  (a fixture)
 
 A = ConversationKey("tenant-a", "conv")

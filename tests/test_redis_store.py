@@ -13,9 +13,8 @@ import redis.asyncio as aioredis
 
 from proxy.identity import ConversationKey
 from proxy.messages import message_hash
-from proxy.store import LIVE, PENDING, SUPERSEDED, Summary
+from proxy.store import LIVE, PENDING, SUPERSEDED, Summary, TurnRecord
 from proxy.store.redis import RedisStore, StoreUnavailable
-from proxy.store import TurnRecord
 from tests.redis_server import RedisServer, redis_server  # noqa: F401  (a fixture)
 
 A = ConversationKey("tenant-a", "conv")

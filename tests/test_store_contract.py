@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import dataclasses
+import json
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -34,12 +34,12 @@ from proxy.store import (
     RequestPart,
     Store,
     Summary,
+    TurnRecord,
     open_store,
     part_hash,
 )
 from proxy.store.redis import RedisStore
 from proxy.transfer import read_dump
-from proxy.store import TurnRecord
 from tests.redis_server import redis_server  # noqa: F401  (a fixture)
 
 A = ConversationKey("tenant-a", "conv")

@@ -17,9 +17,9 @@ import pytest
 from proxy.identity import ConversationKey
 from proxy.messages import message_hash
 from proxy.store import FAILED, LIVE, PENDING, SUPERSEDED, Summary, TurnRecord
-from proxy.store.checkpoints import BACKSTOP_PAGES, EVERY_WRITES
-from proxy.store.disk import BATCH_MAX, INDEX_CHUNK, SETTLED_FLAGS, DiskStore, _open_cache
-from proxy.store.disk_rows import PER_STATEMENT, TABLE, Rows
+from proxy.store.disk import BATCH_MAX, INDEX_CHUNK, SETTLED_FLAGS, DiskStore, open_cache
+from proxy.store.disk.checkpoints import BACKSTOP_PAGES, EVERY_WRITES
+from proxy.store.disk.rows import PER_STATEMENT, TABLE, Rows
 from proxy.transfer import read_dump
 
 A = ConversationKey("a" * 24, "conv-a")
@@ -41,7 +41,7 @@ def write_old_layout(
 ) -> None:
     """A conversation as the store wrote it before batches: a row per message, the record holding
     the whole live index, first-forwarded marks and rewritten seqs, pending ones in one set."""
-    cache = _open_cache(str(path))
+    cache = open_cache(str(path))
     with cache.transact():
         order = cache.incr(OLD_CREATED, default=0)
         for scope, entry in ((key.tenant, key.id), (OLD_ALL, (key.tenant, key.id))):
@@ -330,11 +330,11 @@ async def test_pending_turns_a_crash_left_in_a_store_written_before_are_marked_f
     assert [m.seq for m in await store.messages(A, live_only=True)] == [1, 4, 5]
 
 
-# -- the rows table (disk_rows.py) -------------------------------------------------------------
+# -- the rows table (disk/rows.py) -------------------------------------------------------------
 
 
 def test_a_write_is_held_until_it_ends_and_nothing_of_one_that_raises_is_stored(tmp_path: Path):
-    table = Rows(_open_cache(str(tmp_path / "db")))
+    table = Rows(open_cache(str(tmp_path / "db")))
     table.set("kept", {"a": 1})
     with pytest.raises(RuntimeError), table.transact():
         table.set("kept", "changed")
@@ -361,7 +361,7 @@ async def test_a_store_whose_rows_diskcache_kept_moves_them_into_the_table_and_r
     seqs = await turn(store, A, ["q1", "q2"])
     before = [(m.seq, m.message, m.status) for m in await store.messages(A, live_only=False)]
     await store.close()
-    cache = _open_cache(str(tmp_path / "store"))  # the same rows, as diskcache held them, and no table
+    cache = open_cache(str(tmp_path / "store"))  # the same rows, as diskcache held them, and no table
     con = cache._con
     for key, value, raw in con.execute(f"SELECT key, value, raw FROM {TABLE}").fetchall():
         cache.set(key, bytes(value) if raw else pickle.loads(value))
@@ -369,7 +369,7 @@ async def test_a_store_whose_rows_diskcache_kept_moves_them_into_the_table_and_r
     cache.close()
     store = await reopen()
     assert [(m.seq, m.message, m.status) for m in await store.messages(A, live_only=False)] == before
-    assert len(_open_cache(str(tmp_path / "store"))) == 0  # diskcache's table emptied
+    assert len(open_cache(str(tmp_path / "store"))) == 0  # diskcache's table emptied
     await turn(store, A, ["q3"])
     store = await reopen()
     assert [m.seq for m in await store.messages(A, live_only=True)] == [*seqs, 3, 4, 5]

@@ -16,11 +16,10 @@ from proxy.identity import ConversationKey, tenant_of
 from proxy.messages import message_hash
 from proxy.refs import RefSigner
 from proxy.state import ENGINE, TRAJECTORIES
-from proxy.store import FAILED, INTERNAL, LIVE, PENDING, SUPERSEDED, Summary
+from proxy.store import FAILED, INTERNAL, LIVE, PENDING, SUPERSEDED, Summary, TurnRecord
 from proxy.store.disk import DiskStore
 from proxy.trajectory import build_trajectory
 from proxy.trajectory_files import TrajectoryWriter
-from proxy.store import TurnRecord
 from tests.conftest import ALICE, openai_client
 from tests.fake_upstream import Reply, default_responder
 from tests.responders import is_summary_request

@@ -83,7 +83,6 @@ from redis.retry import Retry
 from ..identity import ConversationKey
 from ..messages import Message
 from . import redis_records
-from .search import DEFAULT_HITS, HistoryIndexes, SearchHit
 from .base import (
     FAILED,
     INBOX_DELIVERED,
@@ -104,13 +103,14 @@ from .base import (
     StoreReadOnly,
     StoreUnavailable,
     Summary,
-    TurnRecord,
-    check_statuses,
     TurnFacts,
+    TurnRecord,
     WriteHealth,
+    check_statuses,
     failed_health,
     now,
 )
+from .search import DEFAULT_HITS, HistoryIndexes, SearchHit
 
 log = logging.getLogger("proxy.store.redis")
 
