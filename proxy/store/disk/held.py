@@ -3,13 +3,10 @@
 
 from __future__ import annotations
 
-import logging
 from collections import OrderedDict
 from typing import Generic, TypeVar
 
 from ...identity import ConversationKey
-
-log = logging.getLogger("proxy.store.disk")
 
 V = TypeVar("V")
 

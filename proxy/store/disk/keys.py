@@ -4,12 +4,9 @@ between), numbers zero-padded so that a kind's rows sort in order.
 
 from __future__ import annotations
 
-import logging
 import zlib
 
 from ...identity import ConversationKey
-
-log = logging.getLogger("proxy.store.disk")
 
 SEP = "\0"
 TENANTS = "tenants"

@@ -3,14 +3,11 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 
 from ...identity import ConversationKey
 from .keys import LEGACY_PENDING, PENDING_BUCKETS, pending_bucket, pending_row
 from .rows import Rows
-
-log = logging.getLogger("proxy.store.disk")
 
 SETTLED_FLAGS = 256  # flags of conversations seen without pending, cleared this many at a time
 

@@ -5,7 +5,6 @@ batches of messages, in the form the rows keep them (see store.py's layout).
 from __future__ import annotations
 
 import bisect
-import logging
 import pickle
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -17,8 +16,6 @@ from ..base import (
     PENDING,
     Conversation,
 )
-
-log = logging.getLogger("proxy.store.disk")
 
 INDEX_CHUNK = 128  # seqs per index chunk: a save pickles the newest chunk's entries, not the index
 BATCH_MAX = 256  # messages per batch row: a bigger write (an import) is split
