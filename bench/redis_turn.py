@@ -42,7 +42,7 @@ import redis as sync_redis
 
 from proxy.identity import ConversationKey
 from proxy.messages import message_hash
-from proxy.store import LIVE, PENDING
+from proxy.store import LIVE, PENDING, TurnRecord
 from proxy.store.redis import RedisStore
 
 from .procs import LOOPBACK, free_port
@@ -110,16 +110,16 @@ def tool_result(i: int) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": "call_reply", "content": pool[i % len(pool)]}
 
 
-def record(live: list[int], new: list[int], turn: int) -> dict[str, Any]:
+def record(live: list[int], new: list[int], turn: int) -> TurnRecord:
     """A turn record shaped as TurnReport.record makes it (sent_seqs: the whole live transcript)."""
-    return {
+    return TurnRecord(**{
         "created_at": time.time(), "format": "chat", "model": "bench-model", "sent_seqs": live,
-        "tokens_sent": 40_000, "tokens_sent_total": 40_000 * turn, "messages_left_out": 0, "truncated": [],
-        "masked": [], "summary_id": None, "repairs": [], "llm_calls": 1, "llm_call_limit": None,
+        "tokens_sent": 40_000, "tokens_sent_total": 40_000 * turn, "messages_left_out": 0, "truncated": 0,
+        "masked": 0, "summary_id": None, "repairs": 0, "llm_calls": 1, "llm_call_limit": None,
         "read_rounds": 0, "response_id": f"chatcmpl-{uuid.uuid4().hex}", "inbox": [], "knowledge": None,
         "status": LIVE, "new_seqs": new, "client": "bench/1.0",
         "usage": {"prompt_tokens": 40_000, "completion_tokens": 30}, "error": None,
-    }
+    })
 
 
 @dataclass

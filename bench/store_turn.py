@@ -104,6 +104,11 @@ def _worker(scenario: str, n: int, count: int, *, api: bool, profile: bool) -> d
     from proxy.store import LIVE, PENDING
     from proxy.store.disk import DiskStore
 
+    try:
+        from proxy.store import TurnRecord
+    except ImportError:  # a tree from before it
+        TurnRecord = None
+
     with tempfile.TemporaryDirectory() as folder:
         store = DiskStore(Path(folder) / "store")
         loop = asyncio.new_event_loop()
@@ -115,7 +120,9 @@ def _worker(scenario: str, n: int, count: int, *, api: bool, profile: bool) -> d
 
         def turn(key: ConversationKey, items: list[tuple[dict, str]], reply: tuple[dict, str], calls: int) -> None:
             seqs = call("append", key, [i for i, _ in items], [h for _, h in items], PENDING)
-            record = {"created_at": time.time(), "model": "m", "sent_seqs": list(range(1, seqs[-1] + 1)), "tokens_sent": 9000}
+            record: Any = {"created_at": time.time(), "model": "m", "sent_seqs": list(range(1, seqs[-1] + 1)), "tokens_sent": 9000}
+            if api and TurnRecord is not None:  # the public method takes it typed (trees before: a dict)
+                record = TurnRecord(**record)
             call("finish_turn", key, dict.fromkeys(seqs, LIVE), [reply], LIVE, record,
                  llm_calls=1, forwarded=dict.fromkeys(seqs, calls))
 

@@ -28,7 +28,7 @@ from typing import Any
 from proxy.identity import ConversationKey
 from proxy.messages import message_hash
 from proxy.refs import RefSigner
-from proxy.store import LIVE, PENDING, Store
+from proxy.store import LIVE, PENDING, Store, TurnRecord
 from proxy.store.disk import DiskStore
 from proxy.trajectory import build_trajectory, encode
 from proxy.trajectory_files import TrajectoryWriter, _write_file
@@ -47,7 +47,7 @@ async def one_turn(store: Store, n: int, chars: int) -> None:
             {"id": f"call_{n + 1}", "type": "function", "function": {"name": "sh", "arguments": '{"cmd": "make test"}'}}
         ]}
     [seq] = await store.append(KEY, [sent], [message_hash(sent)], PENDING)
-    record = {"created_at": time.time(), "model": "m", "sent_seqs": list(range(max(1, seq - 60), seq + 1)), "tokens_sent": 9000}
+    record = TurnRecord(created_at=time.time(), model="m", sent_seqs=list(range(max(1, seq - 60), seq + 1)), tokens_sent=9000)
     await store.finish_turn(KEY, {seq: LIVE}, [(reply, message_hash(reply))], LIVE, record)
 
 

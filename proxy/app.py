@@ -47,7 +47,7 @@ from .state import (
     TRAJECTORIES,
     UPSTREAM,
 )
-from .store import Store, StoreError, open_store
+from .store import StoreError, StoreLifecycle, open_store
 from .summarizer import Summarizer
 from .telemetry import check_telemetry, open_telemetry
 from .tokens import TokenCounter
@@ -157,7 +157,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         await app[STORE].close()
 
 
-async def _fail_interrupted_turns(store: Store, after_s: float = 0) -> None:
+async def _fail_interrupted_turns(store: StoreLifecycle, after_s: float = 0) -> None:
     """Mark failed the pending messages of turns a crash cut short (they never finished)."""
     if after_s:
         await asyncio.sleep(after_s)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from string import Template
 
 from .markers import KNOWLEDGE_APPEND_TOOL, KNOWLEDGE_REPLACE_TOOL, knowledge_goes_on, neutralised
-from .store import KnowledgeVersion, Store
+from .store import KnowledgeStore, KnowledgeVersion
 from .summarizer import prompt
 
 MAX_DOCUMENT_CHARS = 200_000  # a stored version, however written (the prompt holds max_tokens of it)
@@ -143,7 +143,7 @@ def fit(text: str, room: int, measure: Callable[[str], int], start: int = 0) -> 
     return start
 
 
-async def current(store: Store, tenant: str, namespace: str, *, write: bool = True) -> KnowledgeVersion:
+async def current(store: KnowledgeStore, tenant: str, namespace: str, *, write: bool = True) -> KnowledgeVersion:
     """The newest version, seeding the document from the template when it has none yet; without
     `write` (a count of a prompt writes nothing) an unseeded document is the seed as it would be."""
     for _ in range(CAS_TRIES):
@@ -159,7 +159,7 @@ async def current(store: Store, tenant: str, namespace: str, *, write: bool = Tr
 
 
 async def edit(
-    store: Store, tenant: str, namespace: str, change: Callable[[str], str], source: str
+    store: KnowledgeStore, tenant: str, namespace: str, change: Callable[[str], str], source: str
 ) -> tuple[KnowledgeVersion, KnowledgeVersion]:
     """Apply `change` to the newest version and write the result as the next one, retried on a
     version written meanwhile (compare-and-set: two agents' edits never overwrite each other).

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from .history import TurnPlan
 from .identity import ConversationKey
 from .request_limits import off_loop
-from .store import FAILED, INCOMPLETE, INTERNAL, LIVE, LIVE_ORDER_MARK, PENDING, SUPERSEDED, Store
+from .store import FAILED, INCOMPLETE, INTERNAL, LIVE, LIVE_ORDER_MARK, PENDING, SUPERSEDED, TurnStore
 from .transcript import Codec, Raw
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def adoptable(flying: list[TurnWriter], plan: TurnPlan) -> list[int]:
 
 class TurnWriter:
     def __init__(
-        self, store: Store, key: ConversationKey, plan: TurnPlan, codec: Codec, *, order: int = 0,
+        self, store: TurnStore, key: ConversationKey, plan: TurnPlan, codec: Codec, *, order: int = 0,
         adopted: list[int] | None = None,
     ) -> None:
         self.store, self.key, self.plan, self.codec = store, key, plan, codec

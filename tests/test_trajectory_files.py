@@ -16,7 +16,7 @@ from proxy.identity import ConversationKey, tenant_of
 from proxy.messages import message_hash
 from proxy.refs import RefSigner
 from proxy.state import ENGINE, TRAJECTORIES
-from proxy.store import FAILED, INTERNAL, LIVE, PENDING, SUPERSEDED, Summary
+from proxy.store import FAILED, INTERNAL, LIVE, PENDING, SUPERSEDED, Summary, TurnRecord
 from proxy.store.disk import DiskStore
 from proxy.trajectory import build_trajectory
 from proxy.trajectory_files import TrajectoryWriter
@@ -181,11 +181,11 @@ async def test_the_incremental_file_matches_a_whole_read_through_every_status_ch
         [seq] = await append(store, [user(f"q{n}") if n != 3 else {"role": "tool", "tool_call_id": "c", "content": "out"}], PENDING)
         await check()
         reply = {"role": "assistant", "content": f"a{n}"}
-        await store.finish_turn(KEY, {seq: LIVE}, [(reply, message_hash(reply))], LIVE, {"turn_of": n})
+        await store.finish_turn(KEY, {seq: LIVE}, [(reply, message_hash(reply))], LIVE, TurnRecord(tokens_sent=n))
         await check()
     await append(store, [{"role": "assistant", "content": None, "tool_calls": []}], INTERNAL)
     [failed] = await append(store, [user("refused")], PENDING)
-    await store.finish_turn(KEY, {failed: FAILED}, [], FAILED, {"failed": True})
+    await store.finish_turn(KEY, {failed: FAILED}, [], FAILED, TurnRecord(status="failed"))
     await check()
     await store.add_summary(KEY, Summary("first", 1, 6, "turns", "m", 3, 1))  # compacted marks; the task pinned
     await check()

@@ -21,7 +21,7 @@ from ..config import is_knowledge_namespace
 from ..errors import InvalidRequest, NotFound, ProxyError
 from ..knowledge import CAS_TRIES, MAX_DOCUMENT_CHARS, diff, template
 from ..state import STORE
-from ..store import KnowledgeVersion, Store
+from ..store import KnowledgeStore, KnowledgeVersion
 from .admin import ALL_TENANTS, _limit, _page, caller_scope
 from .writes import json_body
 
@@ -72,7 +72,7 @@ def _int_query(request: web.Request, name: str) -> int | None:
     return int(raw)
 
 
-async def _version(store: Store, tenant: str, namespace: str, number: int) -> KnowledgeVersion:
+async def _version(store: KnowledgeStore, tenant: str, namespace: str, number: int) -> KnowledgeVersion:
     found = await store.knowledge(tenant, namespace, number) if number > 0 else _template(tenant, namespace)
     if found is None:
         raise NotFound(f"The knowledge document has no version {number}")

@@ -14,7 +14,7 @@ import orjson
 from ..errors import ProxyError
 from ..identity import ConversationKey
 from ..metrics import Metrics
-from ..store import SYSTEM_PART, TOOLS_PART, RequestPart
+from ..store import SYSTEM_PART, TOOLS_PART, RequestPart, TurnRecord
 from ..usage import TokenUsage
 
 CHARS_PER_TOKEN = 4  # for the "tokens saved" estimate only: what a stage left out was never counted
@@ -115,35 +115,35 @@ class TurnReport:
             out["X-Quota-Warning"] = self.quota_warning
         return out
 
-    def record(self, status: str, new_seqs: list[int]) -> dict[str, Any]:
+    def record(self, status: str, new_seqs: list[int]) -> TurnRecord:
         """The stored turn record: what went upstream, for the trajectory and the replay page."""
-        return {
-            "created_at": self.created_at,
-            "format": self.dialect,
-            "model": self.model,
-            "sent_seqs": self.sent_seqs,
-            "tokens_sent": self.tokens_sent,
-            "tokens_sent_total": self.tokens_sent_total,
-            "messages_left_out": self.messages_left_out,
-            "truncated": self.shortened,
-            "masked": self.masked,
-            "summary_id": self.summary_id,
-            "repairs": self.repairs,
-            "llm_calls": self.llm_calls,
-            "llm_call_limit": self.llm_call_limit,
-            "read_rounds": self.read_rounds,
-            "response_id": self.response_id,
-            "inbox": self.inbox_delivered,
-            "knowledge": self.knowledge,
+        return TurnRecord(
+            status=status,
+            created_at=self.created_at,
+            format=self.dialect,
+            model=self.model,
+            client=self.client,
+            sent_seqs=self.sent_seqs,
+            new_seqs=new_seqs,
+            tokens_sent=self.tokens_sent,
+            tokens_sent_total=self.tokens_sent_total,
+            messages_left_out=self.messages_left_out,
+            truncated=self.shortened,
+            masked=self.masked,
+            summary_id=self.summary_id,
+            repairs=self.repairs,
+            llm_calls=self.llm_calls,
+            llm_call_limit=self.llm_call_limit,
+            read_rounds=self.read_rounds,
+            response_id=self.response_id,
+            inbox=self.inbox_delivered,
+            knowledge=self.knowledge,
             **self.part_hashes(),
-            "status": status,
-            "new_seqs": new_seqs,
-            "client": self.client,
-            "usage": self.usage_total.to_record() if self.usage is not None else None,
-            "error": self.error,
-            **({"title": self.title} if self.title else {}),
-            **({"task": self.task} if self.task else {}),
-        }
+            usage=self.usage_total.to_record() if self.usage is not None else None,
+            error=self.error,
+            title=self.title,
+            task=self.task,
+        )
 
     def part_hashes(self) -> dict[str, str | None]:
         """`system_hash` and `tools_hash`: what the turn sent, by hash (None: it sent none)."""

@@ -469,6 +469,54 @@ class ConversationDump:
         return problems
 
 
+def check_statuses(*statuses: str) -> None:
+    """Every status a write names is one the store knows (a ValueError otherwise: the caller's bug)."""
+    unknown = set(statuses) - STATUSES
+    if unknown:
+        raise ValueError(f"unknown status {sorted(unknown)}")
+
+
+@dataclass
+class TurnRecord:
+    """A finished turn as the engine hands it to the store: what went upstream and how it ended,
+    for the trajectory, the replay page and the conversation list. `row()` is how every backend
+    keeps it (and how exports carry it); the store adds `turn` and `reply_seq`."""
+
+    status: str = LIVE
+    created_at: float | None = None
+    format: str | None = None  # the dialect's name
+    model: str | None = None
+    client: str | None = None  # from the User-Agent
+    sent_seqs: list[int] = field(default_factory=list)
+    new_seqs: list[int] = field(default_factory=list)
+    tokens_sent: int | None = None
+    tokens_sent_total: int = 0
+    messages_left_out: int = 0
+    truncated: int = 0
+    masked: int = 0
+    summary_id: int | None = None
+    repairs: int = 0
+    llm_calls: int | None = None
+    llm_call_limit: int | None = None
+    read_rounds: int = 0
+    response_id: str | None = None  # where a later request may name the reply by it (Responses)
+    inbox: list[int] = field(default_factory=list)  # inbox message ids the prompt delivered
+    knowledge: dict[str, Any] | None = None
+    system_hash: str | None = None  # the request parts it sent, by hash
+    tools_hash: str | None = None
+    usage: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None  # {"status", "message", "source"} of a failed turn
+    title: str | None = None  # X-Conversation-Title, kept only when given
+    task: str | None = None  # the task's first words, on a conversation's first turns only
+
+    def row(self) -> dict[str, Any]:
+        row = asdict(self)
+        for optional in ("title", "task"):
+            if not row[optional]:
+                del row[optional]
+        return row
+
+
 @dataclass(frozen=True, slots=True)
 class TurnFacts:
     """What a finished turn's record tells about its conversation: finish_turn keeps it there."""
@@ -491,8 +539,9 @@ class TurnFacts:
         return None if self.error is None else {"turn": turn, "created_at": created_at, **self.error}
 
 
-class Store(Protocol):
-    """What the proxy needs from storage. Backends must pass tests/store/test_contract.py."""
+class TurnStore(Protocol):
+    """What a turn writes and reads on its path (the engine, turns.py): one conversation's log,
+    its marks and its quota count."""
 
     def lock(self, key: ConversationKey) -> AbstractAsyncContextManager[None]:
         """Serialize the writes of one conversation's turns: a turn holds it while it plans and
@@ -512,7 +561,7 @@ class Store(Protocol):
         changes: Mapping[int, str],
         reply: Sequence[tuple[Message, str]],
         reply_status: str,
-        record: Mapping[str, Any] | None,
+        record: TurnRecord | None,
         *,
         llm_calls: int = 0,
         forwarded: Mapping[int, int] | None = None,
@@ -533,38 +582,6 @@ class Store(Protocol):
         """The conversation id and the seq of the last item of the reply a turn record named by
         `response_id` (kept by finish_turn when the record has one); None if unknown."""
 
-    async def turn_records(self, key: ConversationKey, *, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
-        """The records of finished turns, oldest first (each has `turn`, 1, 2, ...), after turn `after`."""
-
-    async def messages(
-        self, key: ConversationKey, *, live_only: bool, after: int | None = None, limit: int | None = None
-    ) -> list[StoredMessage]:
-        """Messages in sequence order, optionally only those after seq `after`, at most `limit`."""
-
-    async def list_conversations(
-        self, tenant: str | None, *, after: str | None = None, limit: int = 20, failed: bool = False
-    ) -> tuple[list[Conversation], bool]:
-        """Newest first; `tenant=None` lists every tenant (admin); `failed` only those with a failed
-        turn. Returns (page, has_more)."""
-
-    async def find(self, conversation_id: str) -> list[Conversation]:
-        """Every tenant's conversation with this id (admin look-ups)."""
-
-    async def delete(self, key: ConversationKey) -> bool: ...
-
-    async def set_title(self, key: ConversationKey, title: str | None) -> Conversation | None:
-        """Give the conversation a title of its own (None: none, the task's words again); returns
-        it, or None (and creates nothing) if there is no such conversation."""
-
-    async def message(self, key: ConversationKey, seq: int) -> StoredMessage | None: ...
-
-    async def search(self, key: ConversationKey, query: str, *, limit: int = 5) -> list[SearchHit]:
-        """The passages of the conversation's live messages (those a compaction covers included;
-        never superseded, failed or internal ones, never another conversation's) that best match
-        `query` (BM25 over passages of a few lines, identifiers matched whole), best first, at most
-        `limit` (1..20), one per message. Both backends answer from an index derived from their own
-        log (see search.py)."""
-
     async def count_llm_call(self, key: ConversationKey, limit: int | None = None) -> int | None:
         """Count one upstream call; returns the conversation's total so far, this one included.
         With `limit`, in the same atomic step, only while fewer than `limit` are counted: None
@@ -581,6 +598,40 @@ class Store(Protocol):
 
     async def rewrites(self, key: ConversationKey, seqs: list[int]) -> dict[int, str]: ...
 
+    async def add_request_parts(self, key: ConversationKey, parts: Sequence[RequestPart]) -> list[str]:
+        """Keep each part not kept yet (by hash), in one atomic step, stamped now; returns the
+        hashes newly kept (none: nothing was written). A conversation not stored gets nothing."""
+
+
+class HistoryStore(Protocol):
+    """A conversation's past as the agent's recall tools, the trajectory and exports read it."""
+
+    async def messages(
+        self, key: ConversationKey, *, live_only: bool, after: int | None = None, limit: int | None = None
+    ) -> list[StoredMessage]:
+        """Messages in sequence order, optionally only those after seq `after`, at most `limit`."""
+
+    async def message(self, key: ConversationKey, seq: int) -> StoredMessage | None: ...
+
+    async def search(self, key: ConversationKey, query: str, *, limit: int = 5) -> list[SearchHit]:
+        """The passages of the conversation's live messages (those a compaction covers included;
+        never superseded, failed or internal ones, never another conversation's) that best match
+        `query` (BM25 over passages of a few lines, identifiers matched whole), best first, at most
+        `limit` (1..20), one per message. Both backends answer from an index derived from their own
+        log (see search.py)."""
+
+    async def turn_records(self, key: ConversationKey, *, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+        """The records of finished turns, oldest first (each has `turn`, 1, 2, ...), after turn `after`."""
+
+    async def request_parts(self, key: ConversationKey, *, after: int = 0) -> list[RequestPart]:
+        """The parts the conversation kept, in the order first kept, after the first `after` of them."""
+
+    # -- inbox ---------------------------------------------------------------------------------
+
+
+class SummaryStore(Protocol):
+    """The summaries compaction keeps."""
+
     async def add_summary(self, key: ConversationKey, summary: Summary) -> Summary:
         """Keep a new summary (every one is kept, for audit) and make it current: the boundary moves to
         `summary.last_seq`. Returns it with its id. A summary whose window ends at or before the
@@ -591,6 +642,25 @@ class Store(Protocol):
 
     async def summary(self, key: ConversationKey, summary_id: int) -> Summary | None: ...
 
+
+class AdminStore(Protocol):
+    """What people do to conversations through the admin API and the CLI."""
+
+    async def list_conversations(
+        self, tenant: str | None, *, after: str | None = None, limit: int = 20, failed: bool = False
+    ) -> tuple[list[Conversation], bool]:
+        """Newest first; `tenant=None` lists every tenant (admin); `failed` only those with a failed
+        turn. Returns (page, has_more)."""
+
+    async def find(self, conversation_id: str) -> list[Conversation]:
+        """Every tenant's conversation with this id (admin look-ups)."""
+
+    async def delete(self, key: ConversationKey) -> bool: ...
+
+    async def set_title(self, key: ConversationKey, title: str | None) -> Conversation | None:
+        """Give the conversation a title of its own (None: none, the task's words again); returns
+        it, or None (and creates nothing) if there is no such conversation."""
+
     async def import_conversation(self, dump: ConversationDump, *, replace: bool = False) -> None:
         """Write a whole conversation read from another store, under its own key, in one atomic
         step (it lists as the newest; its response ids name it). Raises ValueError for a dump that
@@ -598,14 +668,9 @@ class Store(Protocol):
         was there is deleted."""
     # -- request parts (system prompts, tools lists) ---------------------------------------------
 
-    async def add_request_parts(self, key: ConversationKey, parts: Sequence[RequestPart]) -> list[str]:
-        """Keep each part not kept yet (by hash), in one atomic step, stamped now; returns the
-        hashes newly kept (none: nothing was written). A conversation not stored gets nothing."""
 
-    async def request_parts(self, key: ConversationKey, *, after: int = 0) -> list[RequestPart]:
-        """The parts the conversation kept, in the order first kept, after the first `after` of them."""
-
-    # -- inbox ---------------------------------------------------------------------------------
+class InboxStore(Protocol):
+    """Messages posted to a running conversation, delivered with a later turn."""
 
     async def post_inbox(
         self, key: ConversationKey, content: str, note: str, max_pending: int
@@ -630,6 +695,10 @@ class Store(Protocol):
 
     # -- long-term knowledge ---------------------------------------------------------------------
 
+
+class KnowledgeStore(Protocol):
+    """Versioned knowledge documents per tenant and namespace."""
+
     async def knowledge(self, tenant: str, namespace: str, version: int | None = None) -> KnowledgeVersion | None:
         """A version of the document (None = the newest); None if there is none."""
 
@@ -650,12 +719,20 @@ class Store(Protocol):
     async def knowledge_documents(self, tenant: str | None) -> list[KnowledgeVersion]:
         """The newest version of each document of `tenant` (None: every tenant's), by namespace."""
 
+
+class LeaseStore(Protocol):
+    """Named leases with expiry: one replica at a time does a job (compaction)."""
+
     async def acquire_lease(self, name: str, ttl_s: float) -> str | None:
         """Take the named lease if free (or expired): a token to release it with, else None. Used so
         that one compaction at a time runs per conversation (across replicas, for shared backends)."""
 
     async def release_lease(self, name: str, token: str) -> None:
         """Release the lease if `token` still holds it."""
+
+
+class StoreLifecycle(Protocol):
+    """The store as a whole: its ref secret, crash recovery, health, shutdown."""
 
     async def secret(self) -> bytes:
         """A random per-store secret (made on first use): keys the HMAC that makes refs unguessable."""
@@ -672,3 +749,8 @@ class Store(Protocol):
         StoreUnavailable (StoreError, OpenAI-shaped 507/503) rather than their backend's error."""
 
     async def close(self) -> None: ...
+
+
+class Store(TurnStore, HistoryStore, SummaryStore, AdminStore, InboxStore, KnowledgeStore, LeaseStore, StoreLifecycle, Protocol):
+    """What the proxy needs from storage: every role above. Each backend implements it whole and
+    passes tests/store/test_contract.py; a caller that needs one role names that role."""

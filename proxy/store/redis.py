@@ -83,14 +83,12 @@ from redis.retry import Retry
 from ..identity import ConversationKey
 from ..messages import Message
 from . import redis_records
-from .search import DEFAULT_HITS, HistoryIndexes, SearchHit
 from .base import (
     FAILED,
     INBOX_DELIVERED,
     INBOX_DELIVERING,
     LIVE,
     PENDING,
-    STATUSES,
     Conversation,
     ConversationDump,
     ConversationExists,
@@ -106,10 +104,13 @@ from .base import (
     StoreUnavailable,
     Summary,
     TurnFacts,
+    TurnRecord,
     WriteHealth,
+    check_statuses,
     failed_health,
     now,
 )
+from .search import DEFAULT_HITS, HistoryIndexes, SearchHit
 
 log = logging.getLogger("proxy.store.redis")
 
@@ -1018,8 +1019,7 @@ class RedisStore:
 
     @_guarded
     async def append(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
-        if status not in STATUSES:
-            raise ValueError(f"unknown status {status!r}")
+        check_statuses(status)
         stamp = now()
         pairs = [x for msg, h in zip(messages, hashes, strict=True) for x in (_turn_dumps({"t": stamp, "m": msg}), h)]
         first = await self._append(keys=self._keys(key), args=self._args(key, status, *pairs, stamp=stamp))
@@ -1027,8 +1027,7 @@ class RedisStore:
 
     @_guarded
     async def set_statuses(self, key: ConversationKey, changes: Mapping[int, str]) -> None:
-        if not set(changes.values()) <= STATUSES:
-            raise ValueError(f"unknown status in {set(changes.values())}")
+        check_statuses(*changes.values())
         if not changes:
             return
         pairs = [x for seq, status in changes.items() for x in (seq, status)]
@@ -1042,14 +1041,14 @@ class RedisStore:
         changes: Mapping[int, str],
         reply: Sequence[tuple[Message, str]],
         reply_status: str,
-        record: Mapping[str, Any] | None,
+        turn: TurnRecord | None,
         *,
         llm_calls: int = 0,
         forwarded: Mapping[int, int] | None = None,
         marks: Mapping[str, int] | None = None,
     ) -> int | None:
-        if not set(changes.values()) <= STATUSES or (reply and reply_status not in STATUSES):
-            raise ValueError("unknown status")
+        check_statuses(*changes.values(), *([reply_status] if reply else []))
+        record = turn.row() if turn is not None else None
         stamp = now()
         items = [x for message, h in reply for x in (_turn_dumps({"t": stamp, "m": message}), h)]
         pairs = [x for seq, st in changes.items() for x in (seq, st)]

@@ -187,7 +187,7 @@ def test_store_files_are_private(make_proxy, tmp_path):
             {"role": "user", "content": "cat it"},
             {"role": "assistant", "content": None, "tool_calls": [
                 {"id": "call_1", "type": "function", "function": {"name": "cat", "arguments": "{}"}}]},
-            {"role": "tool", "tool_call_id": "call_1", "content": "x" * 5_000_000},  # over 4 MB: a file of its own
+            {"role": "tool", "tool_call_id": "call_1", "content": "x" * 5_000_000},
         ],
     }
     assert http.post("/v1/chat/completions", json=body, headers=AUTH).status_code == 200
@@ -198,7 +198,7 @@ def test_store_files_are_private(make_proxy, tmp_path):
         for name in files:
             modes[os.path.join(folder, name)] = stat.S_IMODE(os.stat(os.path.join(folder, name)).st_mode)
     assert stat.S_IMODE(os.stat(data).st_mode) == 0o700
-    assert any(path.endswith(".val") for path in modes), "no value file was written"
+    assert any(path.endswith("cache.db") for path in modes), "no database was written"
     wrong = {path: oct(mode) for path, mode in modes.items() if mode not in (0o600, 0o700)}
     assert wrong == {}
 

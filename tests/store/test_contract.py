@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import dataclasses
+import json
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -34,6 +34,7 @@ from proxy.store import (
     RequestPart,
     Store,
     Summary,
+    TurnRecord,
     open_store,
     part_hash,
 )
@@ -248,10 +249,10 @@ async def test_concurrent_appends_to_one_conversation_never_share_a_seq(store):
 async def test_finish_turn_is_one_step_and_keeps_the_turn_record(store):
     pending = await add(store, A, ["question"], PENDING)
     reply = {"role": "assistant", "content": "answer"}
-    seq = await store.finish_turn(A, {pending[0]: LIVE}, [(reply, message_hash(reply))], LIVE, {"tokens_sent": 12})
+    seq = await store.finish_turn(A, {pending[0]: LIVE}, [(reply, message_hash(reply))], LIVE, TurnRecord(tokens_sent=12))
     assert seq == 2
     assert [m.message["content"] for m in await store.messages(A, live_only=True)] == ["question", "answer"]
-    await store.finish_turn(A, {}, [], LIVE, {"tokens_sent": 30})
+    await store.finish_turn(A, {}, [], LIVE, TurnRecord(tokens_sent=30))
     records = await store.turn_records(A)
     assert [(r["turn"], r["tokens_sent"], r["reply_seq"]) for r in records] == [(1, 12, 2), (2, 30, None)]
     assert [r["turn"] for r in await store.turn_records(A, after=1)] == [2]
@@ -263,7 +264,7 @@ async def test_finish_turn_also_counts_the_turns_calls_and_keeps_its_first_forwa
     pending = await add(store, A, ["question", "tool output"], PENDING)
     assert await store.count_llm_call(A) == 1  # an earlier call, counted on its own
     reply = {"role": "assistant", "content": "answer"}
-    await store.finish_turn(A, {s: LIVE for s in pending}, [(reply, message_hash(reply))], LIVE, {"tokens_sent": 5},
+    await store.finish_turn(A, {s: LIVE for s in pending}, [(reply, message_hash(reply))], LIVE, TurnRecord(tokens_sent=5),
                             llm_calls=3, forwarded={pending[1]: 2})
     conversation = await store.get(A)
     assert conversation is not None and conversation.llm_calls == 4 and conversation.first_forwarded == {pending[1]: 2}
@@ -284,7 +285,7 @@ async def test_finish_turn_also_counts_the_turns_calls_and_keeps_its_first_forwa
 async def test_a_reply_of_several_items_is_named_by_its_response_id_until_deleted(store):
     pending = await add(store, A, ["question"], PENDING)
     reply = [({"type": "reasoning", "id": "rs_1"}, "h1"), ({"type": "message", "role": "assistant"}, "h2")]
-    first = await store.finish_turn(A, {pending[0]: LIVE}, reply, LIVE, {"response_id": "resp_1"})
+    first = await store.finish_turn(A, {pending[0]: LIVE}, reply, LIVE, TurnRecord(response_id="resp_1"))
     assert first == 2 and [m.seq for m in await store.messages(A, live_only=True)] == [1, 2, 3]
     assert await store.response_owner(A.tenant, "resp_1") == (A.id, 3)  # the reply's last item
     assert await store.response_owner(B.tenant, "resp_1") is None  # another tenant knows nothing of it
@@ -309,7 +310,7 @@ async def test_a_turns_end_keeps_the_marks_its_stages_moved_in_the_same_step(sto
     pending = await add(store, A, ["question"], PENDING)
     reply = {"role": "assistant", "content": "answer"}
     await store.set_marks(A, {"mask_through": 1})
-    await store.finish_turn(A, {pending[0]: LIVE}, [(reply, message_hash(reply))], LIVE, {"tokens_sent": 5},
+    await store.finish_turn(A, {pending[0]: LIVE}, [(reply, message_hash(reply))], LIVE, TurnRecord(tokens_sent=5),
                             marks={"window_start": 2})
     assert (await store.get(A)).marks == {"mask_through": 1, "window_start": 2}
     refused = await add(store, A, ["again"], PENDING)
@@ -335,12 +336,12 @@ async def a_conversation_with_everything(store: Store, key: ConversationKey) -> 
     pending = await add(store, key, ["q1"], PENDING)
     reply = {"role": "assistant", "content": "a1", "tool_calls": [], "unknown_field": {"kept": [1, 2.5, None]}}
     reasoning = {"type": "reasoning", "id": "rs_1"}  # a reply of two items, named by a response id
-    record = {"sent_seqs": [1, 2, 3], "llm_calls": 1, "response_id": "resp_1", "model": "m", "client": "curl 8", "task": "task",
-              "system_hash": system.hash, "tools_hash": tools.hash}
+    record = TurnRecord(sent_seqs=[1, 2, 3], llm_calls=1, response_id="resp_1", model="m", client="curl 8", task="task",
+                        system_hash=system.hash, tools_hash=tools.hash)
     await store.finish_turn(key, {pending[0]: LIVE}, [(reasoning, "h"), (reply, message_hash(reply))], LIVE, record)
     refused = await add(store, key, ["q2"], PENDING)
     error = {"status": 500, "message": "upstream broke", "source": "upstream"}
-    await store.finish_turn(key, {refused[0]: FAILED}, [], FAILED, {"sent_seqs": [], "status": "failed", "error": error})
+    await store.finish_turn(key, {refused[0]: FAILED}, [], FAILED, TurnRecord(sent_seqs=[], status="failed", error=error))
     await store.set_title(key, "everything")
     await add(store, key, ["edited away"])
     await store.set_statuses(key, {7: SUPERSEDED})
@@ -382,7 +383,7 @@ async def test_import_writes_exactly_what_was_exported_and_the_conversation_goes
     # It continues where it was: seqs, summary ids, turn numbers and the call count go on.
     assert await add(store, C, ["next"]) == [10]
     assert (await store.add_summary(C, summary(1, 9, "third"))).id == 3
-    await store.finish_turn(C, {}, [], LIVE, {"sent_seqs": [10]})
+    await store.finish_turn(C, {}, [], LIVE, TurnRecord(sent_seqs=[10]))
     assert [r["turn"] for r in await store.turn_records(C)] == [1, 2, 3]
     assert await store.count_llm_call(C) == 3
     assert (await store.get(C)).boundary == 9
@@ -636,7 +637,7 @@ async def finish(store: Store, key: ConversationKey, text: str, record: dict) ->
     """One turn: a pending message, then ended live or failed as the record's status says."""
     pending = await add(store, key, [text], PENDING)
     status = record.get("status", LIVE)
-    await store.finish_turn(key, {pending[0]: status}, [], LIVE, {"status": status, "created_at": 1.5, **record})
+    await store.finish_turn(key, {pending[0]: status}, [], LIVE, TurnRecord(**{"status": status, "created_at": 1.5, **record}))
 
 
 async def test_turn_records_describe_their_conversation(store):

@@ -16,9 +16,10 @@ import pytest
 
 from proxy.identity import ConversationKey
 from proxy.messages import message_hash
-from proxy.store import FAILED, LIVE, PENDING, SUPERSEDED, Summary
-from proxy.store.checkpoints import BACKSTOP_PAGES, EVERY_WRITES
-from proxy.store.disk import BATCH_MAX, INDEX_CHUNK, SETTLED_FLAGS, DiskStore, _open_cache
+from proxy.store import FAILED, LIVE, PENDING, SUPERSEDED, Summary, TurnRecord
+from proxy.store.disk import BATCH_MAX, INDEX_CHUNK, SETTLED_FLAGS, DiskStore, open_cache
+from proxy.store.disk.checkpoints import BACKSTOP_PAGES, EVERY_WRITES
+from proxy.store.disk.rows import PER_STATEMENT, TABLE, Rows
 from proxy.transfer import read_dump
 
 A = ConversationKey("a" * 24, "conv-a")
@@ -40,7 +41,7 @@ def write_old_layout(
 ) -> None:
     """A conversation as the store wrote it before batches: a row per message, the record holding
     the whole live index, first-forwarded marks and rewritten seqs, pending ones in one set."""
-    cache = _open_cache(str(path))
+    cache = open_cache(str(path))
     with cache.transact():
         order = cache.incr(OLD_CREATED, default=0)
         for scope, entry in ((key.tenant, key.id), (OLD_ALL, (key.tenant, key.id))):
@@ -87,16 +88,16 @@ async def reopen(tmp_path: Path) -> AsyncIterator[Callable[[], Any]]:
 def rows(store: DiskStore, kind: str, key: ConversationKey | None = None) -> list[str]:
     """The keys of one kind of row (of one conversation's, if given)."""
     prefix = kind + "\0" + (f"{key.tenant}\0{key.id}\0" if key else "")
-    return [k for k in store._cache.iterkeys() if isinstance(k, str) and (k.startswith(prefix) or k == prefix.rstrip("\0"))]
+    return [k for k in store._rows.iterkeys() if isinstance(k, str) and (k.startswith(prefix) or k == prefix.rstrip("\0"))]
 
 
 def rows_of(store: DiskStore, key: ConversationKey) -> list[str]:
-    return [k for k in store._cache.iterkeys() if isinstance(k, str) and f"\0{key.tenant}\0{key.id}" in k]
+    return [k for k in store._rows.iterkeys() if isinstance(k, str) and f"\0{key.tenant}\0{key.id}" in k]
 
 
 def flagged(store: DiskStore) -> set[tuple[str, str]]:
     """The conversations the pending buckets (and a set written before them) name."""
-    return {m for k in rows(store, "pending") for m in store._cache.get(k)} | set(store._cache.get(OLD_PENDING, set()))
+    return {m for k in rows(store, "pending") for m in store._rows.get(k)} | set(store._rows.get(OLD_PENDING, set()))
 
 
 async def turn(store: DiskStore, key: ConversationKey, texts: list[str], reply: str = "ok") -> list[int]:
@@ -104,7 +105,7 @@ async def turn(store: DiskStore, key: ConversationKey, texts: list[str], reply: 
     seqs = await store.append(key, new, [message_hash(m) for m in new], PENDING)
     answer = msg(reply, "assistant")
     await store.finish_turn(key, dict.fromkeys(seqs, LIVE), [(answer, message_hash(answer))], LIVE,
-                            {"created_at": 1.0, "sent_seqs": seqs}, llm_calls=1, forwarded=dict.fromkeys(seqs, 1))
+                            TurnRecord(created_at=1.0, sent_seqs=seqs), llm_calls=1, forwarded=dict.fromkeys(seqs, 1))
     return seqs
 
 
@@ -130,7 +131,7 @@ async def test_the_record_holds_the_newest_index_chunk_and_older_ones_have_rows(
         await turn(store, A, [f"step {i}"])
     await store.set_statuses(A, {3: SUPERSEDED, 4: SUPERSEDED})  # an old chunk changes too
     before = await store.get(A)
-    row = store._cache.get(f"conv\0{A.tenant}\0{A.id}")
+    row = store._rows.get(f"conv\0{A.tenant}\0{A.id}")
     tail = row["tail"]
     assert tail == (before.next_seq - 1) // INDEX_CHUNK
     assert all(seq // INDEX_CHUNK == tail for seq, _ in row["index"]["live"])  # the tail alone, not the index
@@ -194,7 +195,7 @@ async def test_the_index_pages_held_in_memory_are_the_stored_ones_even_after_a_f
         await turn(store, key, ["hello"])
     with pytest.raises(ValueError):  # refused after the conversation was registered: the write rolls back
         await store.append(keys[3], [msg("a"), msg("b")], [message_hash(msg("a"))], PENDING)
-    assert all(store._cache.get(page_key) == page for page_key, page in store._pages.items())
+    assert all(store._rows.get(page_key) == page for page_key, page in store._pages.items())
     await turn(store, keys[4], ["hello"])
     await store.delete(keys[1])
     expected = [keys[4].id, keys[2].id, keys[0].id]  # newest first; the failed one and the deleted one not there
@@ -234,7 +235,7 @@ async def test_a_thread_of_its_own_copies_the_writes_into_the_database(reopen, t
     # (by itself, the WAL would hold it all and the database file stay as it was)...
     written = turns * 30_000
     assert written < BACKSTOP_PAGES * 4096 // 4
-    autocheckpoint = await store._run(lambda: store._cache._con.execute("PRAGMA wal_autocheckpoint").fetchone()[0])
+    autocheckpoint = await store._run(lambda: store._rows.connection.execute("PRAGMA wal_autocheckpoint").fetchone()[0])
     assert autocheckpoint == BACKSTOP_PAGES
     # ... while the checkpoint thread, asked every EVERY_WRITES writes, copied it all there.
     assert await asyncio.to_thread(store._checkpoints.wait, 3, 30)
@@ -309,7 +310,7 @@ async def test_a_conversation_written_before_batches_reads_and_goes_on(tmp_path:
     store = await reopen()  # mixed, read back: old rows below seq 7, a batch from it on
     assert await read_dump(store, A) == dump and dump.conversation.first_forwarded == {1: 1, 4: 2, 7: 3}
     assert [m.status for m in dump.messages] == [LIVE, LIVE, SUPERSEDED, LIVE, SUPERSEDED, FAILED, LIVE, LIVE]
-    assert store._cache.get(f"conv\0{A.tenant}\0{A.id}")["legacy"] == 7
+    assert store._rows.get(f"conv\0{A.tenant}\0{A.id}")["legacy"] == 7
     # It moves like any other, and goes away whole.
     await store.import_conversation(dataclasses.replace(dump, conversation=dataclasses.replace(dump.conversation, key=B)))
     moved = await read_dump(store, B)
@@ -323,7 +324,52 @@ async def test_pending_turns_a_crash_left_in_a_store_written_before_are_marked_f
     store = await reopen()
     assert await store.fail_pending() == 2
     assert [m.status for m in await store.messages(A, live_only=False)] == [LIVE, FAILED, FAILED]
-    assert store._cache.get(OLD_PENDING) is None  # the old set is drained as its conversations are seen
+    assert store._rows.get(OLD_PENDING) is None  # the old set is drained as its conversations are seen
     assert await store.fail_pending() == 0
     await turn(store, A, ["next"])  # and the conversation goes on after its failed turn
     assert [m.seq for m in await store.messages(A, live_only=True)] == [1, 4, 5]
+
+
+# -- the rows table (disk/rows.py) -------------------------------------------------------------
+
+
+def test_a_write_is_held_until_it_ends_and_nothing_of_one_that_raises_is_stored(tmp_path: Path):
+    table = Rows(open_cache(str(tmp_path / "db")))
+    table.set("kept", {"a": 1})
+    with pytest.raises(RuntimeError), table.transact():
+        table.set("kept", "changed")
+        table.set("new", b"raw bytes")
+        table.delete("kept")
+        assert table.get("kept", "gone") == "gone" and table.get("new") == b"raw bytes"  # the write sees itself
+        raise RuntimeError("the write fails")
+    assert table.get("kept") == {"a": 1} and table.get("new") is None
+    many = {f"row-{i:04d}": i for i in range(3 * PER_STATEMENT + 7)}  # more rows than one statement takes, and a delete
+    with table.transact():
+        for name, value in many.items():
+            table.set(name, value)
+        table.delete("kept")
+        with table.transact():  # nested: written by the outermost
+            table.set("inner", [1, 2])
+    assert list(table.iterkeys()) == sorted([*many, "inner"])
+    assert [table.get(name) for name in many] == list(many.values()) and table.incr("inner-counter") == 1
+    table.close()
+
+
+async def test_a_store_whose_rows_diskcache_kept_moves_them_into_the_table_and_reads_on(tmp_path: Path, reopen):
+    """Stores written before the rows table kept every row through diskcache's Cache.set."""
+    store = DiskStore(tmp_path / "store")
+    seqs = await turn(store, A, ["q1", "q2"])
+    before = [(m.seq, m.message, m.status) for m in await store.messages(A, live_only=False)]
+    await store.close()
+    cache = open_cache(str(tmp_path / "store"))  # the same rows, as diskcache held them, and no table
+    con = cache._con
+    for key, value, raw in con.execute(f"SELECT key, value, raw FROM {TABLE}").fetchall():
+        cache.set(key, bytes(value) if raw else pickle.loads(value))
+    con.execute(f"DROP TABLE {TABLE}")
+    cache.close()
+    store = await reopen()
+    assert [(m.seq, m.message, m.status) for m in await store.messages(A, live_only=False)] == before
+    assert len(open_cache(str(tmp_path / "store"))) == 0  # diskcache's table emptied
+    await turn(store, A, ["q3"])
+    store = await reopen()
+    assert [m.seq for m in await store.messages(A, live_only=True)] == [*seqs, 3, 4, 5]

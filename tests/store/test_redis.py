@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 
 from proxy.identity import ConversationKey
 from proxy.messages import message_hash
-from proxy.store import LIVE, PENDING, SUPERSEDED, Summary
+from proxy.store import LIVE, PENDING, SUPERSEDED, Summary, TurnRecord
 from proxy.store.redis import RedisStore, StoreUnavailable
 from tests.support.redis_server import RedisServer
 
@@ -178,7 +178,7 @@ async def test_a_failed_status_change_changes_nothing(replica: MakeReplica):
         await store.set_statuses(A, {1: SUPERSEDED, 2: LIVE, 99: LIVE})
     reply = {"role": "assistant", "content": "answer"}
     with pytest.raises(KeyError):
-        await store.finish_turn(A, {2: LIVE, 99: LIVE}, [(reply, message_hash(reply))], LIVE, {"tokens_sent": 1})
+        await store.finish_turn(A, {2: LIVE, 99: LIVE}, [(reply, message_hash(reply))], LIVE, TurnRecord(tokens_sent=1))
     assert [(m.seq, m.status) for m in await store.messages(A, live_only=False)] == [(1, LIVE), (2, PENDING)]
     assert await store.turn_records(A) == []
     with pytest.raises(KeyError):
@@ -187,9 +187,9 @@ async def test_a_failed_status_change_changes_nothing(replica: MakeReplica):
 
 async def test_turn_records_keep_their_json_as_sent(replica: MakeReplica):
     store = replica()
-    record = {"sent_seqs": [], "notes": {}, "summary_id": None, "text": "é \"quoted\" }"}
+    record = TurnRecord(sent_seqs=[], knowledge={}, summary_id=None, title="é \"quoted\" }")
     assert await store.finish_turn(A, {}, [], LIVE, record) is None
-    assert await store.turn_records(A) == [{**record, "turn": 1, "reply_seq": None}]
+    assert await store.turn_records(A) == [{**record.row(), "turn": 1, "reply_seq": None}]
 
 
 async def test_ids_that_look_like_key_suffixes_do_not_collide(replica: MakeReplica):
@@ -214,7 +214,7 @@ async def test_every_key_is_under_the_prefix_and_delete_leaves_no_conversation_d
     await store.set_rewrites(A, {1: "short"})
     await store.mark_forwarded(A, {1: 1})
     await store.add_summary(A, summary(1, 2))
-    await store.finish_turn(A, {2: SUPERSEDED}, [], LIVE, {"tokens_sent": 3})
+    await store.finish_turn(A, {2: SUPERSEDED}, [], LIVE, TurnRecord(tokens_sent=3))
     async with store.lock(A):
         pass
     raw = aioredis.Redis.from_url(redis_server.url, decode_responses=True)

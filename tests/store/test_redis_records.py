@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 
 from proxy.identity import ConversationKey
 from proxy.messages import message_hash
-from proxy.store import APPEND, BEFORE, FAILED, INTERNAL, LIVE, PENDING, SUPERSEDED, Conversation, Summary
+from proxy.store import APPEND, BEFORE, FAILED, INTERNAL, LIVE, PENDING, SUPERSEDED, Conversation, Summary, TurnRecord
 from proxy.store.redis import RedisStore
 from proxy.store.redis_records import Snapshot, Snapshots
 from proxy.transfer import read_dump
@@ -114,10 +114,8 @@ async def random_writes(replicas: Replicas, seed: int, steps: int) -> None:
         if outcome == LIVE and old and r.random() < 0.3:  # the client edited its history: a cut
             changes |= dict.fromkeys(old[r.randrange(len(old)) :], SUPERSEDED)
         reply = items(*texts(r.randint(0, 2)))
-        record = {"sent_seqs": old + new, "status": outcome, "response_id": f"resp-{uuid.uuid4().hex[:8]}",
-                  "model": r.choice(["m1", "m2"])}
-        if outcome == FAILED:
-            record["error"] = {"message": "refused"}
+        record = TurnRecord(sent_seqs=old + new, status=outcome, response_id=f"resp-{uuid.uuid4().hex[:8]}",
+                            model=r.choice(["m1", "m2"]), error={"message": "refused"} if outcome == FAILED else None)
         calls = r.randint(0, 2)
         # First forwarded now: the new items, and older ones a cut had kept out until now.
         marks = dict.fromkeys(new + r.sample(old, min(len(old), r.randint(0, 2))), r.randint(1, 9))
@@ -197,7 +195,7 @@ async def test_a_read_after_a_turn_keeps_what_did_not_change(replicas: Replicas)
     before = await replicas.check(one)
     new = await add(two, A, ["tool result"], PENDING)
     await two.finish_turn(A, {new[0]: LIVE}, [(items("reply")[0], message_hash(items("reply")[0]))], LIVE,
-                          {"sent_seqs": list(range(1, 52))}, llm_calls=1, forwarded={new[0]: 2})
+                          TurnRecord(sent_seqs=list(range(1, 52))), llm_calls=1, forwarded={new[0]: 2})
     after = await replicas.check(one)
     assert len(after.live) == 52 and after.first_forwarded[51] == 2
     # The other replica's turn came as a delta: the entries before it are the snapshot's own objects.

@@ -1,4 +1,4 @@
-"""The store's thread (proxy/store/worker.py): calls run in order, off the loop, their outcome
+"""The store's thread (proxy/store/disk/worker.py): calls run in order, off the loop, their outcome
 comes back to the caller, and a call cancelled before its turn never runs."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from proxy.store.worker import StoreThread
+from proxy.store.disk.worker import StoreThread
 
 
 async def test_calls_run_in_the_thread_in_the_order_asked_and_their_outcome_comes_back():

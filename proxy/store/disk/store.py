@@ -1,13 +1,14 @@
-"""The embedded store: diskcache (SQLite plus files) in one directory, for one proxy process.
+"""The embedded store: one SQLite database in one directory (diskcache's), for one proxy process.
 
-diskcache is synchronous, so every write runs on one dedicated thread: the event loop never
-waits on SQLite, and the single writer thread means no SQLite lock contention between our own
-operations. Each store call is one hop to that thread (worker.py) and one diskcache transaction;
-SQLite's checkpoints run on a thread of their own (checkpoints.py). Since this process is the
-store's only writer, it keeps the latest snapshot of recent conversation records in memory:
-`get()`, called on every turn, usually needs no hop at all.
+SQLite is synchronous, so every write runs on one dedicated thread: the event loop never waits
+on it, and the single writer thread means no lock contention between our own operations. Each
+store call is one hop to that thread (worker.py) and one write of the rows it changed (one
+statement, usually: see rows.py, a table of ours in diskcache's database, which writes a row
+for a fraction of what `Cache.set` costs); SQLite's checkpoints run on a thread of their own
+(checkpoints.py). Since this process is the store's only writer, it keeps the latest snapshot of
+recent conversation records in memory: `get()`, called on every turn, usually needs no hop at all.
 
-diskcache is a cache by default; here it is a database: no eviction, no culling, ever.
+Nothing is ever evicted or culled: this is a database, not a cache.
 
 Layout: one row per key; a conversation's rows are named by its tenant and id. A turn's two
 writes cost what the turn adds, whatever the conversation holds:
@@ -42,36 +43,30 @@ secret are private: the folder is 0700, every file 0600.
 from __future__ import annotations
 
 import asyncio
-import bisect
-import contextlib
-import errno
 import logging
 import os
-import pickle
 import secrets
 import sqlite3
 import time
 import weakref
-import zlib
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import diskcache
 
-from ..config import ConfigError
-from ..identity import ConversationKey
-from ..messages import Message
-from .base import (
+from ...config import ConfigError
+from ...identity import ConversationKey
+from ...messages import Message
+from ..base import (
     FAILED,
     INBOX_DELIVERED,
     INBOX_DELIVERING,
     LIVE,
     PENDING,
-    STATUSES,
     Conversation,
     ConversationDump,
     ConversationExists,
@@ -83,553 +78,72 @@ from .base import (
     StoreError,
     StoreFull,
     StoreHealth,
-    StoreReadOnly,
-    StoreUnavailable,
     Summary,
     TurnFacts,
+    TurnRecord,
     WriteHealth,
+    check_statuses,
     failed_health,
     now,
 )
+from ..search import DEFAULT_HITS, HistoryIndexes, SearchHit
 from .checkpoints import Checkpointer
-from .search import DEFAULT_HITS, HistoryIndexes, SearchHit
+from .faults import LOW_SPACE, MB, PRIVATE_DIR, RESERVE_FILE, Reserve, make_private, missing_row, store_error
+from .held import Held
+from .keys import (
+    ALL_TENANTS,
+    CREATED,
+    FAILED_SCOPE,
+    INDEX_PAGE,
+    KNOWLEDGE_TENANTS,
+    PROBE,
+    SECRET,
+    TENANTS,
+    batch_key,
+    chunk_key,
+    conv_key,
+    inbox_key,
+    index_page,
+    knowledge_index,
+    knowledge_key,
+    msg_key,
+    part_key,
+    request_part_key,
+    request_parts_key,
+    response_key,
+    rewrite_key,
+    summary_key,
+    turn_key,
+)
+from .pending import PendingFlags
+from .records import BATCH_MAX, INDEX_CHUNK, Batch, Record, snapshot_of
+from .rows import Rows
 from .worker import StoreThread
 
 log = logging.getLogger("proxy.store.disk")
 
+log = logging.getLogger("proxy.store.disk")
+
 T = TypeVar("T")
-V = TypeVar("V")
-SEP = "\0"
-TENANTS = "tenants"
-SECRET = "ref-secret"
-CREATED = "created-counter"
-ALL_TENANTS = "\x01all"  # the index of every conversation (tenant names are hex: never this)
-LEGACY_PENDING = "pending"  # before the buckets, one set of the conversations with pending messages
-PENDING_BUCKETS = 64  # rows the pending flags are spread over: flagging one rewrites a small set
-SETTLED_FLAGS = 256  # flags of conversations seen without pending, cleared this many at a time
-PROBE = "health-probe"  # written by health() to see whether a failed store writes again
-FAILED_SCOPE = "\x02failed:"  # + a scope: the index of that scope's conversations with a failed turn
-INDEX_PAGE = 1000  # conversations per index page: registering one rewrites one page, not an index
 MAX_SNAPSHOTS = 1024  # conversation records kept in memory (the active ones)
 MAX_RECORDS = 256  # of those, the stored form kept for the next write (with their whole index)
 # Index pages kept as last written (the store thread's): registering a conversation rewrote the
 # newest page of its tenant's index and of the all-tenants one after reading them back, and a
 # full page (1,000 conversations) took ~0.2 ms to unpickle; the newest ones are all a turn needs.
 MAX_PAGES = 8
-# ... and the per-seq entries (live, first-forwarded, rewritten, batch starts) each kind holds in
-# all: ~85 bytes apiece as measured (bench/memory_breakdown.py), so a few MB however long the
-# conversations get (1,024 snapshots of 2,000 messages would be ~170 MB).
-MAX_HELD_ENTRIES = 64_000
-INDEX_CHUNK = 128  # seqs per index chunk: a save pickles the newest chunk's entries, not the index
-BATCH_MAX = 256  # messages per batch row: a bigger write (an import) is split
-INLINE_PART = 8192  # bytes of a write's pickled messages kept in its batch row; more get a row of their own
-LAYOUT = 2  # records with index chunks and batches; one without `layout` is read as written before
-RESERVE_FILE = "reserve"
-RESERVE_SHARE = 1 / 8  # of the disk's size, at most: a disk under twice the reserve would hold none
-LOW_SPACE = 1024 * 1024  # less free than this (beside the reserve) is a full store for health()
-PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
-MB = 1024 * 1024
 
 
-class _PrivateDisk(diskcache.Disk):
-    """diskcache's value files (records over 4 MB) created 0600 in 0700 folders. Disk._write as
-    in diskcache 5, with the modes given to os.open / makedirs instead of the umask's."""
-
-    def _write(self, full_path: str, iterator: Any, mode: str, encoding: str | None = None) -> int:
-        full_dir = os.path.dirname(full_path)
-        for count in range(1, 11):
-            _private_folders(full_dir)
-            try:
-                fd = os.open(full_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE)
-            except OSError:
-                if count == 10:  # another cache may have deleted the folder meanwhile: retried
-                    raise
-                continue
-            with open(fd, mode.replace("x", "w"), encoding=encoding) as writer:
-                size = 0
-                for chunk in iterator:
-                    size += len(chunk)
-                    writer.write(chunk)
-                return size
-        raise AssertionError("unreachable")
-
-
-def _private_folders(folder: str) -> None:
-    """Make `folder` and its missing parents, each 0700 (makedirs gives parents the umask's mode)."""
-    missing = []
-    while folder and not os.path.isdir(folder):
-        missing.append(folder)
-        folder = os.path.dirname(folder)
-    for path in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path, PRIVATE_DIR)
-
-
-def _open_cache(path: str) -> diskcache.Cache:
+def open_cache(path: str) -> diskcache.Cache:
+    """diskcache's database, whose connection and pragmas our rows use (see rows.py)."""
     return diskcache.Cache(
         path,
-        disk=_PrivateDisk,
-        eviction_policy="none",  # never drop a stored message, whatever the size
+        eviction_policy="none",  # never drop a stored message (our table is not diskcache's: belt and braces)
         cull_limit=0,
         size_limit=2**62,
         statistics=False,
-        disk_min_file_size=2**22,  # records up to 4 MB stay in SQLite: no file churn per turn
         sqlite_mmap_size=0,  # reads through SQLite's own cache: no 64 MB map in our resident set
         sqlite_cache_size=2**9,  # pages (2 MB): the pages a turn touches (the B-tree's upper levels, the newest rows) fit
     )
-
-
-def _conv_key(key: ConversationKey) -> str:
-    return f"conv{SEP}{key.tenant}{SEP}{key.id}"
-
-
-def _numbered(kind: str, key: ConversationKey, number: int, digits: int = 12) -> str:
-    """The key of one of a conversation's rows: its kind, the conversation, a zero-padded number."""
-    return f"{kind}{SEP}{key.tenant}{SEP}{key.id}{SEP}{number:0{digits}d}"
-
-
-def _msg_key(key: ConversationKey, seq: int) -> str:
-    return _numbered("msg", key, seq)
-
-
-def _batch_key(key: ConversationKey, first: int) -> str:
-    return _numbered("batch", key, first)
-
-
-def _part_key(key: ConversationKey, first: int) -> str:
-    return _numbered("part", key, first)
-
-
-def _chunk_key(key: ConversationKey, number: int) -> str:
-    return _numbered("chunk", key, number, 8)
-
-
-def _rewrite_key(key: ConversationKey, seq: int) -> str:
-    return _numbered("rewrite", key, seq)
-
-
-def _turn_key(key: ConversationKey, turn: int) -> str:
-    return _numbered("turn", key, turn, 8)
-
-
-def _summary_key(key: ConversationKey, summary_id: int) -> str:
-    return _numbered("summary", key, summary_id, 8)
-
-
-def _pending_row(bucket: int) -> str:
-    return f"pending{SEP}{bucket:02d}"
-
-
-def _pending_bucket(key: ConversationKey) -> str:
-    # crc32, not hash(): a conversation's bucket must be the same in the next process
-    return _pending_row(zlib.crc32(f"{key.tenant}{SEP}{key.id}".encode()) % PENDING_BUCKETS)
-
-
-def _response_key(tenant: str, response_id: str) -> str:
-    return f"response{SEP}{tenant}{SEP}{response_id}"
-
-
-def _inbox_key(key: ConversationKey, message_id: int) -> str:
-    return _numbered("inbox", key, message_id, 8)
-
-
-def _request_parts_key(key: ConversationKey) -> str:
-    """The row of a conversation's request parts' index: {hash: n}, n = 1, 2, ... in order kept."""
-    return f"rparts{SEP}{key.tenant}{SEP}{key.id}"
-
-
-def _request_part_key(key: ConversationKey, number: int) -> str:
-    return _numbered("rpart", key, number, 8)
-
-
-def _knowledge_key(tenant: str, namespace: str, version: int) -> str:
-    return f"knowledge{SEP}{tenant}{SEP}{namespace}{SEP}{version:08d}"
-
-
-def _knowledge_index(tenant: str) -> str:
-    """namespace -> its newest version number, for one tenant."""
-    return f"knowledge-index{SEP}{tenant}"
-
-
-KNOWLEDGE_TENANTS = "knowledge-tenants"
-
-
-def _index_page(scope: str, page: int) -> str:
-    return f"index{SEP}{scope}{SEP}{page:012d}"
-
-
-@dataclass(slots=True, eq=False)
-class _Batch:
-    """Messages of one conversation with consecutive seqs from `first`, kept in one row.
-
-    The messages are held as the writes that added them pickled them (`parts`: how many, and the
-    bytes): what the caller passed can't change what is stored, a status change rewrites the row
-    without pickling its messages again, and a batch can stay in memory between a turn's two
-    writes. A part bigger than INLINE_PART has a row of its own (`part` at its first seq, bytes
-    None here), written once: a status change rewrites the small batch row, not a first turn's
-    whole transcript. A row written before batches (`legacy`) holds one message: it is written
-    back in its own form."""
-
-    first: int
-    parts: list[tuple[int, bytes | None]]
-    hashes: list[str]
-    statuses: list[str]
-    stamps: list[float]
-    legacy: Message | None = None
-    unwritten: dict[int, bytes] = field(default_factory=dict)  # parts of their own to write, by first seq
-
-    @property
-    def end(self) -> int:
-        """The seq after its last message."""
-        return self.first + len(self.hashes)
-
-    def add(self, messages: list[Message], hashes: list[str], statuses: list[str], stamps: list[float]) -> None:
-        blob = pickle.dumps(messages, pickle.HIGHEST_PROTOCOL)
-        if len(blob) > INLINE_PART:
-            self.unwritten[self.end] = blob
-            self.parts.append((len(messages), None))
-        else:
-            self.parts.append((len(messages), blob))
-        self.hashes.extend(hashes)
-        self.statuses.extend(statuses)
-        self.stamps.extend(stamps)
-
-    def messages(self, read_part: Callable[[int], bytes]) -> list[Message]:
-        """Its messages, unpickled afresh (the caller's to change); `read_part(seq)` reads a part
-        of its own."""
-        if self.legacy is not None:
-            return [self.legacy]
-        out: list[Message] = []
-        seq = self.first
-        for count, blob in self.parts:
-            if blob is None:
-                blob = self.unwritten.get(seq) or read_part(seq)
-            out.extend(pickle.loads(blob))
-            seq += count
-        return out
-
-    def own_parts(self) -> list[int]:
-        """The first seqs of its parts that have a row of their own."""
-        seqs, seq = [], self.first
-        for count, blob in self.parts:
-            if blob is None:
-                seqs.append(seq)
-            seq += count
-        return seqs
-
-    def row(self) -> dict[str, Any]:
-        if self.legacy is not None:
-            return {"message": self.legacy, "hash": self.hashes[0], "status": self.statuses[0], "created_at": self.stamps[0]}
-        return {"parts": self.parts, "hashes": self.hashes, "statuses": self.statuses, "created_at": self.stamps}
-
-    @classmethod
-    def of_row(cls, first: int, row: dict[str, Any]) -> _Batch:
-        if "parts" in row:
-            return cls(first, row["parts"], row["hashes"], row["statuses"], row["created_at"])
-        return cls(first, [], [row["hash"]], [row["status"]], [row["created_at"]], legacy=row["message"])
-
-
-class _Record:
-    """A conversation's record as the store thread holds it: its small fields as stored, its
-    whole index in memory (each part in seq order: a turn's additions go at the end, nothing is
-    sorted), and what the write under way changed (index chunks, batches) for `_save` to write.
-    The index is stored in chunks of INDEX_CHUNK seqs (`chunk_row`): a save writes the chunks
-    that changed, usually the newest alone."""
-
-    __slots__ = ("fields", "_live", "_forwarded", "_rewritten", "_starts", "changed", "unsaved", "pending_batch", "_frozen")
-
-    def __init__(self, fields: dict[str, Any]) -> None:
-        self.fields = fields
-        self._live: list[tuple[int, str]] = []  # (seq, hash) of the live messages
-        self._forwarded: dict[int, int] = {}  # seq -> llm_calls when first forwarded
-        self._rewritten: set[int] = set()  # seqs with a stored rewrite
-        self._starts: list[int] = []  # the first seq of every batch
-        self.changed: set[int] = set()  # index chunks to write
-        self.unsaved: dict[int, _Batch] = {}  # batches to write, by first seq
-        self.pending_batch: _Batch | None = None  # the newest batch holding pending items, as written
-        self._frozen: frozenset[int] | None = None  # `_rewritten`, for snapshots, until it changes
-
-    @classmethod
-    def new(cls, stamp: float) -> _Record:
-        return cls({
-            "layout": LAYOUT, "created_at": stamp, "updated_at": stamp, "next_seq": 1, "llm_calls": 0,
-            "summaries": 0, "boundary": 0, "summary_id": None, "turns": 0, "order": 0,
-            "inbox": 0, "inbox_open": [], "inbox_at": {}, "pending": [],
-            "legacy": 1,  # no seq is in a row of its own
-            "tail": 0,  # the index chunk the record holds: the one of next_seq - 1
-        })
-
-    @classmethod
-    def stored(cls, row: dict[str, Any], chunk: Callable[[int], dict[str, Any] | None]) -> _Record:
-        """The record from its row; `chunk(n)` reads index chunk n's row (those behind the tail)."""
-        fields = dict(row)
-        if fields.get("layout") != LAYOUT:
-            return cls._written_before(fields)
-        record = cls(fields)
-        tail = fields.pop("index")
-        for number in range(fields["tail"]):
-            part = chunk(number)
-            if part is not None:
-                record._take(part)
-        record._take(tail)
-        return record
-
-    @classmethod
-    def _written_before(cls, fields: dict[str, Any]) -> _Record:
-        """A record of the layout before chunks and batches: its whole index was in it, every
-        message so far in a `msg` row of its own. Its next save writes the index as chunks."""
-        record = cls(fields)
-        record._live = [tuple(entry) for entry in fields.pop("live")]
-        record._forwarded = dict(fields.pop("first_forwarded", {}))
-        record._rewritten = set(fields.pop("rewritten", ()))
-        for name, empty in (("inbox", 0), ("inbox_open", []), ("inbox_at", {}), ("pending", [])):
-            fields.setdefault(name, empty)  # records written before the inbox have none of it
-        fields.update(layout=LAYOUT, legacy=fields["next_seq"], tail=(fields["next_seq"] - 1) // INDEX_CHUNK)
-        record.changed.update(range(fields["tail"] + 1))
-        return record
-
-    def _take(self, chunk: dict[str, Any]) -> None:
-        """Add a stored chunk's entries (chunks come in seq order)."""
-        self._live.extend(chunk["live"])
-        self._forwarded.update(chunk["forwarded"])
-        self._rewritten.update(chunk["rewritten"])
-        self._starts.extend(chunk["starts"])
-
-    def chunk_row(self, number: int) -> dict[str, Any]:
-        """Index chunk `number` as stored: the entries of its seqs."""
-        low, high = number * INDEX_CHUNK, (number + 1) * INDEX_CHUNK
-        seqs = range(low, min(high, self.fields["next_seq"]))
-        live, starts = self._live, self._starts
-        return {
-            "live": live[bisect.bisect_left(live, (low,)):bisect.bisect_left(live, (high,))],
-            "forwarded": {s: self._forwarded[s] for s in seqs if s in self._forwarded} if self._forwarded else {},
-            "rewritten": [s for s in seqs if s in self._rewritten] if self._rewritten else [],
-            "starts": starts[bisect.bisect_left(starts, low):bisect.bisect_left(starts, high)],
-        }
-
-    def row(self) -> dict[str, Any]:
-        """The record as stored: its fields and its tail chunk."""
-        return {**self.fields, "index": self.chunk_row(self.fields["tail"])}
-
-    def saved(self) -> None:
-        """`_save` wrote what changed: hold on to the batch whose pending items a turn's end will change."""
-        held = [b for b in (self.pending_batch, *self.unsaved.values()) if b is not None and PENDING in b.statuses]
-        self.pending_batch = max(held, key=lambda b: b.first) if held else None
-        self.unsaved = {}
-        self.changed = set()
-
-    # -- the index -----------------------------------------------------------------------------
-
-    def live(self) -> list[tuple[int, str]]:
-        return list(self._live)
-
-    @property
-    def entries(self) -> int:
-        """Its per-seq entries (what its memory grows with), as `_Held` counts them."""
-        return len(self._live) + len(self._forwarded) + len(self._rewritten) + len(self._starts)
-
-    def live_seqs(self, after: int | None, limit: int | None) -> list[int]:
-        """The live seqs after `after` (all if None), at most `limit`."""
-        start = 0 if after is None else bisect.bisect_left(self._live, (after + 1,))
-        end = len(self._live) if limit is None else min(len(self._live), start + max(limit, 0))
-        return [seq for seq, _ in self._live[start:end]]
-
-    def forwarded(self) -> dict[int, int]:
-        return dict(self._forwarded)
-
-    def rewritten(self) -> frozenset[int]:
-        if self._frozen is None:
-            self._frozen = frozenset(self._rewritten)
-        return self._frozen
-
-    def starts(self) -> list[int]:
-        return list(self._starts)
-
-    @property
-    def last_start(self) -> int | None:
-        """The first seq of the newest batch."""
-        return self._starts[-1] if self._starts else None
-
-    def first_of(self, seq: int) -> int | None:
-        """The first seq of the row holding message `seq`; None if there is no such message."""
-        if not 1 <= seq < self.fields["next_seq"]:
-            return None
-        if seq < self.fields["legacy"]:
-            return seq
-        at = bisect.bisect_right(self._starts, seq) - 1
-        return self._starts[at] if at >= 0 else None
-
-    def new_batch(self, first: int) -> None:
-        self._starts.append(first)  # after every batch so far
-        self.changed.add(first // INDEX_CHUNK)
-
-    def extend_live(self, first: int, hashes: list[str]) -> None:
-        """Messages first, first + 1, ... are live: after every live seq."""
-        self._live.extend(zip(range(first, first + len(hashes)), hashes))
-        self.touch(first, first + len(hashes))
-
-    def add_live(self, entries: list[tuple[int, str]]) -> None:
-        """Put (seq, hash) entries, ascending, in the live index (those there already stay)."""
-        live = self._live
-        if not entries:
-            return
-        if not live or live[-1][0] < entries[0][0]:  # the usual case: a turn's items, after every live one
-            live.extend(entries)
-        else:
-            for entry in entries:
-                at = bisect.bisect_left(live, (entry[0],))
-                if at == len(live) or live[at][0] != entry[0]:
-                    live.insert(at, entry)
-        self.changed.update({seq // INDEX_CHUNK for seq, _ in entries})
-
-    def drop_live(self, seqs: list[int]) -> None:
-        """Take these seqs out of the live index (those that are in it)."""
-        live = self._live
-        for seq in seqs:
-            at = bisect.bisect_left(live, (seq,))
-            if at < len(live) and live[at][0] == seq:
-                del live[at]
-                self.changed.add(seq // INDEX_CHUNK)
-
-    def forward(self, marks: Mapping[int, int]) -> None:
-        self._forwarded.update(marks)
-        self.changed.update({seq // INDEX_CHUNK for seq in marks})
-
-    def rewrote(self, seqs: Iterable[int]) -> None:
-        for seq in seqs:
-            self._rewritten.add(seq)
-            self.changed.add(seq // INDEX_CHUNK)
-        self._frozen = None
-
-    def touch(self, first: int, end: int) -> None:
-        """The index chunks of seqs first ... end - 1 changed."""
-        if end > first:
-            self.changed.update(range(first // INDEX_CHUNK, (end - 1) // INDEX_CHUNK + 1))
-
-
-class _Held(Generic[V]):
-    """What the store keeps in memory of recent conversations (snapshots, records), the least
-    recently kept let go first: at most `most` of them, holding `entries` per-seq entries in all
-    (a 2,000-message conversation holds a hundred times what a 20-message one does). Written by
-    the store thread only; `get` is safe from the event loop (one dict look-up)."""
-
-    def __init__(self, most: int, entries: int = MAX_HELD_ENTRIES) -> None:
-        self.most, self.entries = most, entries
-        self._kept: OrderedDict[ConversationKey, tuple[V, int]] = OrderedDict()
-        self.held = 0  # entries of everything kept
-
-    def __len__(self) -> int:
-        return len(self._kept)
-
-    def get(self, key: ConversationKey) -> V | None:
-        kept = self._kept.get(key)
-        return kept[0] if kept is not None else None
-
-    def put(self, key: ConversationKey, value: V, entries: int) -> None:
-        self.pop(key)
-        if entries > self.entries:  # past the whole budget: read again when needed
-            return
-        self._kept[key] = (value, entries)
-        self.held += entries
-        while len(self._kept) > self.most or self.held > self.entries:
-            _, (_, dropped) = self._kept.popitem(last=False)
-            self.held -= dropped
-
-    def pop(self, key: ConversationKey) -> None:
-        kept = self._kept.pop(key, None)
-        if kept is not None:
-            self.held -= kept[1]
-
-    def clear(self) -> None:
-        self._kept.clear()
-        self.held = 0
-
-
-class _PendingFlags:
-    """Which conversations may have pending messages: what `fail_pending` looks at after a crash.
-
-    The write that gives a conversation pending messages flags it (in one of PENDING_BUCKETS small
-    rows, by its key's crc32), and the flag stays while the conversation is in use: a turn's two
-    writes flag nothing once it is. A flagged conversation saved without pending is settled; the
-    settled flags are cleared SETTLED_FLAGS at a time (and at close), so a crash leaves at most
-    that many more to look at than had pending. A set written before the buckets (LEGACY_PENDING)
-    is read as one more bucket. Store thread only, inside the caller's transaction; a write that
-    failed makes it read its rows again."""
-
-    def __init__(self, cache: diskcache.Cache) -> None:
-        self._cache = cache
-        self._rows: dict[str, set[tuple[str, str]]] | None = None  # row key -> its members
-        self._where: dict[ConversationKey, str] = {}  # a flagged conversation -> its row
-        self._settled: set[ConversationKey] = set()
-
-    def _loaded(self) -> dict[str, set[tuple[str, str]]]:
-        if self._rows is None:
-            rows = {}
-            for row_key in (LEGACY_PENDING, *map(_pending_row, range(PENDING_BUCKETS))):
-                members = self._cache.get(row_key)
-                if members:
-                    rows[row_key] = set(members)
-            self._rows = rows
-            self._where = {ConversationKey(*m): row_key for row_key, members in rows.items() for m in members}
-        return self._rows
-
-    def flagged(self) -> list[ConversationKey]:
-        self._loaded()
-        return sorted(self._where, key=lambda k: (k.tenant, k.id))
-
-    def saw(self, key: ConversationKey, has_pending: bool) -> None:
-        """A save of `key`: flag it if it has pending messages; else its flag may go."""
-        rows = self._loaded()
-        if has_pending:
-            self._settled.discard(key)
-            if key not in self._where:
-                row_key = self._where[key] = _pending_bucket(key)
-                rows.setdefault(row_key, set()).add((key.tenant, key.id))
-                self._write(row_key)
-        elif key in self._where:
-            self._settled.add(key)
-            if len(self._settled) >= SETTLED_FLAGS:
-                self.sweep()
-
-    def settle(self, keys: Iterable[ConversationKey]) -> None:
-        """These were found without pending messages: their flags go with the next sweep."""
-        self._settled.update(k for k in keys if k in self._where)
-
-    @property
-    def any_settled(self) -> bool:
-        return bool(self._settled)
-
-    def sweep(self) -> None:
-        """Clear the flags of the settled conversations."""
-        if self._settled:
-            self.drop(self._settled)
-            self._settled = set()
-
-    def drop(self, keys: Iterable[ConversationKey]) -> None:
-        """Clear these conversations' flags now."""
-        rows = self._loaded()
-        touched = set()
-        for key in list(keys):
-            row_key = self._where.pop(key, None)
-            if row_key is not None:
-                rows[row_key].discard((key.tenant, key.id))
-                touched.add(row_key)
-            self._settled.discard(key)
-        for row_key in touched:
-            self._write(row_key)
-
-    def forget(self) -> None:
-        """A write failed (rolled back): what is held may be ahead of the rows."""
-        self._rows, self._where, self._settled = None, {}, set()
-
-    def _write(self, row_key: str) -> None:
-        assert self._rows is not None
-        members = self._rows[row_key]
-        if members:
-            self._cache.set(row_key, members)
-        else:
-            self._cache.delete(row_key)
-            del self._rows[row_key]
 
 
 class DiskStore:
@@ -637,25 +151,25 @@ class DiskStore:
         self._path = Path(path)
         try:
             self._path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
-            self._cache = _open_cache(str(path))
+            self._rows = Rows(open_cache(str(path)))
         except (sqlite3.Error, OSError) as exc:  # e.g. a read-only filesystem: SQLite's WAL can't open there
             raise ConfigError(f"storage.path: cannot open the store in {path}: {exc}") from exc
-        _make_private(self._path)  # also a store made before files were private
-        self._reserve = _Reserve(self._path / RESERVE_FILE, reserve_bytes)
+        make_private(self._path)  # also a store made before files were private
+        self._reserve = Reserve(self._path / RESERVE_FILE, reserve_bytes)
         self._reserve.make()
         self._health = WriteHealth()
-        self._snapshots: _Held[Conversation] = _Held(MAX_SNAPSHOTS)  # written by the store thread only
+        self._snapshots: Held[Conversation] = Held(MAX_SNAPSHOTS)  # written by the store thread only
         # The latest saved record of recent conversations, with their whole index (store thread
         # only): a turn's write updates it instead of reading it again. Safe because this process
         # is the store's only writer.
-        self._records: _Held[_Record] = _Held(MAX_RECORDS)
+        self._records: Held[Record] = Held(MAX_RECORDS)
         self._pages: OrderedDict[str, dict[int, Any]] = OrderedDict()  # index pages as last written (store thread)
         self._tenants: set[str] | None = None  # the TENANTS row as last written (store thread)
-        self._pending = _PendingFlags(self._cache)
+        self._pending = PendingFlags(self._rows)
         # SQLite's checkpoints in a thread of their own (see checkpoints.py); the store thread's
         # connection is made to leave them to it.
         self._checkpoints = Checkpointer(os.path.join(path, diskcache.core.DBNAME))
-        self._thread = StoreThread("diskstore", initializer=lambda: self._checkpoints.writer(self._cache._con))
+        self._thread = StoreThread("diskstore", initializer=lambda: self._checkpoints.writer(self._rows.connection))
         self._locks: weakref.WeakValueDictionary[ConversationKey, asyncio.Lock] = weakref.WeakValueDictionary()
         self._leases: dict[str, tuple[str, float]] = {}  # name -> (token, monotonic expiry)
         self._search = HistoryIndexes()  # history search: built from the log, see search.py
@@ -664,7 +178,7 @@ class DiskStore:
         try:
             return await self._thread.run(fn, *args)
         except (sqlite3.Error, OSError, diskcache.Timeout) as exc:
-            raise _store_error(exc, self._path) from exc
+            raise store_error(exc, self._path) from exc
 
     async def _write(self, fn: Callable[..., T], *args: Any, telling: bool = True) -> T:
         """`_run` for an operation that writes: its outcome is the store's health (a success only
@@ -717,23 +231,23 @@ class DiskStore:
         """The snapshot, without reading anything when there is one (this process is the only writer)."""
         return self._snapshots.get(key) or self._get(key)
 
-    def _load(self, key: ConversationKey) -> _Record | None:
+    def _load(self, key: ConversationKey) -> Record | None:
         """The conversation's record: as held in memory, else read with its index (and not kept:
         only a write keeps a record, so reading many does not push out the active ones)."""
         held = self._records.get(key)
         if held is not None:
             return held
-        row = self._cache.get(_conv_key(key))
+        row = self._rows.get(conv_key(key))
         if row is None:
             return None
-        return _Record.stored(row, lambda number: self._cache.get(_chunk_key(key, number)))
+        return Record.stored(row, lambda number: self._rows.get(chunk_key(key, number)))
 
     def _fields(self, key: ConversationKey) -> dict[str, Any] | None:
         """The record's small fields alone (counters, order): no index chunk read."""
         held = self._records.get(key)
-        return held.fields if held is not None else self._cache.get(_conv_key(key))
+        return held.fields if held is not None else self._rows.get(conv_key(key))
 
-    def _save(self, key: ConversationKey, record: _Record, *, snapshot: bool = True) -> None:
+    def _save(self, key: ConversationKey, record: Record, *, snapshot: bool = True) -> None:
         """Write what the write under way changed, inside its transaction: the batches it touched,
         the index chunks behind the newest that changed, the record with the newest chunk; then
         keep the record in memory for the next write. Without `snapshot`, the snapshot is dropped
@@ -742,18 +256,18 @@ class DiskStore:
         fields = record.fields
         for batch in record.unsaved.values():
             for first, blob in batch.unwritten.items():
-                self._cache.set(_part_key(key, first), blob)
+                self._rows.set(part_key(key, first), blob)
             batch.unwritten.clear()
             legacy = batch.legacy is not None
-            self._cache.set(_msg_key(key, batch.first) if legacy else _batch_key(key, batch.first), batch.row())
+            self._rows.set(msg_key(key, batch.first) if legacy else batch_key(key, batch.first), batch.row())
         tail = (fields["next_seq"] - 1) // INDEX_CHUNK
         if tail != fields["tail"]:
             record.changed.add(fields["tail"])  # the chunk the record held: a row of its own from now on
             fields["tail"] = tail
         for number in record.changed:
             if number != tail:
-                self._cache.set(_chunk_key(key, number), record.chunk_row(number))
-        self._cache.set(_conv_key(key), record.row())
+                self._rows.set(chunk_key(key, number), record.chunk_row(number))
+        self._rows.set(conv_key(key), record.row())
         self._pending.saw(key, bool(fields["pending"]))
         record.saved()
         if snapshot:
@@ -762,8 +276,8 @@ class DiskStore:
             self._snapshots.pop(key)
         self._records.put(key, record, record.entries)
 
-    def _snapshot(self, key: ConversationKey, record: _Record) -> Conversation:
-        conversation = _conversation(key, record)
+    def _snapshot(self, key: ConversationKey, record: Record) -> Conversation:
+        conversation = snapshot_of(key, record)
         self._snapshots.put(key, conversation, record.entries)
         return conversation
 
@@ -776,7 +290,7 @@ class DiskStore:
         """Newest first, from the creation-order index pages, starting below the `after` conversation."""
         scope = tenant if tenant is not None else ALL_TENANTS
         index = FAILED_SCOPE + scope if failed else scope
-        start = self._cache.get(CREATED, 0) + 1
+        start = self._rows.get(CREATED, 0) + 1
         if after is not None:
             candidates = [ConversationKey(tenant, after)] if tenant is not None else [c.key for c in self._find(after)]
             orders = [fields["order"] for k in candidates if (fields := self._fields(k)) is not None]
@@ -785,7 +299,7 @@ class DiskStore:
             start = max(orders)
         keys: list[ConversationKey] = []
         for page_no in range((start - 1) // INDEX_PAGE, -1, -1):
-            page = self._page(_index_page(index, page_no))
+            page = self._page(index_page(index, page_no))
             for order in sorted((o for o in page if o < start), reverse=True):
                 keys.append(_index_entry(scope, page[order]))
             if len(keys) > limit:
@@ -815,33 +329,33 @@ class DiskStore:
             return await self._write(self._delete, key, telling=False)
 
     def _delete(self, key: ConversationKey) -> bool:
-        with self._cache.transact():
+        with self._rows.transact():
             record = self._load(key)
             if record is None:
                 return False
             fields = record.fields
             for seq in range(1, min(fields["legacy"], fields["next_seq"])):
-                self._cache.delete(_msg_key(key, seq))
+                self._rows.delete(msg_key(key, seq))
             for first in record.starts():
                 batch = self._batch_of(key, record, first)
                 for part in batch.own_parts() if batch is not None else ():
-                    self._cache.delete(_part_key(key, part))
-                self._cache.delete(_batch_key(key, first))
+                    self._rows.delete(part_key(key, part))
+                self._rows.delete(batch_key(key, first))
             for number in range(fields["tail"]):
-                self._cache.delete(_chunk_key(key, number))
+                self._rows.delete(chunk_key(key, number))
             for seq in record.rewritten():
-                self._cache.delete(_rewrite_key(key, seq))
+                self._rows.delete(rewrite_key(key, seq))
             for summary_id in range(1, fields["summaries"] + 1):
-                self._cache.delete(_summary_key(key, summary_id))
+                self._rows.delete(summary_key(key, summary_id))
             for message_id in range(1, fields["inbox"] + 1):
-                self._cache.delete(_inbox_key(key, message_id))
+                self._rows.delete(inbox_key(key, message_id))
             for turn in range(1, fields["turns"] + 1):
-                turn_record = self._cache.get(_turn_key(key, turn))
+                turn_record = self._rows.get(turn_key(key, turn))
                 if isinstance(turn_record, dict) and turn_record.get("response_id"):
-                    self._cache.delete(_response_key(key.tenant, turn_record["response_id"]))
-                self._cache.delete(_turn_key(key, turn))
+                    self._rows.delete(response_key(key.tenant, turn_record["response_id"]))
+                self._rows.delete(turn_key(key, turn))
             self._delete_request_parts(key)
-            self._cache.delete(_conv_key(key))
+            self._rows.delete(conv_key(key))
             self._snapshots.pop(key)
             self._records.pop(key)
             self._pending.drop([key])
@@ -849,7 +363,7 @@ class DiskStore:
             if fields.get("failures"):
                 scopes += (FAILED_SCOPE + key.tenant, FAILED_SCOPE + ALL_TENANTS)
             for scope in scopes:
-                page_key = _index_page(scope, fields["order"] // INDEX_PAGE)
+                page_key = index_page(scope, fields["order"] // INDEX_PAGE)
                 page = self._page(page_key)
                 page.pop(fields["order"], None)
                 self._set_page(page_key, page)
@@ -859,25 +373,24 @@ class DiskStore:
         return await self._write(self._set_title, key, title)
 
     def _set_title(self, key: ConversationKey, title: str | None) -> Conversation | None:
-        with self._cache.transact():
+        with self._rows.transact():
             record = self._load(key)
             if record is None:
                 return None
             record.fields["title"] = title
             self._save(key, record)
-            return _conversation(key, record)
+            return snapshot_of(key, record)
 
     # -- messages ------------------------------------------------------------------------------
 
     async def append(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
-        if status not in STATUSES:
-            raise ValueError(f"unknown status {status!r}")
+        check_statuses(status)
         return await self._write(self._append, key, messages, hashes, status)
 
     def _append(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
         return self._update_record(key, lambda record: self._add_messages(record, messages, hashes, status), snapshot=False)
 
-    def _add_messages(self, record: _Record, messages: list[Message], hashes: list[str], status: str) -> list[int]:
+    def _add_messages(self, record: Record, messages: list[Message], hashes: list[str], status: str) -> list[int]:
         """Add messages after the last one, in memory (`_save` writes them): a batch of their own,
         or the newest batch if this write already rewrites it (a turn's reply joins its items)."""
         if len(messages) != len(hashes):
@@ -893,7 +406,7 @@ class DiskStore:
                 newest.add(messages[:taken], hashes[:taken], [status] * taken, [stamp] * taken)
         for start in range(taken, count, BATCH_MAX):
             size = min(BATCH_MAX, count - start)
-            batch = _Batch(first + start, [], [], [], [])
+            batch = Batch(first + start, [], [], [], [])
             batch.add(messages[start:start + size], hashes[start:start + size], [status] * size, [stamp] * size)
             record.new_batch(batch.first)
             record.unsaved[batch.first] = batch
@@ -906,7 +419,7 @@ class DiskStore:
         fields["updated_at"] = stamp
         return seqs
 
-    def _batch_of(self, key: ConversationKey, record: _Record, seq: int, *, keep: bool = False) -> _Batch | None:
+    def _batch_of(self, key: ConversationKey, record: Record, seq: int, *, keep: bool = False) -> Batch | None:
         """The batch holding message `seq` (None if there is none): the one this write changed, the
         pending one held in memory, else read. `keep`: the caller changes it, `_save` writes it."""
         first = record.first_of(seq)
@@ -918,48 +431,48 @@ class DiskStore:
             if held is not None and held.first == first:
                 batch = held
             else:
-                row = self._cache.get(_msg_key(key, first) if first < record.fields["legacy"] else _batch_key(key, first))
+                row = self._rows.get(msg_key(key, first) if first < record.fields["legacy"] else batch_key(key, first))
                 if row is None:
                     return None
-                batch = _Batch.of_row(first, row)
+                batch = Batch.of_row(first, row)
             if keep:
                 record.unsaved[first] = batch
         return batch
 
-    def _status(self, key: ConversationKey, record: _Record, seq: int) -> str | None:
+    def _status(self, key: ConversationKey, record: Record, seq: int) -> str | None:
         batch = self._batch_of(key, record, seq)
         return None if batch is None else batch.statuses[seq - batch.first]
 
-    def _read(self, key: ConversationKey, record: _Record, seqs: Sequence[int]) -> list[StoredMessage]:
+    def _read(self, key: ConversationKey, record: Record, seqs: Sequence[int]) -> list[StoredMessage]:
         """The messages `seqs` (ascending), each batch read once."""
         out: list[StoredMessage] = []
-        batch: _Batch | None = None
+        batch: Batch | None = None
         messages: list[Message] = []
         for seq in seqs:
             if batch is None or not batch.first <= seq < batch.end:
                 batch = self._batch_of(key, record, seq)
                 if batch is None:
-                    raise _missing(key, seq)
+                    raise missing_row(key, seq)
                 messages = batch.messages(self._part_reader(key))
             i = seq - batch.first
             out.append(StoredMessage(seq, messages[i], batch.hashes[i], batch.statuses[i], batch.stamps[i]))
         return out
 
-    def _register(self, key: ConversationKey, record: _Record) -> _Record:
+    def _register(self, key: ConversationKey, record: Record) -> Record:
         """Index a new conversation: by a counter, not a timestamp, so that two made in the same
         microsecond still list in order; one index page per 1,000 conversations is rewritten."""
-        record.fields["order"] = self._cache.incr(CREATED, default=0)
+        record.fields["order"] = self._rows.incr(CREATED, default=0)
         self._index(key, record.fields["order"], key.tenant, ALL_TENANTS)
         tenants = self._known_tenants()
         if key.tenant not in tenants:
             self._tenants = tenants | {key.tenant}
-            self._cache.set(TENANTS, self._tenants)
+            self._rows.set(TENANTS, self._tenants)
         return record
 
     def _index(self, key: ConversationKey, order: int, tenant_scope: str, all_scope: str) -> None:
         """List the conversation, at its creation order, in a tenant's index and the all-tenants one."""
         for scope, entry in ((tenant_scope, key.id), (all_scope, (key.tenant, key.id))):
-            page_key = _index_page(scope, order // INDEX_PAGE)
+            page_key = index_page(scope, order // INDEX_PAGE)
             page = self._page(page_key)
             page[order] = entry
             self._set_page(page_key, page)
@@ -971,10 +484,10 @@ class DiskStore:
         if page is not None:
             self._pages.move_to_end(page_key)
             return page
-        return self._cache.get(page_key) or {}
+        return self._rows.get(page_key) or {}
 
     def _set_page(self, page_key: str, page: dict[int, Any]) -> None:
-        self._cache.set(page_key, page)
+        self._rows.set(page_key, page)
         self._pages[page_key] = page
         self._pages.move_to_end(page_key)
         while len(self._pages) > MAX_PAGES:
@@ -983,26 +496,25 @@ class DiskStore:
     def _known_tenants(self) -> set[str]:
         """The tenants that have conversations (the TENANTS row): held once read."""
         if self._tenants is None:
-            self._tenants = set(self._cache.get(TENANTS, set()))
+            self._tenants = set(self._rows.get(TENANTS, set()))
         return self._tenants
 
     async def set_statuses(self, key: ConversationKey, changes: Mapping[int, str]) -> None:
-        if not set(changes.values()) <= STATUSES:
-            raise ValueError(f"unknown status in {set(changes.values())}")
+        check_statuses(*changes.values())
         if changes:
             await self._write(self._set_statuses, key, dict(changes))
 
     def _set_statuses(self, key: ConversationKey, changes: dict[int, str]) -> None:
-        with self._cache.transact():
+        with self._rows.transact():
             record = self._load(key)
             if record is None:
                 raise KeyError(str(key))
             self._change_statuses(key, record, changes)
             self._save(key, record)
 
-    def _change_statuses(self, key: ConversationKey, record: _Record, changes: dict[int, str]) -> None:
+    def _change_statuses(self, key: ConversationKey, record: Record, changes: dict[int, str]) -> None:
         """Set message statuses in their batches and keep the live index in step, in memory."""
-        found: list[tuple[_Batch, list[int]]] = []  # each batch touched, with its seqs
+        found: list[tuple[Batch, list[int]]] = []  # each batch touched, with its seqs
         end = 0
         for seq in sorted(changes):  # every one found before anything is changed
             if not found or not found[-1][0].first <= seq < end:
@@ -1034,16 +546,15 @@ class DiskStore:
         changes: Mapping[int, str],
         reply: Sequence[tuple[Message, str]],
         reply_status: str,
-        record: Mapping[str, Any] | None,
+        record: TurnRecord | None,
         *,
         llm_calls: int = 0,
         forwarded: Mapping[int, int] | None = None,
         marks: Mapping[str, int] | None = None,
     ) -> int | None:
-        if not set(changes.values()) <= STATUSES or (reply and reply_status not in STATUSES):
-            raise ValueError("unknown status")
+        check_statuses(*changes.values(), *([reply_status] if reply else []))
         return await self._write(
-            self._finish_turn, key, dict(changes), list(reply), reply_status, dict(record) if record else None,
+            self._finish_turn, key, dict(changes), list(reply), reply_status, record.row() if record is not None else None,
             llm_calls, dict(forwarded or {}), dict(marks or {}),
         )
 
@@ -1058,7 +569,7 @@ class DiskStore:
         forwarded: dict[int, int] | None = None,
         marks: dict[str, int] | None = None,
     ) -> int | None:
-        def end(conversation: _Record) -> int | None:  # one save of the record per turn's end
+        def end(conversation: Record) -> int | None:  # one save of the record per turn's end
             fields = conversation.fields
             fields["llm_calls"] += llm_calls
             if forwarded:
@@ -1071,9 +582,9 @@ class DiskStore:
                 seq = self._add_messages(conversation, [m for m, _ in reply], [h for _, h in reply], reply_status)[0]
             if record is not None:
                 fields["turns"] += 1
-                self._cache.set(_turn_key(key, fields["turns"]), {**record, "turn": fields["turns"], "reply_seq": seq})
+                self._rows.set(turn_key(key, fields["turns"]), {**record, "turn": fields["turns"], "reply_seq": seq})
                 if seq is not None and record.get("response_id"):
-                    self._cache.set(_response_key(key.tenant, record["response_id"]), (key.id, seq + len(reply) - 1))
+                    self._rows.set(response_key(key.tenant, record["response_id"]), (key.id, seq + len(reply) - 1))
                 self._keep_facts(key, fields, TurnFacts.of(record), record.get("created_at"))
             return seq
 
@@ -1090,7 +601,7 @@ class DiskStore:
             fields["last_error"] = facts.last_error(fields["turns"], created_at)
 
     async def response_owner(self, tenant: str, response_id: str) -> tuple[str, int] | None:
-        found = await self._run(self._cache.get, _response_key(tenant, response_id))
+        found = await self._run(self._rows.get, response_key(tenant, response_id))
         return (found[0], int(found[1])) if found else None
 
     async def turn_records(self, key: ConversationKey, *, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
@@ -1100,7 +611,7 @@ class DiskStore:
         fields = self._fields(key)
         last = fields["turns"] if fields else 0
         end = last if limit is None else min(last, after + limit)
-        return [r for t in range(after + 1, end + 1) if (r := self._cache.get(_turn_key(key, t))) is not None]
+        return [r for t in range(after + 1, end + 1) if (r := self._rows.get(turn_key(key, t))) is not None]
 
     async def messages(
         self, key: ConversationKey, *, live_only: bool, after: int | None = None, limit: int | None = None
@@ -1132,9 +643,9 @@ class DiskStore:
 
     def _part_reader(self, key: ConversationKey) -> Callable[[int], bytes]:
         def read(first: int) -> bytes:
-            blob = self._cache.get(_part_key(key, first))
+            blob = self._rows.get(part_key(key, first))
             if blob is None:
-                raise _missing(key, first)
+                raise missing_row(key, first)
             return blob
 
         return read
@@ -1155,24 +666,24 @@ class DiskStore:
             await self._write(self._set_rewrites, key, dict(rewrites))
 
     def _set_rewrites(self, key: ConversationKey, rewrites: dict[int, str]) -> None:
-        with self._cache.transact():
+        with self._rows.transact():
             for seq, content in rewrites.items():
-                self._cache.set(_rewrite_key(key, seq), content)
+                self._rows.set(rewrite_key(key, seq), content)
             self._update_record(key, lambda record: record.rewrote(rewrites))
 
     async def rewrites(self, key: ConversationKey, seqs: list[int]) -> dict[int, str]:
         return await self._run(self._rewrites, key, seqs)
 
     def _rewrites(self, key: ConversationKey, seqs: list[int]) -> dict[int, str]:
-        found = {seq: self._cache.get(_rewrite_key(key, seq)) for seq in seqs}
+        found = {seq: self._rows.get(rewrite_key(key, seq)) for seq in seqs}
         return {seq: content for seq, content in found.items() if content is not None}
 
-    def _update_record(self, key: ConversationKey, change: Callable[[_Record], Any], *, snapshot: bool = True) -> Any:
+    def _update_record(self, key: ConversationKey, change: Callable[[Record], Any], *, snapshot: bool = True) -> Any:
         """Apply `change` to the conversation record (creating it if new); returns what `change` returns."""
-        with self._cache.transact():
+        with self._rows.transact():
             record = self._load(key)
             if record is None:
-                record = self._register(key, _Record.new(now()))
+                record = self._register(key, Record.new(now()))
             result = change(record)
             self._save(key, record, snapshot=snapshot)
             return result
@@ -1181,11 +692,11 @@ class DiskStore:
         return await self._write(self._add_summary, key, summary)
 
     def _add_summary(self, key: ConversationKey, summary: Summary) -> Summary:
-        def change(record: _Record) -> Summary:
+        def change(record: Record) -> Summary:
             fields = record.fields
             fields["summaries"] += 1
             stored = replace(summary, id=fields["summaries"])
-            self._cache.set(_summary_key(key, stored.id), stored.to_record())
+            self._rows.set(summary_key(key, stored.id), stored.to_record())
             if summary.last_seq > fields["boundary"]:
                 fields["boundary"], fields["summary_id"] = summary.last_seq, stored.id
             return stored
@@ -1204,7 +715,7 @@ class DiskStore:
         return await self._run(self._summary, key, summary_id)
 
     def _summary(self, key: ConversationKey, summary_id: int) -> Summary | None:
-        raw = self._cache.get(_summary_key(key, summary_id))
+        raw = self._rows.get(summary_key(key, summary_id))
         return None if raw is None else Summary.from_record(raw)
 
     async def import_conversation(self, dump: ConversationDump, *, replace: bool = False) -> None:
@@ -1218,12 +729,12 @@ class DiskStore:
     def _import(self, dump: ConversationDump, replace: bool) -> None:
         c = dump.conversation
         key = c.key
-        with self._cache.transact():
+        with self._rows.transact():
             if self._fields(key) is not None:
                 if not replace:
                     raise ConversationExists(str(key))
                 self._delete(key)
-            record = self._register(key, _Record.new(c.created_at))
+            record = self._register(key, Record.new(c.created_at))
             record.fields.update(
                 updated_at=c.updated_at, next_seq=c.next_seq, llm_calls=c.llm_calls, summaries=len(dump.summaries),
                 boundary=c.boundary, summary_id=c.summary_id, turns=len(dump.turns), marks=dict(c.marks),
@@ -1234,7 +745,7 @@ class DiskStore:
             record.rewrote(dump.rewrites)
             for start in range(0, len(dump.messages), BATCH_MAX):
                 part = dump.messages[start:start + BATCH_MAX]
-                batch = _Batch(part[0].seq, [], [], [], [])
+                batch = Batch(part[0].seq, [], [], [], [])
                 batch.add([m.message for m in part], [m.hash for m in part], [m.status for m in part],
                           [m.created_at for m in part])
                 record.new_batch(batch.first)
@@ -1243,25 +754,25 @@ class DiskStore:
             if c.failures:
                 self._index(key, record.fields["order"], FAILED_SCOPE + key.tenant, FAILED_SCOPE + ALL_TENANTS)
             for seq, content in dump.rewrites.items():
-                self._cache.set(_rewrite_key(key, seq), content)
+                self._rows.set(rewrite_key(key, seq), content)
             fields = record.fields
             fields.update(inbox=len(dump.inbox), inbox_open=[], inbox_at={})
             for m in dump.inbox:
-                self._cache.set(_inbox_key(key, m.id), _inbox_record(m))
+                self._rows.set(inbox_key(key, m.id), _inbox_record(m))
                 if m.status != INBOX_DELIVERED:
                     fields["inbox_open"].append(m.id)
                 if m.seq is not None:
                     fields["inbox_at"].setdefault(m.seq, []).append(m.id)
             for summary in dump.summaries:
-                self._cache.set(_summary_key(key, summary.id), summary.to_record())
+                self._rows.set(summary_key(key, summary.id), summary.to_record())
             for turn in dump.turns:
-                self._cache.set(_turn_key(key, turn["turn"]), dict(turn))
+                self._rows.set(turn_key(key, turn["turn"]), dict(turn))
             for response_id, seq in dump.responses.items():
-                self._cache.set(_response_key(key.tenant, response_id), (key.id, seq))
+                self._rows.set(response_key(key.tenant, response_id), (key.id, seq))
             for n, part in enumerate(dump.parts, 1):
-                self._cache.set(_request_part_key(key, n), part.to_record())
+                self._rows.set(request_part_key(key, n), part.to_record())
             if dump.parts:
-                self._cache.set(_request_parts_key(key), {part.hash: n for n, part in enumerate(dump.parts, 1)})
+                self._rows.set(request_parts_key(key), {part.hash: n for n, part in enumerate(dump.parts, 1)})
             self._save(key, record)
 
     # -- request parts -------------------------------------------------------------------------
@@ -1271,39 +782,39 @@ class DiskStore:
     async def add_request_parts(self, key: ConversationKey, parts: Sequence[RequestPart]) -> list[str]:
         if not parts:
             return []
-        known = await self._run(self._cache.get, _request_parts_key(key))
+        known = await self._run(self._rows.get, request_parts_key(key))
         if known is not None and all(p.hash in known for p in parts):
             return []
         return await self._write(self._add_request_parts, key, list(parts))
 
     def _add_request_parts(self, key: ConversationKey, parts: list[RequestPart]) -> list[str]:
-        with self._cache.transact():
+        with self._rows.transact():
             if self._fields(key) is None:
                 return []
-            index = dict(self._cache.get(_request_parts_key(key)) or {})
+            index = dict(self._rows.get(request_parts_key(key)) or {})
             stamp, added = now(), []
             for part in parts:
                 if part.hash not in index:
                     index[part.hash] = len(index) + 1
-                    self._cache.set(_request_part_key(key, index[part.hash]), replace(part, created_at=stamp).to_record())
+                    self._rows.set(request_part_key(key, index[part.hash]), replace(part, created_at=stamp).to_record())
                     added.append(part.hash)
             if added:
-                self._cache.set(_request_parts_key(key), index)
+                self._rows.set(request_parts_key(key), index)
             return added
 
     async def request_parts(self, key: ConversationKey, *, after: int = 0) -> list[RequestPart]:
         return await self._run(self._request_parts, key, after)
 
     def _request_parts(self, key: ConversationKey, after: int) -> list[RequestPart]:
-        index = self._cache.get(_request_parts_key(key)) or {}
-        rows = (self._cache.get(_request_part_key(key, n)) for n in range(max(after, 0) + 1, len(index) + 1))
+        index = self._rows.get(request_parts_key(key)) or {}
+        rows = (self._rows.get(request_part_key(key, n)) for n in range(max(after, 0) + 1, len(index) + 1))
         return [RequestPart.from_record(row) for row in rows if row is not None]
 
     def _delete_request_parts(self, key: ConversationKey) -> None:
-        index = self._cache.get(_request_parts_key(key)) or {}
+        index = self._rows.get(request_parts_key(key)) or {}
         for n in range(1, len(index) + 1):
-            self._cache.delete(_request_part_key(key, n))
-        self._cache.delete(_request_parts_key(key))
+            self._rows.delete(request_part_key(key, n))
+        self._rows.delete(request_parts_key(key))
 
     # -- inbox ---------------------------------------------------------------------------------
 
@@ -1311,7 +822,7 @@ class DiskStore:
         return await self._write(self._post_inbox, key, content, note, max_pending)
 
     def _post_inbox(self, key: ConversationKey, content: str, note: str, max_pending: int) -> InboxMessage | None:
-        with self._cache.transact():
+        with self._rows.transact():
             record = self._load(key)
             if record is None:
                 return None
@@ -1321,7 +832,7 @@ class DiskStore:
             fields["inbox"] += 1
             message = {"id": fields["inbox"], "content": content, "note": note, "created_at": now(),
                        "seq": None, "placement": None, "turn": None, "delivered_at": None}
-            self._cache.set(_inbox_key(key, message["id"]), message)
+            self._rows.set(inbox_key(key, message["id"]), message)
             fields["inbox_open"] = [*fields["inbox_open"], message["id"]]
             self._save(key, record)
             return InboxMessage(**message)
@@ -1333,10 +844,10 @@ class DiskStore:
         record = self._load(key)
         last = record.fields["inbox"] if record else 0
         end = last if limit is None else min(last, after + limit)
-        messages = [self._cache.get(_inbox_key(key, i)) for i in range(after + 1, end + 1)]
+        messages = [self._rows.get(inbox_key(key, i)) for i in range(after + 1, end + 1)]
         return [self._inbox_message(key, record, m) for m in messages if m is not None]
 
-    def _inbox_message(self, key: ConversationKey, record: _Record, stored: dict[str, Any]) -> InboxMessage:
+    def _inbox_message(self, key: ConversationKey, record: Record, stored: dict[str, Any]) -> InboxMessage:
         """The stored inbox message with its status, read off the status of the item it went with."""
         message = InboxMessage(**stored)
         if message.seq is None:
@@ -1355,7 +866,7 @@ class DiskStore:
     def _deliver_inbox(
         self, key: ConversationKey, seq: int, placement: str, turn: int, stamp: float
     ) -> list[InboxMessage]:
-        with self._cache.transact():
+        with self._rows.transact():
             record = self._load(key)
             if record is None:
                 return []
@@ -1364,14 +875,14 @@ class DiskStore:
             anchor_pending = anchor is None or anchor == PENDING
             taken, still_open = [], []
             for message_id in fields["inbox_open"]:
-                message = self._cache.get(_inbox_key(key, message_id))
+                message = self._rows.get(inbox_key(key, message_id))
                 if message["seq"] is not None:
                     before = self._status(key, record, message["seq"])
                     if before is not None and before not in (FAILED, PENDING):
                         continue  # its item is live (or was, and moved on): delivered for good
                     _drop_anchor(fields["inbox_at"], message["seq"], message_id)
                 message.update(seq=seq, placement=placement, turn=turn, delivered_at=stamp)
-                self._cache.set(_inbox_key(key, message_id), message)
+                self._rows.set(inbox_key(key, message_id), message)
                 fields["inbox_at"].setdefault(seq, []).append(message_id)
                 taken.append(InboxMessage(**message, status=INBOX_DELIVERING if anchor_pending else INBOX_DELIVERED))
                 if anchor_pending:
@@ -1392,7 +903,7 @@ class DiskStore:
         for seq in seqs:
             ids = anchors.get(seq)
             if ids:
-                out[seq] = [self._inbox_message(key, record, self._cache.get(_inbox_key(key, i))) for i in ids]
+                out[seq] = [self._inbox_message(key, record, self._rows.get(inbox_key(key, i))) for i in ids]
         return out
 
     # -- long-term knowledge -------------------------------------------------------------------
@@ -1402,8 +913,8 @@ class DiskStore:
 
     def _knowledge(self, tenant: str, namespace: str, version: int | None) -> KnowledgeVersion | None:
         if version is None:
-            version = self._cache.get(_knowledge_index(tenant), {}).get(namespace, 0)
-        raw = self._cache.get(_knowledge_key(tenant, namespace, version)) if version > 0 else None
+            version = self._rows.get(knowledge_index(tenant), {}).get(namespace, 0)
+        raw = self._rows.get(knowledge_key(tenant, namespace, version)) if version > 0 else None
         return None if raw is None else KnowledgeVersion(tenant, namespace, version, **raw)
 
     async def knowledge_at(self, tenant: str, namespace: str, cutoff: float) -> KnowledgeVersion | None:
@@ -1411,13 +922,13 @@ class DiskStore:
 
     def _knowledge_at(self, tenant: str, namespace: str, cutoff: float) -> KnowledgeVersion | None:
         # Versions are written in order, so their times rise with their numbers: a binary search.
-        low, high = 1, self._cache.get(_knowledge_index(tenant), {}).get(namespace, 0)
+        low, high = 1, self._rows.get(knowledge_index(tenant), {}).get(namespace, 0)
         if high == 0:
             return None
         found = 1
         while low <= high:
             middle = (low + high) // 2
-            if self._cache.get(_knowledge_key(tenant, namespace, middle))["created_at"] <= cutoff:
+            if self._rows.get(knowledge_key(tenant, namespace, middle))["created_at"] <= cutoff:
                 found, low = middle, middle + 1
             else:
                 high = middle - 1
@@ -1431,7 +942,7 @@ class DiskStore:
     def _knowledge_versions(
         self, tenant: str, namespace: str, before: int | None, limit: int
     ) -> list[KnowledgeVersion]:
-        newest = self._cache.get(_knowledge_index(tenant), {}).get(namespace, 0)
+        newest = self._rows.get(knowledge_index(tenant), {}).get(namespace, 0)
         top = newest if before is None else min(newest, before - 1)
         numbers = range(top, max(top - limit, 0), -1)
         return [v for n in numbers if (v := self._knowledge(tenant, namespace, n)) is not None]
@@ -1444,27 +955,27 @@ class DiskStore:
     def _put_knowledge(
         self, tenant: str, namespace: str, text: str, source: str, base_version: int
     ) -> KnowledgeVersion | None:
-        with self._cache.transact():
-            index = self._cache.get(_knowledge_index(tenant), {})
+        with self._rows.transact():
+            index = self._rows.get(knowledge_index(tenant), {})
             if index.get(namespace, 0) != base_version:
                 return None
             version = KnowledgeVersion(tenant, namespace, base_version + 1, text, now(), source)
-            self._cache.set(_knowledge_key(tenant, namespace, version.version),
+            self._rows.set(knowledge_key(tenant, namespace, version.version),
                             {"text": text, "created_at": version.created_at, "source": source})
-            self._cache.set(_knowledge_index(tenant), {**index, namespace: version.version})
-            tenants = self._cache.get(KNOWLEDGE_TENANTS, set())
+            self._rows.set(knowledge_index(tenant), {**index, namespace: version.version})
+            tenants = self._rows.get(KNOWLEDGE_TENANTS, set())
             if tenant not in tenants:
-                self._cache.set(KNOWLEDGE_TENANTS, tenants | {tenant})
+                self._rows.set(KNOWLEDGE_TENANTS, tenants | {tenant})
             return version
 
     async def knowledge_documents(self, tenant: str | None) -> list[KnowledgeVersion]:
         return await self._run(self._knowledge_documents, tenant)
 
     def _knowledge_documents(self, tenant: str | None) -> list[KnowledgeVersion]:
-        tenants = [tenant] if tenant is not None else sorted(self._cache.get(KNOWLEDGE_TENANTS, set()))
+        tenants = [tenant] if tenant is not None else sorted(self._rows.get(KNOWLEDGE_TENANTS, set()))
         out = []
         for t in tenants:
-            for namespace in sorted(self._cache.get(_knowledge_index(t), {})):
+            for namespace in sorted(self._rows.get(knowledge_index(t), {})):
                 found = self._knowledge(t, namespace, None)
                 if found is not None:
                     out.append(found)
@@ -1489,14 +1000,14 @@ class DiskStore:
         return await self._write(self._secret)
 
     def _secret(self) -> bytes:
-        value = self._cache.get(SECRET)
+        value = self._rows.get(SECRET)
         if value is not None:  # read without a transaction: a store that can't write still starts
             return value
-        with self._cache.transact():
-            value = self._cache.get(SECRET)
+        with self._rows.transact():
+            value = self._rows.get(SECRET)
             if value is None:
                 value = secrets.token_bytes(32)
-                self._cache.set(SECRET, value)
+                self._rows.set(SECRET, value)
             return value
 
     async def fail_pending(self) -> int:
@@ -1511,7 +1022,7 @@ class DiskStore:
         if not cut:  # the common case, and no write: a full store starts too
             return 0
         failed = 0
-        with self._cache.transact():
+        with self._rows.transact():
             for key in cut:
                 record = self._load(key)
                 assert record is not None
@@ -1529,12 +1040,12 @@ class DiskStore:
                 return self._check_health()
             return await self._run(self._check_health)
         except (StoreError, OSError) as exc:
-            return failed_health(exc if isinstance(exc, StoreError) else _store_error(exc, self._path))
+            return failed_health(exc if isinstance(exc, StoreError) else store_error(exc, self._path))
 
     def _check_health(self) -> StoreHealth:
         if self._health.failure is not None:  # does a write work again (room made, remounted)?
             try:
-                self._cache.set(PROBE, now())
+                self._rows.set(PROBE, now())
             except (sqlite3.Error, OSError, diskcache.Timeout):
                 pass
             else:
@@ -1557,11 +1068,11 @@ class DiskStore:
         self._checkpoints.close()  # before the cache's connection: the last to close checkpoints everything
         try:  # a clean stop leaves flags only where messages are pending: the next start reads no more
             if self._pending.any_settled:
-                with self._cache.transact():
+                with self._rows.transact():
                     self._pending.sweep()
         except (sqlite3.Error, OSError, diskcache.Timeout) as exc:  # e.g. a full disk: the next start sweeps
             log.info("store: pending flags left for the next start", extra={"error": str(exc)})
-        self._cache.close()
+        self._rows.close()
 
 
 def _inbox_record(m: InboxMessage) -> dict[str, Any]:
@@ -1582,112 +1093,8 @@ def _index_entry(scope: str, entry: Any) -> ConversationKey:
     return ConversationKey(*entry) if scope == ALL_TENANTS else ConversationKey(scope, entry)
 
 
-def _count_call(record: _Record, limit: int | None = None) -> int | None:
+def _count_call(record: Record, limit: int | None = None) -> int | None:
     if limit is not None and record.fields["llm_calls"] >= limit:
         return None
     record.fields["llm_calls"] += 1
     return record.fields["llm_calls"]
-
-
-def _conversation(key: ConversationKey, record: _Record) -> Conversation:
-    f = record.fields  # .get: records written before these fields existed have none of them
-    return Conversation(
-        key, f["created_at"], f["updated_at"], f["next_seq"], record.live(),
-        f["llm_calls"], record.forwarded(), record.rewritten(),
-        f["boundary"], f["summary_id"], dict(f.get("marks") or {}),
-        title=f.get("title"), task=f.get("task"), model=f.get("model"), client=f.get("client"),
-        failures=f.get("failures", 0), last_error=f.get("last_error"), turns=f["turns"],
-        inbox_open=len(f["inbox_open"]), inbox_anchors=frozenset(f["inbox_at"]),
-    )
-
-
-def _missing(key: ConversationKey, seq: int) -> StoreUnavailable:
-    """A row the conversation's index names is not there: a broken store, said as such."""
-    log.error("a stored message is missing", extra={"conversation": str(key), "seq": seq})
-    return StoreUnavailable("The conversation store failed; try again shortly.")
-
-
-def _store_error(exc: BaseException, folder: Path) -> StoreError:
-    """sqlite3's, diskcache's and the OS's failures as the store's own (the cause stays chained,
-    for the log; the client's message names no path). SQLite reports a write the OS refused as a
-    bare "disk I/O error": a probe file then tells a full or read-only disk from a broken one."""
-    text = str(exc).lower()
-    code = getattr(exc, "errno", None)
-    if isinstance(exc, sqlite3.Error) and "i/o error" in text:
-        code = _write_refused(folder)
-    if code in (errno.ENOSPC, errno.EDQUOT) or (isinstance(exc, sqlite3.Error) and "full" in text):
-        return StoreFull("The conversation store's disk is full: nothing was stored. Free space, or delete "
-                         "conversations, and retry.")
-    if code in (errno.EROFS, errno.EACCES, errno.EPERM) or (isinstance(exc, sqlite3.Error) and "readonly" in text):
-        return StoreReadOnly("The conversation store is read-only: nothing was stored.")
-    return StoreUnavailable("The conversation store failed; try again shortly.")
-
-
-def _write_refused(folder: Path) -> int | None:
-    """The errno with which the OS refuses a small write in `folder` now, or None if it takes one."""
-    probe = folder / f".write-probe-{os.getpid()}"
-    try:
-        with open(probe, "wb") as out:
-            out.write(b"\0" * 4096)
-            out.flush()
-            os.fsync(out.fileno())
-    except OSError as exc:
-        return exc.errno
-    finally:
-        with contextlib.suppress(OSError):
-            probe.unlink()
-    return None
-
-
-def _make_private(root: Path) -> None:
-    """The store's folder tree 0700, its files 0600 (SQLite gives its -wal and -shm files the
-    database file's mode; diskcache's value files are made so by _PrivateDisk)."""
-    try:
-        os.chmod(root, PRIVATE_DIR)
-        for folder, dirs, files in os.walk(root):
-            for name in dirs:
-                os.chmod(os.path.join(folder, name), PRIVATE_DIR)
-            for name in files:
-                os.chmod(os.path.join(folder, name), PRIVATE_FILE)
-    except OSError as exc:  # not the owner: say so, the store still works
-        log.warning("cannot make the store private", extra={"path": str(root), "error": str(exc)})
-
-
-class _Reserve:
-    """A file of `size` bytes held so that there is room to delete when the disk is full."""
-
-    def __init__(self, path: Path, size: int) -> None:
-        with contextlib.suppress(OSError):
-            fs = os.statvfs(path.parent)
-            size = min(size, int(fs.f_blocks * fs.f_frsize * RESERVE_SHARE))
-        self.path, self.size = path, size
-        self.held = size == 0 or path.is_file() and path.stat().st_size >= size
-
-    def make(self) -> None:
-        """(Re)make the reserve if there is room for it and as much again; quietly not otherwise."""
-        if self.held:
-            return
-        try:
-            fs = os.statvfs(self.path.parent)
-            if fs.f_bavail * fs.f_frsize < 2 * self.size:
-                return
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, PRIVATE_FILE)
-            try:
-                os.posix_fallocate(fd, 0, self.size)  # allocated, not sparse: the room is really taken
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            log.warning("cannot make the store's reserve", extra={"path": str(self.path), "error": str(exc)})
-            with contextlib.suppress(OSError):
-                self.path.unlink()
-            return
-        self.held = True
-
-    def release(self) -> bool:
-        """Free the reserve's room; False if there was none to free."""
-        if not self.held or self.size == 0:
-            return False
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
-        self.held = False
-        return True

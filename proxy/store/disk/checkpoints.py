@@ -20,7 +20,7 @@ import logging
 import sqlite3
 import threading
 
-from ..scheduling import run_behind_the_loop
+from ...scheduling import run_behind_the_loop
 
 log = logging.getLogger("proxy.store.disk")
 

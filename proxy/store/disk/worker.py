@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..scheduling import run_behind_the_loop
+from ...scheduling import run_behind_the_loop
 
 T = TypeVar("T")
 

@@ -1,0 +1,166 @@
+"""The embedded store's rows: a table of our own in diskcache's SQLite file.
+
+diskcache stays the embedded store's database (its file, connection, WAL mode and pragmas), but
+its `Cache.set` does far more than a store row needs: a SELECT, an INSERT or UPDATE, its Settings
+triggers (count, size) and eviction upkeep — about three statements and two pickles a row, 14
+statements for a later turn's five rows in two transactions. Here a row is a pickled value in a
+WITHOUT ROWID table keyed by text, on diskcache's own connection, and a write is one statement:
+inside `transact()` the rows set and deleted are held (reads see them) and written when it ends,
+all of them in one `INSERT OR REPLACE` (a statement on its own is its own transaction: no BEGIN,
+no COMMIT to send) — or, when there are deletes too or more rows than one statement takes, in
+one BEGIN ... COMMIT. A write that raises writes nothing. Measured with `python -m bench.store_turn
+--api` (docs/performance.md has the figures).
+
+A store written before this table (its rows in diskcache's Cache table) is moved into it when
+opened, in one transaction; diskcache's table is emptied after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import pickle
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import diskcache
+
+log = logging.getLogger("proxy.store.disk")
+
+TABLE = "context_proxy_rows"
+_GET = f"SELECT value, raw FROM {TABLE} WHERE key = ?"
+_SET = f"INSERT OR REPLACE INTO {TABLE} (key, value, raw) VALUES "
+_DELETE = f"DELETE FROM {TABLE} WHERE key IN "
+_KEYS = f"SELECT key FROM {TABLE} ORDER BY key"
+PROTOCOL = pickle.HIGHEST_PROTOCOL
+PER_STATEMENT = 300  # rows (three variables each) per statement: far below SQLite's variable limit
+_GONE = object()  # a row deleted in the write under way
+# How a row's value is kept: pickled, or as the bytes it is (a part's pickled messages: not copied again).
+PICKLED, RAW = 0, 1
+
+
+class Rows:
+    """Pickled values by text key, in our table of `cache`'s database; the subset of diskcache's
+    `Cache` API the store uses (`get`, `set`, `delete`, `incr`, `transact`, `iterkeys`)."""
+
+    def __init__(self, cache: diskcache.Cache) -> None:
+        self._cache = cache
+        self._local = threading.local()  # each thread's connection, as diskcache hands them out
+        # The write under way (store thread only: it is the one writer): key -> (value, raw) or _GONE.
+        self._held: dict[str, Any] | None = None
+        self._con.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} "
+                         "(key TEXT PRIMARY KEY, value BLOB NOT NULL, raw INTEGER NOT NULL) WITHOUT ROWID")
+        self._move_cache_rows()
+
+    @property
+    def _con(self) -> sqlite3.Connection:
+        con = getattr(self._local, "con", None)
+        if con is None:
+            con = self._local.con = self._cache._con  # diskcache's connection for this thread
+        return con
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """This thread's connection (diskcache's): for pragmas and checkpoints."""
+        return self._con
+
+    @contextmanager
+    def transact(self) -> Iterator[None]:
+        """One write: what is set and deleted inside is written at the end, at once (nested: by
+        the outermost); nothing of it if it raises."""
+        if self._held is not None:
+            yield
+            return
+        self._held = {}
+        try:
+            yield
+            held = self._held
+        finally:
+            self._held = None
+        self._write(held)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if self._held is not None and key in self._held:
+            row = self._held[key]
+            if row is _GONE:
+                return default
+        else:
+            row = self._con.execute(_GET, (key,)).fetchone()
+            if row is None:
+                return default
+        value, raw = row
+        return value if raw == RAW else pickle.loads(value)
+
+    def set(self, key: str, value: Any) -> None:
+        row = (value, RAW) if type(value) is bytes else (pickle.dumps(value, PROTOCOL), PICKLED)
+        if self._held is not None:
+            self._held[key] = row
+        else:
+            self._write({key: row})
+
+    def delete(self, key: str) -> None:
+        if self._held is not None:
+            self._held[key] = _GONE
+        else:
+            self._write({key: _GONE})
+
+    def _write(self, held: dict[str, Any]) -> None:
+        sets = [(key, *row) for key, row in held.items() if row is not _GONE]
+        gone = [key for key, row in held.items() if row is _GONE]
+        statements = [
+            *(_SET + ",".join(["(?, ?, ?)"] * len(chunk)) for chunk in _chunks(sets)),
+            *(_DELETE + "(" + ",".join(["?"] * len(chunk)) + ")" for chunk in _chunks(gone)),
+        ]
+        values = [*([v for row in chunk for v in row] for chunk in _chunks(sets)), *_chunks(gone)]
+        con = self._con
+        if len(statements) == 1:
+            con.execute(statements[0], values[0])  # its own transaction
+        elif statements:
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                for statement, args in zip(statements, values):
+                    con.execute(statement, args)
+                con.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled back already
+                    con.execute("ROLLBACK")
+                raise
+
+    def incr(self, key: str, delta: int = 1, default: int = 0) -> int:
+        """The counter at `key` plus `delta` (`default` plus `delta` for a new one), stored."""
+        with self.transact():
+            value = self.get(key, default) + delta
+            self.set(key, value)
+        return value
+
+    def iterkeys(self) -> Iterator[str]:
+        """Every key, in order (read whole first: the caller may write while it goes)."""
+        keys = {key for (key,) in self._con.execute(_KEYS).fetchall()}
+        if self._held:
+            keys |= {key for key, row in self._held.items() if row is not _GONE}
+            keys -= {key for key, row in self._held.items() if row is _GONE}
+        return iter(sorted(keys))
+
+    def close(self) -> None:
+        self._local = threading.local()
+        self._cache.close()
+
+    def _move_cache_rows(self) -> None:
+        """Rows a store wrote through `Cache.set` (before this table) move here, once."""
+        if not len(self._cache):
+            return
+        moved = 0
+        with self.transact():
+            for key in list(self._cache.iterkeys()):
+                if isinstance(key, str):
+                    self.set(key, self._cache.get(key))
+                    moved += 1
+        self._cache.clear()  # after the commit: the rows are in our table by then
+        log.info("store rows moved into table %s: %d", TABLE, moved)
+
+
+def _chunks(rows: list[Any]) -> list[list[Any]]:
+    return [rows[i:i + PER_STATEMENT] for i in range(0, len(rows), PER_STATEMENT)]
