@@ -82,8 +82,8 @@ def test_profiles_override_only_what_they_name():
 @pytest.mark.parametrize(
     "overrides, named",
     [
-        ({"profiles": {"p": {"context": {"history_token_limit": 1}}}}, "profiles.p: context.history_token_limit"),
-        ({"profiles": {"p": {"truncation": {"nope": 1}}}}, "profiles.p: truncation.nope"),
+        ({"profiles": {"p": {"context": {"history_token_limit": 1}}}}, "profiles.p.context.history_token_limit"),
+        ({"profiles": {"p": {"truncation": {"nope": 1}}}}, "profiles.p.truncation.nope"),
         ({"models": {"m": {"profile": "ghost"}}}, "models.m.profile"),
         ({"truncation": {"preview_length": 20000}}, "preview_length must be smaller"),
     ],
