@@ -129,7 +129,7 @@ def write_config(workdir: Path, upstream_port: int, redis_url: str) -> Path:
         "upstream": {"base_url": f"http://127.0.0.1:{upstream_port}/v1", "timeout_s": 30},
         "storage": {"backend": "redis", "redis_url": redis_url},
         "logging": {"level": "INFO"},
-        "profiles": {"compacting": {"compaction": {"strategy": "turns", "every_n_user_messages": 3}}},
+        "profiles": {"compacting": {"compaction": {"strategy": "turns", "turns": {"every_n_user_messages": 3}}}},
     }
     path = workdir / "config.yaml"
     path.write_text(json.dumps(config))  # JSON is YAML

@@ -38,8 +38,8 @@ SEED = 42
 
 # Compaction settings per strategy, small enough that a 20-turn session compacts several times.
 STRATEGIES: dict[str, dict[str, Any]] = {
-    "turns": {"strategy": "turns", "every_n_user_messages": 3},
-    "budget": {"strategy": "budget", "max_history_summary_length": 8000},
+    "turns": {"strategy": "turns", "turns": {"every_n_user_messages": 3}},
+    "budget": {"strategy": "budget", "budget": {"max_history_summary_length": 8000}},
 }
 
 

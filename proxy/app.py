@@ -191,6 +191,8 @@ def build_app(settings: Settings) -> web.Application:
     """The proxy's app; raises ConfigError for a setting only start-up can check (user code)."""
     check_compactors(settings)
     check_telemetry(settings)
+    for moved in settings.moved_keys():
+        log.warning("setting renamed; the old name still works, for now", extra={"setting": moved})
     check_trajectory_dir(settings.storage.trajectory_dir)
     # The request log wraps the error boundary so that it logs the status the client really got;
     # the guard looks at headers only, before the connection's bounds read the body.

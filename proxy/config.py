@@ -19,6 +19,8 @@ from pydantic import (
     PrivateAttr,
     SecretStr,
     ValidationError,
+    ValidatorFunctionWrapHandler,
+    create_model,
     field_validator,
     model_validator,
 )
@@ -232,20 +234,51 @@ class QuotaSettings(Section):
     on_exhausted: Literal["reject", "warn"] = Field("reject", description="Past the quota: 429, or forward with a warning.")
 
 
-class CompactionSettings(Section):
-    strategy: Literal["off", "mask", "turns", "budget"] = Field("off", description="How history is compacted.")
-    keep_tool_outputs: int = Field(10, ge=0, description="mask: the newest N tool outputs stay whole.")
-    mask_batch: int = Field(
+class MaskSettings(Section):
+    keep_tool_outputs: int = Field(10, ge=0, description="The newest N tool outputs stay whole.")
+    batch: int = Field(
         10, ge=1, le=1000,
-        description="mask: older outputs are masked this many at a time, so the prompt changes once per batch, "
+        description="Older outputs are masked this many at a time, so the prompt changes once per batch, "
         "not every turn (prompt caches).",
     )
-    every_n_user_messages: int = Field(10, ge=1, description="turns: summarize after N new user messages.")
+
+
+class TurnsSettings(Section):
+    every_n_user_messages: int = Field(10, ge=1, description="Summarize after N new user messages.")
+
+
+class BudgetSettings(Section):
     max_history_summary_length: int = Field(
-        40000, ge=1000, description="budget: summarize once the summary plus the live history exceed this many characters."
+        40000, ge=1000, description="Summarize once the summary plus the live history exceed this many characters."
     )
-    compaction_percent: int = Field(50, ge=1, le=100, description="budget: share of the history a window takes.")
-    recent_context_messages: int = Field(6, ge=0, le=100, description="budget: messages after the window shown to the summarizer.")
+    compaction_percent: int = Field(50, ge=1, le=100, description="Share of the history a window takes.")
+    recent_context_messages: int = Field(6, ge=0, le=100, description="Messages after the window shown to the summarizer.")
+
+
+# Keys of `compaction` that moved into their strategy's section: old flat name -> (section, key).
+# The old names still work (start-up logs each one it met, see Settings.moved_keys).
+MOVED_COMPACTION_KEYS: dict[str, tuple[str, str]] = {
+    "keep_tool_outputs": ("mask", "keep_tool_outputs"),
+    "mask_batch": ("mask", "batch"),
+    "every_n_user_messages": ("turns", "every_n_user_messages"),
+    "max_history_summary_length": ("budget", "max_history_summary_length"),
+    "compaction_percent": ("budget", "compaction_percent"),
+    "recent_context_messages": ("budget", "recent_context_messages"),
+}
+
+
+class CompactionSettings(Section):
+    """How history is compacted: the strategy, each strategy's own section, and what the two
+    summarizing strategies (turns, budget) share."""
+
+    strategy: Literal["off", "mask", "turns", "budget"] = Field(
+        "off",
+        description="How history is compacted. A strategy's own keys are under its name (compaction.mask.*, .turns.*, "
+        ".budget.*); their old flat names (e.g. compaction.keep_tool_outputs) still work, with a warning at start-up.",
+    )
+    mask: MaskSettings = Field(MaskSettings(), description="mask: older tool outputs become placeholders (no LLM).")
+    turns: TurnsSettings = Field(TurnsSettings(), description="turns: a summary every N user messages.")
+    budget: BudgetSettings = Field(BudgetSettings(), description="budget: a summary once the history outgrows a size.")
     background: bool = Field(True, description="Summarize after the reply (true) or before forwarding (false).")
     max_summarizer_input_tokens: int = Field(
         60000, ge=1000, description="Larger windows are summarized in chunks of this size."
@@ -268,11 +301,38 @@ class CompactionSettings(Section):
         "proxy.compaction.llm.LLMCompactor", description="Dotted path of the compactor class (turns/budget)."
     )
 
+    # The old flat names this section was given, with their new names (for the start-up log).
+    _moved: tuple[tuple[str, str], ...] = PrivateAttr(default=())
+
     @field_validator("strategy", mode="before")
     @classmethod
     def _yaml_off(cls, value: Any) -> Any:
         # YAML 1.1 reads an unquoted `off` (and `no`, `false`) as false.
         return "off" if value is False or (isinstance(value, str) and value.strip().lower() == "false") else value
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _old_flat_names(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        """Read the keys that moved into mask/turns/budget under their old flat names too; both
+        names at once is an error naming the new one."""
+        if not isinstance(data, dict) or not MOVED_COMPACTION_KEYS.keys() & data.keys():
+            return handler(data)
+        data, moved = dict(data), []
+        for old, (section, key) in MOVED_COMPACTION_KEYS.items():
+            if old not in data:
+                continue
+            inner = data.get(section, {})
+            if isinstance(inner, BaseModel):
+                inner = inner.model_dump(exclude_unset=True)
+            if not isinstance(inner, dict):
+                continue  # a malformed section: its own validation names it
+            if key in inner:
+                raise ValueError(f"{old} is now {section}.{key}: set only {section}.{key}")
+            data[section] = {**inner, key: data.pop(old)}
+            moved.append((old, f"{section}.{key}"))
+        settings = handler(data)
+        settings._moved = tuple(moved)
+        return settings
 
 
 # A knowledge namespace: the charset of conversation ids, shorter. "versions" and "diff" name
@@ -323,12 +383,71 @@ class Profile(Section):
 PROFILE_SECTIONS = ("context", "truncation", "compaction", "quota", "knowledge")
 
 
+def overrides_of(section: type[Section]) -> type[Section]:
+    """`section` with every key optional: a profile's overrides of it. Each key given is checked as
+    the section checks it (type, bounds, its field validators, old names read by a before or wrap
+    validator); the checks across keys (the section's after validators) run on the merged profile,
+    since a key may be valid only with the defaults it is merged over. `model_dump(exclude_unset=True)`
+    is what the profile sets."""
+    fields: dict[str, Any] = {}
+    for name, info in section.model_fields.items():
+        if isinstance(info.annotation, type) and issubclass(info.annotation, Section):
+            inner = overrides_of(info.annotation)
+            fields[name] = (inner, inner())
+        else:
+            optional = info._copy()
+            optional.default, optional.default_factory = None, None  # never validated, never dumped when unset
+            fields[name] = (info.annotation, optional)
+    decorators = section.__pydantic_decorators__
+    validators: dict[str, Any] = {
+        name: field_validator(*d.info.fields, mode=d.info.mode)(classmethod(d.func.__func__))
+        for name, d in decorators.field_validators.items()
+    }
+    validators.update(
+        (name, model_validator(mode=d.info.mode)(classmethod(d.func.__func__)))
+        for name, d in decorators.model_validators.items()
+        if d.info.mode != "after"
+    )
+    return create_model(  # type: ignore[call-overload, no-any-return]
+        section.__name__.removesuffix("Settings") + "Overrides",
+        __base__=Section,
+        __module__=__name__,
+        __validators__=validators,
+        __namespace__=dict(section.__private_attributes__),
+        **fields,
+    )
+
+
+ContextOverrides = overrides_of(ContextSettings)
+TruncationOverrides = overrides_of(TruncationSettings)
+CompactionOverrides = overrides_of(CompactionSettings)
+QuotaOverrides = overrides_of(QuotaSettings)
+KnowledgeOverrides = overrides_of(KnowledgeSettings)
+
+
 class ProfileOverrides(Section):
-    context: dict[str, Any] = Field(default_factory=dict)
-    truncation: dict[str, Any] = Field(default_factory=dict)
-    compaction: dict[str, Any] = Field(default_factory=dict)
-    quota: dict[str, Any] = Field(default_factory=dict)
-    knowledge: dict[str, Any] = Field(default_factory=dict)
+    """One entry of `profiles:`: the keys of the per-conversation sections it changes."""
+
+    context: ContextOverrides = ContextOverrides()  # type: ignore[valid-type]
+    truncation: TruncationOverrides = TruncationOverrides()  # type: ignore[valid-type]
+    compaction: CompactionOverrides = CompactionOverrides()  # type: ignore[valid-type]
+    quota: QuotaOverrides = QuotaOverrides()  # type: ignore[valid-type]
+    knowledge: KnowledgeOverrides = KnowledgeOverrides()  # type: ignore[valid-type]
+
+    def merged_over(self, default: Profile) -> dict[str, Any]:
+        """`default` as a dict, with the keys this profile sets put in (into nested sections key by key)."""
+        return {
+            section: _merge(getattr(default, section), getattr(self, section).model_dump(exclude_unset=True))
+            for section in PROFILE_SECTIONS
+        }
+
+
+def _merge(base: BaseModel, changes: dict[str, Any]) -> dict[str, Any]:
+    merged = base.model_dump()
+    for key, value in changes.items():
+        inner = getattr(base, key)
+        merged[key] = _merge(inner, value) if isinstance(inner, BaseModel) else value
+    return merged
 
 
 class InboxSettings(Section):
@@ -498,17 +617,20 @@ class Settings(BaseSettings):
         )
         self._profiles[None] = default
         for name, overrides in self.profiles.items():
-            merged: dict[str, Any] = {}
-            for section in PROFILE_SECTIONS:
-                merged[section] = {**getattr(default, section).model_dump(), **getattr(overrides, section)}
             try:
-                self._profiles[name] = Profile.model_validate(merged)
+                self._profiles[name] = Profile.model_validate(overrides.merged_over(default))
             except ValidationError as exc:
                 raise ValueError(f"profiles.{name}: {_one_line(exc, prefix='')}") from None
         for model, entry in self.models.items():
             if entry.profile is not None and entry.profile not in self.profiles:
                 raise ValueError(f"models.{model}.profile: no profile named {entry.profile!r}")
         return self
+
+    def moved_keys(self) -> list[str]:
+        """The keys given under an old name, as "old -> new" (start-up logs them: the old names go one day)."""
+        where = [("compaction", self.compaction)]
+        where += [(f"profiles.{name}.compaction", overrides.compaction) for name, overrides in self.profiles.items()]
+        return [f"{path}.{old} -> {path}.{new}" for path, section in where for old, new in section._moved]
 
     def profile(self, name: str | None) -> Profile | None:
         """The merged settings of profile `name` (None = the defaults); None if there is no such profile."""

@@ -31,9 +31,20 @@ def reference() -> str:
             for key, sub in model.model_fields.items():
                 rows.append(f"| `models.<name>.{key}` | {_default(sub)} | {_cell(sub.description)} |")
             continue
-        for key, sub in model.model_fields.items():
-            rows.append(f"| `{section}.{key}` | {_default(sub)} | {_cell(sub.description)} |")
+        rows += _rows(section, model)
     return "\n".join(rows)
+
+
+def _rows(prefix: str, model: type[BaseModel]) -> list[str]:
+    """A row per key of `model`, a nested section's keys under its name (`compaction.mask.batch`)."""
+    rows = []
+    for key, sub in model.model_fields.items():
+        if isinstance(sub.annotation, type) and issubclass(sub.annotation, BaseModel):
+            rows.append(f"| `{prefix}.{key}` | | {_cell(sub.description)} |")
+            rows += _rows(f"{prefix}.{key}", sub.annotation)
+        else:
+            rows.append(f"| `{prefix}.{key}` | {_default(sub)} | {_cell(sub.description)} |")
+    return rows
 
 
 def _model_of(default: Any, annotation: Any) -> type[BaseModel]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -28,6 +29,8 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         ({}, "storage:\n  backend: floppy\n", "storage.backend"),
         ({}, "surprise: true\n", "surprise"),
         ({"CONTEXT_PROXY_UPSTREAM__TIMEOUT_S": "-1"}, None, "upstream.timeout_s"),
+        # a key under its old flat name and its new one at once: the error names the new one
+        ({"CONTEXT_PROXY_COMPACTION__MASK__BATCH": "2"}, "compaction:\n  mask_batch: 3\n", "set only mask.batch"),
     ],
 )
 def test_a_bad_setting_stops_startup_with_one_line_naming_it(tmp_path, env, yaml_text, named):
@@ -82,8 +85,8 @@ def test_profiles_override_only_what_they_name():
 @pytest.mark.parametrize(
     "overrides, named",
     [
-        ({"profiles": {"p": {"context": {"history_token_limit": 1}}}}, "profiles.p: context.history_token_limit"),
-        ({"profiles": {"p": {"truncation": {"nope": 1}}}}, "profiles.p: truncation.nope"),
+        ({"profiles": {"p": {"context": {"history_token_limit": 1}}}}, "profiles.p.context.history_token_limit"),
+        ({"profiles": {"p": {"truncation": {"nope": 1}}}}, "profiles.p.truncation.nope"),
         ({"models": {"m": {"profile": "ghost"}}}, "models.m.profile"),
         ({"truncation": {"preview_length": 20000}}, "preview_length must be smaller"),
     ],
@@ -111,3 +114,109 @@ def test_the_readme_lists_every_setting_as_the_models_describe_it():
             assert all(f"`{section}.{key}`" in table for key in field.annotation.model_fields)
     done = subprocess.run([sys.executable, "-m", "proxy", "settings"], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == table
+
+
+# -- compaction: each strategy's own section; the old flat names --------------------------------------------------
+
+
+def test_each_strategy_reads_its_own_section_from_the_yaml_and_the_env(tmp_path, monkeypatch):
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "compaction:\n  strategy: mask\n  mask: {keep_tool_outputs: 3, batch: 2}\n"
+        "  budget: {max_history_summary_length: 9000, compaction_percent: 30}\n"
+    )
+    monkeypatch.setenv("CONTEXT_PROXY_COMPACTION__MASK__BATCH", "5")  # the env wins over the YAML, key by key
+    monkeypatch.setenv("CONTEXT_PROXY_COMPACTION__TURNS__EVERY_N_USER_MESSAGES", "4")
+    settings = load_settings(config)
+    compaction = settings.compaction
+    assert (compaction.mask.keep_tool_outputs, compaction.mask.batch) == (3, 5)
+    assert compaction.turns.every_n_user_messages == 4
+    assert (compaction.budget.max_history_summary_length, compaction.budget.compaction_percent) == (9000, 30)
+    assert compaction.budget.recent_context_messages == 6  # a default
+    assert settings.moved_keys() == []
+
+
+OLD_FLAT = {
+    "keep_tool_outputs": 3, "mask_batch": 2, "every_n_user_messages": 4,
+    "max_history_summary_length": 9000, "compaction_percent": 30, "recent_context_messages": 2,
+}
+NEW_NESTED = {
+    "mask": {"keep_tool_outputs": 3, "batch": 2}, "turns": {"every_n_user_messages": 4},
+    "budget": {"max_history_summary_length": 9000, "compaction_percent": 30, "recent_context_messages": 2},
+}
+
+
+def test_the_old_flat_names_set_the_same_settings_as_the_new_ones_and_are_listed_as_moved(tmp_path, monkeypatch):
+    config = tmp_path / "c.yaml"
+    config.write_text("compaction:\n  strategy: budget\n" + "".join(f"  {k}: {v}\n" for k, v in OLD_FLAT.items()))
+    new = load_settings(None, compaction={"strategy": "budget", **NEW_NESTED, "mask": {"keep_tool_outputs": 7, "batch": 2}})
+    monkeypatch.setenv("CONTEXT_PROXY_COMPACTION__KEEP_TOOL_OUTPUTS", "7")  # an old env name still wins over the YAML
+    old = load_settings(config)
+    assert old.compaction.model_dump() == new.compaction.model_dump()
+    assert old.compaction.mask.keep_tool_outputs == 7
+    assert old.moved_keys() == [
+        "compaction.keep_tool_outputs -> compaction.mask.keep_tool_outputs",
+        "compaction.mask_batch -> compaction.mask.batch",
+        "compaction.every_n_user_messages -> compaction.turns.every_n_user_messages",
+        "compaction.max_history_summary_length -> compaction.budget.max_history_summary_length",
+        "compaction.compaction_percent -> compaction.budget.compaction_percent",
+        "compaction.recent_context_messages -> compaction.budget.recent_context_messages",
+    ]
+    assert new.moved_keys() == []
+
+
+def test_start_up_logs_each_old_name_it_read(caplog):
+    from proxy.app import build_app
+
+    settings = load_settings(
+        None, compaction={"strategy": "mask", "mask_batch": 2},
+        profiles={"p": {"compaction": {"every_n_user_messages": 3}}, "q": {"compaction": {"turns": {"every_n_user_messages": 3}}}},
+    )
+    with caplog.at_level("WARNING", logger="proxy"):
+        build_app(settings)
+    renamed = [r.setting for r in caplog.records if r.getMessage().startswith("setting renamed")]
+    assert renamed == [
+        "compaction.mask_batch -> compaction.mask.batch",
+        "profiles.p.compaction.every_n_user_messages -> profiles.p.compaction.turns.every_n_user_messages",
+    ]
+
+
+@pytest.mark.parametrize(
+    "compaction, named",
+    [
+        ({"keep_tool_outputs": 1, "mask": {"keep_tool_outputs": 2}}, "compaction: keep_tool_outputs is now mask.keep_tool_outputs"),
+        ({"keep_tool_outputs": -1}, "compaction.mask.keep_tool_outputs: Input should be greater than or equal to 0"),
+        ({"mask": {"mask_batch": 2}}, "compaction.mask.mask_batch: Extra inputs"),
+        ({"mask": 3}, "compaction.mask: Input should be a valid dictionary"),
+    ],
+)
+def test_a_bad_compaction_key_is_refused_naming_the_new_key(compaction, named):
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        load_settings(None, compaction=compaction)
+    with pytest.raises(ConfigError, match=re.escape(f"profiles.p.{named}")):
+        load_settings(None, profiles={"p": {"compaction": compaction}})
+
+
+def test_a_profile_overrides_only_the_keys_it_names_nested_sections_key_by_key(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "truncation: {preview_length: 500, max_tool_response_length: 3000}\n"
+        "compaction:\n  strategy: mask\n  mask: {keep_tool_outputs: 4, batch: 2}\n"
+        "profiles:\n"
+        "  small:\n"
+        "    truncation: {max_tool_response_length: 1000}\n"  # valid only over the defaults' preview_length
+        "    compaction: {strategy: off, mask: {keep_tool_outputs: 1}, every_n_user_messages: 3}\n"
+        "    quota: {max_llm_calls: null}\n"
+    )
+    settings = load_settings(config)
+    overrides = settings.profiles["small"]
+    assert overrides.compaction.model_dump(exclude_unset=True) == {
+        "strategy": "off", "mask": {"keep_tool_outputs": 1}, "turns": {"every_n_user_messages": 3},
+    }
+    small = settings.profile("small")
+    assert small.compaction.strategy == "off"  # YAML's bare `off` (false) read as in the section itself
+    assert (small.compaction.mask.keep_tool_outputs, small.compaction.mask.batch) == (1, 2)
+    assert small.compaction.turns.every_n_user_messages == 3
+    assert (small.truncation.preview_length, small.truncation.max_tool_response_length) == (500, 1000)
+    assert small.quota.max_llm_calls is None
+    assert settings.profile(None).compaction.mask.keep_tool_outputs == 4  # the defaults untouched

@@ -82,7 +82,7 @@ class LLMCompactor:
         if previous is not None and previous.last_seq >= window[-1].seq:
             return None  # this window is already summarized: never the same one twice in a row
         rest = after[len(window) :]
-        recent = rest[: settings.recent_context_messages] if settings.strategy == "budget" else []
+        recent = rest[: settings.budget.recent_context_messages] if settings.strategy == "budget" else []
         summary = await self._summarize(job, settings, window, previous, recent)
         if settings.strategy == "budget":
             summary = await self._within_budget(summary, settings, job.profile.truncation, rest, job.key)
@@ -193,7 +193,7 @@ class LLMCompactor:
     ) -> Summary:
         """budget: shrink the summary so that it and the history it leaves stay under the trigger
         with a tenth to spare, so the next turn does not compact again at once."""
-        limit = settings.max_history_summary_length
+        limit = settings.budget.max_history_summary_length
         room = max(limit - limit // 10 - history_chars(rest, truncation), limit // 4)
         size = rendered_chars(summary, settings)
         ref_for = await self._ref_maker(key)

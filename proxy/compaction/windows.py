@@ -48,7 +48,7 @@ def turns_window(
     message (the current turn stays verbatim). `counted`: how many of the first user messages after
     the boundary the last summary already counted (the one that triggered it stays after it)."""
     users = [i for i, m in enumerate(after_boundary) if m.role is Role.USER]
-    if not users or (len(users) - counted < settings.every_n_user_messages and not force):
+    if not users or (len(users) - counted < settings.turns.every_n_user_messages and not force):
         return []
     return _big_enough(after_boundary[: users[-1]])
 
@@ -61,11 +61,11 @@ def budget_window(
     summary_chars: int = 0,
 ) -> list[Entry]:
     """budget: once the current summary (`summary_chars`, as sent) plus the live history are over
-    `max_history_summary_length` characters (counted as they go upstream, shortened tool outputs
-    included), the history's first `compaction_percent`."""
-    if not force and summary_chars + history_chars(after_boundary, truncation) <= settings.max_history_summary_length:
+    `budget.max_history_summary_length` characters (counted as they go upstream, shortened tool outputs
+    included), the history's first `budget.compaction_percent`."""
+    if not force and summary_chars + history_chars(after_boundary, truncation) <= settings.budget.max_history_summary_length:
         return []
-    end = math.ceil(len(after_boundary) * settings.compaction_percent / 100)
+    end = math.ceil(len(after_boundary) * settings.budget.compaction_percent / 100)
     return _big_enough(after_boundary[: block_end(after_boundary, end)])
 
 

@@ -5,9 +5,9 @@
   user item (the task, with the items that join it) and the client's instructions the summary
   covers (system/developer items anywhere in the transcript) are pinned: always sent, right after
   the summary.
-- `mask` (no LLM): tool outputs older than the newest `keep_tool_outputs` become a one-line
+- `mask` (no LLM): tool outputs older than the newest `mask.keep_tool_outputs` become a one-line
   placeholder naming their ref, still readable through read_tool_output; they are masked in
-  batches of `mask_batch`, so the prompt changes once a batch instead of every turn.
+  batches of `mask.batch`, so the prompt changes once a batch instead of every turn.
 
 The summaries themselves are made by proxy/compaction (after the reply, by default).
 """
@@ -86,11 +86,11 @@ class Compaction:
         """Outputs up to the mask mark are placeholders; once `keep + batch` outputs are past it,
         the mark moves so that only the newest `keep` stay whole (in batches: cache-friendly)."""
         settings = turn.profile.compaction
-        keep = settings.keep_tool_outputs
+        keep = settings.mask.keep_tool_outputs
         tool_positions = [i for i, it in enumerate(items) if it.role is Role.TOOL and it.seq is not None]
         through = turn.marks.get(MASK_MARK, 0)
         unmasked = [i for i in tool_positions if items[i].seq > through]  # type: ignore[operator]
-        if len(unmasked) >= keep + settings.mask_batch:
+        if len(unmasked) >= keep + settings.mask.batch:
             through = items[unmasked[len(unmasked) - keep - 1]].seq  # type: ignore[assignment]
             turn.report.marks[MASK_MARK] = through
         older = [i for i in tool_positions if items[i].seq <= through]  # type: ignore[operator]
