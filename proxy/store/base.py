@@ -510,7 +510,7 @@ class TurnRecord:
     task: str | None = None  # the task's first words, on a conversation's first turns only
 
     def row(self) -> dict[str, Any]:
-        row = asdict(self)
+        row = dict(self.__dict__)  # shallow, as the engine's lists are (asdict deep-copies every seq: ms a turn)
         for optional in ("title", "task"):
             if not row[optional]:
                 del row[optional]
