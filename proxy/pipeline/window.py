@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 from ..compaction.quotes import quote
 from ..compaction.render import render_summary
 from ..config import Settings
+from ..tokens import CHARS_PER_TOKEN
 from ..transcript import Item, Role, is_instruction, leading_system_count, unit_start, units
 from .base import StageRun, Turn, passed_through
 from ..tools.history_search import RECALL_MARK
@@ -43,9 +44,8 @@ from .compaction import SUMMARY
 MAX_PASSES = 4
 RECALL_ROOM = 600  # tokens (at most a tenth of the limit) kept free for a recall round once the recall tools go
 # The most of the history limit the window's quotes of the user messages it leaves out may take
-# (the rest stays for the history itself), and the characters per token that budget assumes.
+# (the rest stays for the history itself), turned into characters by the rough rule.
 QUOTE_SHARE = 0.25
-CHARS_PER_TOKEN = 4
 
 
 @dataclass(frozen=True, slots=True)
