@@ -89,11 +89,9 @@ class Truncation:
 
     def _marker(self, turn: Turn, seq: int, ref: str, total: int, summarized: bool) -> str:
         settings = turn.profile.truncation
-        shown = "a summary" if summarized else f"the first {settings.preview_length} of {total} characters"
-        start = 0 if summarized else settings.preview_length
         figures = turn.ledger.figures(seq)
         quota = figures.line() if figures is not None else None
-        return shortened_output(shown, total, ref, start, settings.read_length, quota)
+        return shortened_output(total, ref, None if summarized else settings.preview_length, settings.read_length, quota)
 
     async def _summaries(self, turn: Turn, wanted: list[tuple[Item, str, str]]) -> dict[int, str]:
         """Stored summaries, and new ones made now (a failure falls back to a preview, logged)."""

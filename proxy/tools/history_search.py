@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from ..dialects.base import ToolSpec
 from ..identity import ConversationKey
+from ..markers import READ_TOOL, SEARCH_TOOL
 from ..refs import RefSigner
 from ..store import Store
 from ..store.search import DEFAULT_HITS, MAX_HITS, SearchHit, terms
@@ -30,7 +31,6 @@ from ..transcript import Call, Codec, Item
 if TYPE_CHECKING:
     from ..pipeline import Turn
 
-SEARCH_TOOL = "search_history"
 SEARCH_TOOL_SPEC = ToolSpec(
     name=SEARCH_TOOL,
     description=(
@@ -115,7 +115,7 @@ class HistorySearch:
         if hit.role == "tool" or len(hit.text) < hit.length:
             offset = await self._offset(hit)
             ref = self.refs.make(self.key, hit.seq)
-            where += f'; read it whole: read_tool_output(ref="{ref}", offset={offset}) ({hit.length} characters)'
+            where += f'; read it whole: {READ_TOOL}(ref="{ref}", offset={offset}) ({hit.length} characters)'
         return f"({where})"
 
     async def _offset(self, hit: SearchHit) -> int:
