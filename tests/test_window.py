@@ -16,6 +16,7 @@ from proxy.config import ContextSettings, Profile, Settings
 from proxy.dialects.chat import CHAT
 from proxy.engine.report import TurnReport
 from proxy.identity import ConversationKey
+from proxy.marks import Marks
 from proxy.pipeline.base import StageRun
 from proxy.pipeline.window import TokenWindow, build, effective_limit
 from proxy.pipeline.window import select_window as select_items
@@ -175,7 +176,7 @@ def turn(
     report = TurnReport(ConversationKey("t", "c"), "chat", model)
     return SimpleNamespace(
         model=model, profile=profile, counter=COUNTER, codec=CHAT.codec, report=report,
-        reply_reserve=CHAT.reply_reserve(body), fixed_tokens=0, proxy_tool_tokens=0, marks=marks or {},
+        reply_reserve=CHAT.reply_reserve(body), fixed_tokens=0, proxy_tool_tokens=0, marks=Marks(marks),
         summary=None, key=report.key, refs=RefSigner(b"k" * 32), notes={},
     )
 

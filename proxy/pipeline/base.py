@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..config import Profile
 from ..identity import ConversationKey
+from ..marks import Marks
 from ..store import Conversation, Store, Summary
 from ..transcript import Codec, Item
 
@@ -60,7 +61,7 @@ class Turn:
     fixed_tokens: int = 0  # tokens sent with every call besides the transcript (tool schemas, instructions)
     proxy_tool_tokens: int = 0  # what the proxy's recall tools' definitions add when they are offered
     summary: Summary | None = None  # the conversation's current compaction summary, if any
-    marks: dict[str, int] = field(default_factory=dict)  # where the cuts stood after the last turn (see Conversation)
+    marks: Marks = field(default_factory=Marks)  # the conversation's, as its last turn left them (see proxy/marks.py)
     body: dict[str, Any] | None = None  # the request as received (for custom stages); never edited
     conversation: Conversation | None = None  # its record as the turn began (None: its first turn)
     knowledge_namespace: str | None = None  # the long-term knowledge document it uses (None: the default)

@@ -17,11 +17,9 @@ from __future__ import annotations
 from ..compaction.render import render_summary
 from ..config import Settings
 from ..markers import omitted_output
-from ..transcript import Item, Role, first_user, is_instruction, leading_system_count, unit_end
+from ..marks import MASK_MARK
+from ..transcript import Item, Origin, Role, first_user, is_instruction, leading_system_count, unit_end
 from .base import StageRun, Turn, passed_through
-
-MASK_MARK = "mask_through"  # outputs up to this seq go as placeholders
-SUMMARY = "summary"  # the origin of the summary's note (the window adds what it leaves out to it)
 
 
 class Compaction:
@@ -49,7 +47,7 @@ class Compaction:
         rendered = render_summary(turn.summary, turn.profile.compaction)
         assert rendered is not None
         # A shortened user message in it reads back by ref: the item carries one, so the read tool goes too.
-        summary = turn.codec.system_note(rendered.text).but(ref=next(iter(rendered.refs.values()), None), origin=SUMMARY)
+        summary = turn.codec.system_note(rendered.text).but(ref=next(iter(rendered.refs.values()), None), origin=Origin.SUMMARY)
         turn.report.messages_left_out += len(rest) - len(kept) - len(head)
         turn.report.summary_id = turn.summary.id
         dropped = sum(len(turn.codec.text(it) or "") for it in rest if it.seq is not None and it.seq <= boundary)
@@ -88,7 +86,7 @@ class Compaction:
         settings = turn.profile.compaction
         keep = settings.keep_tool_outputs
         tool_positions = [i for i, it in enumerate(items) if it.role is Role.TOOL and it.seq is not None]
-        through = turn.marks.get(MASK_MARK, 0)
+        through = turn.marks.mask_through
         unmasked = [i for i in tool_positions if items[i].seq > through]  # type: ignore[operator]
         if len(unmasked) >= keep + settings.mask_batch:
             through = items[unmasked[len(unmasked) - keep - 1]].seq  # type: ignore[assignment]

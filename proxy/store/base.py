@@ -19,6 +19,7 @@ import orjson
 
 from ..errors import ProxyError
 from ..identity import ConversationKey, family_of
+from ..marks import LIVE_ORDER_MARK, RUNS_MARK, THREAD_MARK
 from ..messages import Message
 from ..titles import title_from_task
 
@@ -33,13 +34,6 @@ FAILED = "failed"  # the request carrying it was refused or failed: kept in the 
 INCOMPLETE = "incomplete"  # a streamed reply the client went away from
 INTERNAL = "internal"  # a read_tool_output round the proxy answered itself: never shown to the client
 STATUSES = frozenset({PENDING, LIVE, SUPERSEDED, FAILED, INCOMPLETE, INTERNAL})
-# Marks that are not seqs: which thread of its client's session a conversation is (a token), how
-# many runs a derived conversation had. The others name a seq (a cut, the live turn's order).
-THREAD_MARK = "thread"
-RUNS_MARK = "runs"
-# The order of the turn whose request the live transcript is (see TurnWriter): a turn that
-# started before it and ends after it does not take the live transcript back.
-LIVE_ORDER_MARK = "live_order"
 
 
 def now() -> float:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from ..dialects.base import ToolSpec
 from ..identity import ConversationKey
 from ..markers import READ_TOOL, SEARCH_TOOL
+from ..marks import RECALL_MARK
 from ..refs import RefSigner
 from ..store import Store
 from ..store.search import DEFAULT_HITS, MAX_HITS, SearchHit, terms
@@ -44,15 +45,13 @@ SEARCH_TOOL_SPEC = ToolSpec(
     },
 )
 
-# On the conversation record once the recall tools were first offered: from then on, on every turn.
-RECALL_MARK = "recall_tools"
 MAX_QUERY_CHARS = 500
 
 
 def recall_wanted(turn: Turn, items: list[Item]) -> bool:
     """Whether the recall tools go with this prompt: they went before in this conversation, or
     something has left the prompt (a shortened output in it, a message left out, a summary)."""
-    if RECALL_MARK in turn.marks or RECALL_MARK in turn.report.marks:
+    if turn.marks.recall_tools or RECALL_MARK in turn.report.marks:
         return True
     left = (
         turn.report.messages_left_out > 0 or turn.report.masked > 0 or turn.summary is not None
@@ -143,4 +142,4 @@ def _best_lines(text: str, query: str, measure: Callable[[str], int], room: int)
     return "\n".join(lines[j] for j in sorted(chosen))
 
 
-__all__ = ["RECALL_MARK", "SEARCH_TOOL", "SEARCH_TOOL_SPEC", "HistorySearch", "offer", "recall_wanted"]
+__all__ = ["SEARCH_TOOL", "SEARCH_TOOL_SPEC", "HistorySearch", "offer", "recall_wanted"]
