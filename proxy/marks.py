@@ -23,7 +23,6 @@ LIVE_ORDER_MARK = "live_order"
 RECALL_MARK = "recall_tools"  # 1 once the recall tools were offered: from then on, on every turn (tools/)
 THREAD_MARK = "thread"  # which thread of its client's session a conversation is (a token; engine)
 RUNS_MARK = "runs"  # how many runs a derived conversation had (engine)
-NOT_SEQS = frozenset({RECALL_MARK, THREAD_MARK, RUNS_MARK})
 
 
 class Marks(Mapping[str, int]):

@@ -13,18 +13,15 @@ import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import orjson
 
 from ..errors import ProxyError
 from ..identity import ConversationKey, family_of
-from ..marks import LIVE_ORDER_MARK, RUNS_MARK, THREAD_MARK
+from ..marks import RUNS_MARK, THREAD_MARK
 from ..messages import Message
 from ..titles import title_from_task
-
-if TYPE_CHECKING:
-    from .search import SearchHit
 
 # Written before forwarding; becomes live when the upstream accepts the request, failed otherwise.
 PENDING = "pending"
@@ -129,6 +126,20 @@ class StoredMessage:
         if with_status:
             out["status"] = self.status
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    """One passage found: where it is (the message's seq, and the passage's character offset in
+    the message's text), what it says with a little context around it, and its score."""
+
+    seq: int
+    role: str
+    created_at: float
+    text: str  # the passage with up to search.CONTEXT_CHARS on each side, cut at lines where it can be
+    offset: int  # where `text` starts in the message's text (for read_tool_output)
+    length: int  # the message text's whole length
+    score: float
 
 
 @dataclass(slots=True)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from ..dialects.base import ToolSpec
 from ..identity import ConversationKey
@@ -28,9 +27,7 @@ from ..refs import RefSigner
 from ..store import Store
 from ..store.search import DEFAULT_HITS, MAX_HITS, SearchHit, terms
 from ..transcript import Call, Codec, Item
-
-if TYPE_CHECKING:
-    from ..pipeline import Turn
+from .base import ToolContext
 
 SEARCH_TOOL_SPEC = ToolSpec(
     name=SEARCH_TOOL,
@@ -48,7 +45,7 @@ SEARCH_TOOL_SPEC = ToolSpec(
 MAX_QUERY_CHARS = 500
 
 
-def recall_wanted(turn: Turn, items: list[Item]) -> bool:
+def recall_wanted(turn: ToolContext, items: list[Item]) -> bool:
     """Whether the recall tools go with this prompt: they went before in this conversation, or
     something has left the prompt (a shortened output in it, a message left out, a summary)."""
     if turn.marks.recall_tools or RECALL_MARK in turn.report.marks:
@@ -62,7 +59,7 @@ def recall_wanted(turn: Turn, items: list[Item]) -> bool:
     return left
 
 
-def offer(turn: Turn, items: list[Item]) -> HistorySearch | None:
+def offer(turn: ToolContext, items: list[Item]) -> HistorySearch | None:
     if not recall_wanted(turn, items):
         return None
     return HistorySearch(turn.store, turn.refs, turn.key, turn.codec, lambda text: turn.counter.count_texts([text], turn.model))
