@@ -47,7 +47,7 @@ from ..config import Profile
 from ..dialects.base import ByElements, Dialect, ToolSpec
 from ..history import TurnPlan
 from ..identity import ConversationKey
-from ..pipeline import Pipeline, StageRun, Turn
+from ..pipeline import Notes, Pipeline, StageRun, Turn
 from ..pipeline.base import apply_figures, figures_of
 from ..prefix import BodyEntry, ParsedBody
 from ..transcript import Item, unit_start
@@ -301,7 +301,7 @@ class FastTurn:
                 apply_figures(report, done_runs[-1].figures)
             else:
                 apply_figures(report, before)
-            turn.notes.clear()
+            turn.notes = Notes()
         return tail
 
     async def _appended(

@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from ..tokens import TokenCounter
 
 __all__ = [
-    "PIPELINE_FIELDS", "Figures", "Item", "Stage", "StageRun", "Turn", "added", "apply_figures", "figures_of",
-    "item_by_item", "moved", "passed_through",
+    "PIPELINE_FIELDS", "Figures", "Item", "Notes", "Stage", "StageRun", "Stepped", "Turn", "added", "apply_figures",
+    "figures_of", "item_by_item", "moved", "passed_through",
 ]
 
 # What the pipeline's stages fill in of a turn's report (the rest of it is the turn's own: the
@@ -30,15 +30,39 @@ Figures = dict[str, Any]  # PIPELINE_FIELDS -> value, as a report holds them
 
 
 @dataclass(frozen=True, slots=True)
+class Stepped:
+    """Where a stepped window stood after a turn that sent the whole history from its start:
+    what the next turn needs to tell whether its new items still fit without a cut."""
+
+    mark: int | None  # the window mark the next turn starts from
+    history_tokens: int  # the history sent, from the start on
+    limit: int  # the history's budget
+    with_read_tool: bool  # whether the recall tools' schemas were counted in (something had left the prompt)
+
+
+@dataclass(slots=True)
+class Notes:
+    """What the stages note of their run on a turn for their own `extend` and `retract` on the
+    conversation's next turn: a field for each stage that notes anything, written by it alone.
+    The pipeline gives each stage a fresh one (on `extend`, its previous run's) and keeps it
+    with the stage's run (`StageRun.note`)."""
+
+    summary_failed: bool = False  # truncation: a tool-output summary failed (the next turn tries it again)
+    summary_id: int | None = None  # compaction: the summary its prompt holds
+    stepped: Stepped | None = None  # window: it sent the whole history from its start (None: it cut, or did not settle)
+    repairs: int = 0  # pairing: the repairs it made
+
+
+@dataclass(frozen=True, slots=True)
 class StageRun:
     """What one stage did on a turn, kept for the next turn of the conversation (see `Stage.extend`):
-    its input, its output, whatever the stage noted of its own (`Turn.notes`), and the report's
-    figures once it had run (those of the stages up to it: None when not known), so that a turn
-    whose later stage can't extend its run still reuses the runs before it."""
+    its input, its output, what the stage noted of its own run (`Turn.notes` as it left them), and
+    the report's figures once it had run (those of the stages up to it: None when not known), so
+    that a turn whose later stage can't extend its run still reuses the runs before it."""
 
     before: list[Item]
     after: list[Item]
-    note: Any = None
+    note: Notes = field(default_factory=Notes)
     figures: Figures | None = None
 
 
@@ -67,8 +91,8 @@ class Turn:
     knowledge_namespace: str | None = None  # the long-term knowledge document it uses (None: the default)
     # A dry run (count_tokens: the prompt a turn would send): stages write nothing and call no LLM.
     dry_run: bool = False
-    # What a stage notes of its run for the next turn's `extend` (by stage name), and the runs.
-    notes: dict[str, Any] = field(default_factory=dict)
+    # What the running stage notes of its run for the next turn's `extend`, and the runs.
+    notes: Notes = field(default_factory=Notes)
     runs: list[StageRun] | None = None
 
 

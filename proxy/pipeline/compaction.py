@@ -27,7 +27,7 @@ class Compaction:
 
     async def __call__(self, turn: Turn, items: list[Item]) -> list[Item]:
         strategy = turn.profile.compaction.strategy
-        turn.notes[self.name] = turn.summary.id if turn.summary is not None else None
+        turn.notes.summary_id = turn.summary.id if turn.summary is not None else None
         if strategy == "mask":
             return self._mask(turn, items)
         if strategy == "off" or turn.summary is None:
@@ -60,7 +60,7 @@ class Compaction:
         pipeline, which decides whether its mark moves."""
         strategy = turn.profile.compaction.strategy
         summary_id = turn.summary.id if turn.summary is not None else None
-        if strategy == "mask" or summary_id != run.note:
+        if strategy == "mask" or summary_id != run.note.summary_id:
             return None
         if strategy == "off" or turn.summary is None:
             return new
@@ -72,7 +72,7 @@ class Compaction:
         way, while the summary is the same one (masking: the whole pipeline)."""
         strategy = turn.profile.compaction.strategy
         summary_id = turn.summary.id if turn.summary is not None else None
-        if strategy == "mask" or summary_id != run.note:
+        if strategy == "mask" or summary_id != run.note.summary_id:
             return None
         if strategy != "off" and turn.summary is not None:
             boundary = turn.summary.last_seq

@@ -31,13 +31,13 @@ class Truncation:
     async def extend(self, turn: Turn, run: StageRun, new: list[Item]) -> list[Item] | None:
         """Each item is shortened on its own: the new ones are, with the whole input's tool names.
         A summary that failed last turn is tried again on every turn: then the whole pipeline runs."""
-        if run.note:
+        if run.note.summary_failed:
             return None
         return await self._shorten(turn, new, [*run.before[-CALLS_LOOKED_BACK:], *new])
 
     async def retract(self, turn: Turn, run: StageRun, keep: int) -> StageRun | None:
         """Each item is shortened on its own: the ones taken out take what they saved with them."""
-        shorter = None if run.note else item_by_item(run, keep)
+        shorter = None if run.note.summary_failed else item_by_item(run, keep)
         if shorter is None:
             return None
         text = turn.codec.text
@@ -108,7 +108,7 @@ class Truncation:
             summary = await turn.summarizer.tool_output(text, tool, turn.model, turn.headers, turn.report.dialect)
             if summary is None:
                 turn.report.summaries_failed += 1
-                turn.notes[self.name] = "a summary failed"
+                turn.notes.summary_failed = True
                 continue
             made[item.seq] = summary
         await turn.store.set_rewrites(turn.key, made)

@@ -30,7 +30,7 @@ client's instructions later in the transcript are not history and count as the s
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from ..compaction.quotes import quote
 from ..compaction.render import render_summary
@@ -38,7 +38,7 @@ from ..config import Settings
 from ..marks import RECALL_MARK, WINDOW_MARK
 from ..tokens import CHARS_PER_TOKEN
 from ..transcript import Item, Origin, Role, is_instruction, leading_system_count, unit_start, units
-from .base import StageRun, Turn, passed_through
+from .base import StageRun, Stepped, Turn, passed_through
 
 MAX_PASSES = 4
 RECALL_ROOM = 600  # tokens (at most a tenth of the limit) kept free for a recall round once the recall tools go
@@ -46,16 +46,6 @@ RECALL_ROOM = 600  # tokens (at most a tenth of the limit) kept free for a recal
 # (the rest stays for the history itself), turned into characters by the rough rule.
 QUOTE_SHARE = 0.25
 
-
-@dataclass(frozen=True, slots=True)
-class Stepped:
-    """Where a stepped window stood after a turn that sent the whole history from its start:
-    what the next turn needs to tell whether its new items still fit without a cut."""
-
-    mark: int | None  # the window mark the next turn starts from
-    history_tokens: int  # the history sent, from the start on
-    limit: int  # the history's budget
-    with_read_tool: bool  # whether the recall tools' schemas were counted in (something had left the prompt)
 
 
 class TokenWindow:
@@ -86,7 +76,7 @@ class TokenWindow:
                 kept, tokens = await self._carried_over(turn, items, kept, tokens, redone)
             items = redone
         else:
-            turn.notes.pop(self.name, None)  # not settled: the next turn's window is the whole pipeline's
+            turn.notes.stepped = None  # not settled: the next turn's window is the whole pipeline's
         turn.report.tokens_sent = tokens
         turn.report.token_budget = budget  # the most the prompt may hold, read-back rounds included
         turn.report.messages_left_out += len(items) - len(kept)  # added to: compaction may have left some out
@@ -95,8 +85,8 @@ class TokenWindow:
     async def extend(self, turn: Turn, run: StageRun, new: list[Item]) -> list[Item] | None:
         """New items after a window that sent everything from its start: sent too while they fit
         (the window cuts only when the limit is reached); a cut means the whole pipeline."""
-        stepped = run.note
-        if not isinstance(stepped, Stepped) or stepped.mark != turn.marks.window_start or not new:
+        stepped = run.note.stepped
+        if stepped is None or stepped.mark != turn.marks.window_start or not new:
             return None
         if any(item.ref is not None for item in new) and not stepped.with_read_tool:
             return None  # the read tool's schema joins the prompt: the budget changes
@@ -107,15 +97,15 @@ class TokenWindow:
         if history > stepped.limit or turn.report.tokens_sent is None:
             return None
         turn.report.tokens_sent += sum(counts)
-        turn.notes[self.name] = replace(stepped, history_tokens=history)
+        turn.notes.stepped = replace(stepped, history_tokens=history)
         return new
 
     async def retract(self, turn: Turn, run: StageRun, keep: int) -> StageRun | None:
         """Items taken back out of a window that sent everything from its start and reaches back
         before them: the same window without them (a shorter history fits the same limit), their
         tokens taken off. A window that starts among them would start elsewhere without them."""
-        stepped = run.note
-        if not isinstance(stepped, Stepped) or stepped.mark != turn.marks.window_start:
+        stepped = run.note.stepped
+        if stepped is None or stepped.mark != turn.marks.window_start:
             return None
         if turn.report.tokens_sent is None:
             return None
@@ -134,7 +124,7 @@ class TokenWindow:
             return None  # not counted in the history: the whole pipeline counts it
         tokens = sum(await self._count(turn, removed))
         turn.report.tokens_sent -= tokens
-        return StageRun(shorter.before, shorter.after, replace(stepped, history_tokens=stepped.history_tokens - tokens))
+        return StageRun(shorter.before, shorter.after, replace(run.note, stepped=replace(stepped, history_tokens=stepped.history_tokens - tokens)))
 
     async def _carried_over(
         self, turn: Turn, items: list[Item], kept: list[int], tokens: int, redone: list[Item]
@@ -198,13 +188,13 @@ class TokenWindow:
     def _note(turn: Turn, items: list[Item], kept: list[int], head: int, stepped: Stepped) -> None:
         """For the next turn's `extend`: a stepped window that sends the whole history from where
         its start now stands (and will stand next turn: the mark names it)."""
-        turn.notes.pop(TokenWindow.name, None)
+        turn.notes.stepped = None
         if turn.profile.context.window_refill >= 1 or len(kept) <= head or kept[head:] != list(range(kept[head], len(items))):
             return
         mark = turn.report.marks.get(WINDOW_MARK, turn.marks.window_start)
         if _start_index(items, head, mark) != kept[head]:
             return
-        turn.notes[TokenWindow.name] = replace(stepped, mark=mark)
+        turn.notes.stepped = replace(stepped, mark=mark)
 
     @staticmethod
     def _keep_what_it_leaves_out(turn: Turn, items: list[Item], kept: list[int], budget: int) -> list[Item] | None:
