@@ -46,6 +46,17 @@ class Marks(Mapping[str, int]):
     def __repr__(self) -> str:
         return f"Marks({self._stored!r})"
 
+    def __eq__(self, other: object) -> bool:  # (Mapping's copies both sides: a turn compares them once)
+        if type(other) is Marks:
+            return self._stored == other._stored
+        return self._stored == other if type(other) is dict else super().__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]  # (a mapping)
+
+    def after(self, moved: Mapping[str, int]) -> dict[str, int]:
+        """The marks as a turn that `moved` some leaves them (the mapping stored)."""
+        return {**self._stored, **moved}
+
     @property
     def window_start(self) -> int | None:
         return self._stored.get(WINDOW_MARK)

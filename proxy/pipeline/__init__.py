@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from ..config import Settings
 from . import compaction, imitations, inbox, knowledge, pairing, quota, truncation, window
-from .base import Item, Notes, Stage, StageRun, Turn, added, figures_of, moved
+from .base import NO_NOTES, Item, Notes, Stage, StageRun, Turn, added, figures_of, moved
 
 __all__ = ["STAGES", "Item", "Notes", "Pipeline", "Stage", "StageRun", "Turn", "build_pipeline"]
 
@@ -45,7 +45,7 @@ class Pipeline:
         output."""
         runs = list(done)
         for stage in self.stages[len(runs) :]:
-            turn.notes = Notes()
+            turn.notes = NO_NOTES
             before, items = items, await stage(turn, items)
             runs.append(StageRun(before, items, turn.notes, figures_of(turn.report)))
         turn.runs = runs
@@ -66,7 +66,7 @@ class Pipeline:
         figures = figures_of(turn.report)
         for stage, run in zip(self.stages, runs, strict=False):
             extend = getattr(stage, "extend", None)
-            turn.notes = replace(run.note)  # what the stage does not note again stands
+            turn.notes = run.note  # what it does not note again stands
             more = await extend(turn, run, new) if extend is not None else None
             if more is None:
                 return None

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ..tokens import TokenCounter
 
 __all__ = [
-    "PIPELINE_FIELDS", "Figures", "Item", "Notes", "Stage", "StageRun", "Stepped", "Turn", "added", "apply_figures",
+    "NO_NOTES", "PIPELINE_FIELDS", "Figures", "Item", "Notes", "Stage", "StageRun", "Stepped", "Turn", "added", "apply_figures",
     "figures_of", "item_by_item", "moved", "passed_through",
 ]
 
@@ -40,17 +40,21 @@ class Stepped:
     with_read_tool: bool  # whether the recall tools' schemas were counted in (something had left the prompt)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Notes:
-    """What the stages note of their run on a turn for their own `extend` and `retract` on the
-    conversation's next turn: a field for each stage that notes anything, written by it alone.
-    The pipeline gives each stage a fresh one (on `extend`, its previous run's) and keeps it
+    """What a stage notes of its run on a turn for its own `extend` and `retract` on the
+    conversation's next turn: a field for each stage that notes anything. Before each stage the
+    pipeline sets `Turn.notes` to NO_NOTES (on `extend`, to the stage's previous run's); a stage
+    notes by setting it to a Notes of its own (`Notes(stepped=...)`), which the pipeline keeps
     with the stage's run (`StageRun.note`)."""
 
     summary_failed: bool = False  # truncation: a tool-output summary failed (the next turn tries it again)
     summary_id: int | None = None  # compaction: the summary its prompt holds
     stepped: Stepped | None = None  # window: it sent the whole history from its start (None: it cut, or did not settle)
     repairs: int = 0  # pairing: the repairs it made
+
+
+NO_NOTES = Notes()
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +66,7 @@ class StageRun:
 
     before: list[Item]
     after: list[Item]
-    note: Notes = field(default_factory=Notes)
+    note: Notes = NO_NOTES
     figures: Figures | None = None
 
 
@@ -92,7 +96,7 @@ class Turn:
     # A dry run (count_tokens: the prompt a turn would send): stages write nothing and call no LLM.
     dry_run: bool = False
     # What the running stage notes of its run for the next turn's `extend`, and the runs.
-    notes: Notes = field(default_factory=Notes)
+    notes: Notes = NO_NOTES
     runs: list[StageRun] | None = None
 
 

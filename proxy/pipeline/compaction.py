@@ -19,7 +19,7 @@ from ..config import Settings
 from ..markers import omitted_output
 from ..marks import MASK_MARK
 from ..transcript import Item, Origin, Role, first_user, is_instruction, leading_system_count, unit_end
-from .base import StageRun, Turn, passed_through
+from .base import Notes, StageRun, Turn, passed_through
 
 
 class Compaction:
@@ -27,7 +27,7 @@ class Compaction:
 
     async def __call__(self, turn: Turn, items: list[Item]) -> list[Item]:
         strategy = turn.profile.compaction.strategy
-        turn.notes.summary_id = turn.summary.id if turn.summary is not None else None
+        turn.notes = Notes(summary_id=turn.summary.id if turn.summary is not None else None)
         if strategy == "mask":
             return self._mask(turn, items)
         if strategy == "off" or turn.summary is None:

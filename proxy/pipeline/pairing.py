@@ -14,7 +14,7 @@ import logging
 from ..config import Settings
 from ..markers import NO_RESULT
 from ..transcript import Call, Item, Role, unit_start
-from .base import StageRun, Turn, passed_through
+from .base import Notes, StageRun, Turn, passed_through
 
 log = logging.getLogger("proxy.pairing")
 
@@ -26,7 +26,7 @@ class PairingGuard:
         out, repairs = self._paired(turn, items)
         if repairs:
             turn.report.repairs += repairs
-            turn.notes.repairs = repairs
+            turn.notes = Notes(repairs=repairs)
             log.warning("repaired %d tool-call pairing problems", repairs, extra={"conversation": str(turn.key)})
         return out if repairs else items
 

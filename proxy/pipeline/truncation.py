@@ -13,7 +13,7 @@ import logging
 from ..config import Settings
 from ..markers import neutralised, shortened_output
 from ..transcript import Item, Role, tool_names
-from .base import StageRun, Turn, item_by_item
+from .base import Notes, StageRun, Turn, item_by_item
 
 log = logging.getLogger("proxy.truncation")
 # How far back extend looks for the calls new tool outputs answer (further: the whole pipeline).
@@ -108,7 +108,7 @@ class Truncation:
             summary = await turn.summarizer.tool_output(text, tool, turn.model, turn.headers, turn.report.dialect)
             if summary is None:
                 turn.report.summaries_failed += 1
-                turn.notes.summary_failed = True
+                turn.notes = Notes(summary_failed=True)
                 continue
             made[item.seq] = summary
         await turn.store.set_rewrites(turn.key, made)

@@ -38,7 +38,7 @@ from ..config import Settings
 from ..marks import RECALL_MARK, WINDOW_MARK
 from ..tokens import CHARS_PER_TOKEN
 from ..transcript import Item, Origin, Role, is_instruction, leading_system_count, unit_start, units
-from .base import StageRun, Stepped, Turn, passed_through
+from .base import NO_NOTES, Notes, StageRun, Stepped, Turn, passed_through
 
 MAX_PASSES = 4
 RECALL_ROOM = 600  # tokens (at most a tenth of the limit) kept free for a recall round once the recall tools go
@@ -76,7 +76,7 @@ class TokenWindow:
                 kept, tokens = await self._carried_over(turn, items, kept, tokens, redone)
             items = redone
         else:
-            turn.notes.stepped = None  # not settled: the next turn's window is the whole pipeline's
+            turn.notes = NO_NOTES  # not settled: the next turn's window is the whole pipeline's
         turn.report.tokens_sent = tokens
         turn.report.token_budget = budget  # the most the prompt may hold, read-back rounds included
         turn.report.messages_left_out += len(items) - len(kept)  # added to: compaction may have left some out
@@ -97,7 +97,7 @@ class TokenWindow:
         if history > stepped.limit or turn.report.tokens_sent is None:
             return None
         turn.report.tokens_sent += sum(counts)
-        turn.notes.stepped = replace(stepped, history_tokens=history)
+        turn.notes = Notes(stepped=replace(stepped, history_tokens=history))
         return new
 
     async def retract(self, turn: Turn, run: StageRun, keep: int) -> StageRun | None:
@@ -124,7 +124,7 @@ class TokenWindow:
             return None  # not counted in the history: the whole pipeline counts it
         tokens = sum(await self._count(turn, removed))
         turn.report.tokens_sent -= tokens
-        return StageRun(shorter.before, shorter.after, replace(run.note, stepped=replace(stepped, history_tokens=stepped.history_tokens - tokens)))
+        return StageRun(shorter.before, shorter.after, Notes(stepped=replace(stepped, history_tokens=stepped.history_tokens - tokens)))
 
     async def _carried_over(
         self, turn: Turn, items: list[Item], kept: list[int], tokens: int, redone: list[Item]
@@ -188,13 +188,13 @@ class TokenWindow:
     def _note(turn: Turn, items: list[Item], kept: list[int], head: int, stepped: Stepped) -> None:
         """For the next turn's `extend`: a stepped window that sends the whole history from where
         its start now stands (and will stand next turn: the mark names it)."""
-        turn.notes.stepped = None
+        turn.notes = NO_NOTES
         if turn.profile.context.window_refill >= 1 or len(kept) <= head or kept[head:] != list(range(kept[head], len(items))):
             return
         mark = turn.report.marks.get(WINDOW_MARK, turn.marks.window_start)
         if _start_index(items, head, mark) != kept[head]:
             return
-        turn.notes.stepped = replace(stepped, mark=mark)
+        turn.notes = Notes(stepped=replace(stepped, mark=mark))
 
     @staticmethod
     def _keep_what_it_leaves_out(turn: Turn, items: list[Item], kept: list[int], budget: int) -> list[Item] | None:
