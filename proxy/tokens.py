@@ -338,7 +338,7 @@ def _tiktoken_encoder(name: str) -> Encode:
         encoding = tiktoken.Encoding(**ENCODING_CONSTRUCTORS[name]())
         encoding._mergeable_ranks = {}
     except Exception as exc:  # noqa: BLE001  # no file, no network, bad hash...: estimate, don't fail requests
-        log.warning("cannot load tiktoken encoding %s (%s); estimating %d characters per token", name, exc, CHARS_PER_TOKEN)
+        log.warning("cannot load tiktoken encoding %s (%s); estimating %d characters a token", name, exc, CHARS_PER_TOKEN)
         return _estimate
     return lambda text: len(encoding.encode_ordinary(text))  # ordinary: '<|endoftext|>' in text is text
 

@@ -168,9 +168,9 @@ class TurnReport:
         metrics.upstream_latency.observe(self.upstream_s)
         metrics.saw(self.key)
         metrics.tokens_sent.inc(self.tokens_sent_total)
-        for stage, chars in self.chars_saved.items():
+        for stage, chars in self.chars_saved.items():  # estimated: what a stage left out was never counted
             if chars > 0:
-                metrics.tokens_saved.labels(stage).inc(estimated_tokens(chars))  # what a stage left out was never counted
+                metrics.tokens_saved.labels(stage).inc(estimated_tokens(chars))
         metrics.read_rounds.inc(self.read_rounds)
         metrics.repairs.inc(self.repairs)
         for kind, value in self.reported.items():

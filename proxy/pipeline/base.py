@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from ..tokens import TokenCounter
 
 __all__ = [
-    "NO_NOTES", "PIPELINE_FIELDS", "Figures", "Item", "Notes", "Stage", "StageRun", "Stepped", "Turn", "added", "apply_figures",
-    "figures_of", "item_by_item", "moved", "passed_through",
+    "NO_NOTES", "PIPELINE_FIELDS", "Figures", "Item", "Notes", "Stage", "StageRun", "Stepped", "Turn", "added",
+    "apply_figures", "figures_of", "item_by_item", "moved", "passed_through",
 ]
 
 # What the pipeline's stages fill in of a turn's report (the rest of it is the turn's own: the

@@ -47,7 +47,8 @@ class Compaction:
         rendered = render_summary(turn.summary, turn.profile.compaction)
         assert rendered is not None
         # A shortened user message in it reads back by ref: the item carries one, so the read tool goes too.
-        summary = turn.codec.system_note(rendered.text).but(ref=next(iter(rendered.refs.values()), None), origin=Origin.SUMMARY)
+        ref = next(iter(rendered.refs.values()), None)
+        summary = turn.codec.system_note(rendered.text).but(ref=ref, origin=Origin.SUMMARY)
         turn.report.messages_left_out += len(rest) - len(kept) - len(head)
         turn.report.summary_id = turn.summary.id
         dropped = sum(len(turn.codec.text(it) or "") for it in rest if it.seq is not None and it.seq <= boundary)

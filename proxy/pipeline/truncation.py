@@ -91,7 +91,8 @@ class Truncation:
         settings = turn.profile.truncation
         figures = turn.ledger.figures(seq)
         quota = figures.line() if figures is not None else None
-        return shortened_output(total, ref, None if summarized else settings.preview_length, settings.read_length, quota)
+        preview = None if summarized else settings.preview_length
+        return shortened_output(total, ref, preview, settings.read_length, quota)
 
     async def _summaries(self, turn: Turn, wanted: list[tuple[Item, str, str]]) -> dict[int, str]:
         """Stored summaries, and new ones made now (a failure falls back to a preview, logged)."""

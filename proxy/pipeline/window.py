@@ -47,7 +47,6 @@ RECALL_ROOM = 600  # tokens (at most a tenth of the limit) kept free for a recal
 QUOTE_SHARE = 0.25
 
 
-
 class TokenWindow:
     name = "window"
 
@@ -124,7 +123,8 @@ class TokenWindow:
             return None  # not counted in the history: the whole pipeline counts it
         tokens = sum(await self._count(turn, removed))
         turn.report.tokens_sent -= tokens
-        return StageRun(shorter.before, shorter.after, Notes(stepped=replace(stepped, history_tokens=stepped.history_tokens - tokens)))
+        fewer = replace(stepped, history_tokens=stepped.history_tokens - tokens)
+        return StageRun(shorter.before, shorter.after, Notes(stepped=fewer))
 
     async def _carried_over(
         self, turn: Turn, items: list[Item], kept: list[int], tokens: int, redone: list[Item]
@@ -224,7 +224,8 @@ class TokenWindow:
             ref_for=lambda seq: turn.refs.make(turn.key, seq), quote_budget=budget,
         )
         assert rendered is not None
-        note = turn.codec.system_note(rendered.text).but(ref=next(iter(rendered.refs.values()), None), origin=Origin.SUMMARY)
+        ref = next(iter(rendered.refs.values()), None)
+        note = turn.codec.system_note(rendered.text).but(ref=ref, origin=Origin.SUMMARY)
         at = next((i for i in range(n_system) if items[i].origin is Origin.SUMMARY), None)
         if at is not None and items[at].raw == note.raw:
             return None  # it holds them already
