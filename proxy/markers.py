@@ -21,6 +21,7 @@ from .summarizer import prompt
 # -- the proxy's tools ---------------------------------------------------------------------------
 
 READ_TOOL = "read_tool_output"
+SEARCH_TOOL = "search_history"
 KNOWLEDGE_READ_TOOL = "knowledge_read"
 KNOWLEDGE_REPLACE_TOOL = "knowledge_replace_section"
 KNOWLEDGE_APPEND_TOOL = "knowledge_append_section"
@@ -43,8 +44,11 @@ def note(text: str) -> str:
     return f"{NOTE_PREFIX}{text}]"
 
 
-def shortened_output(shown: str, total: int, ref: str, offset: int, length: int, quota: str | None = None) -> str:
-    """The end of a tool output the truncation stage shortened (after a blank line)."""
+def shortened_output(total: int, ref: str, preview: int | None, length: int, quota: str | None = None) -> str:
+    """The end of a tool output the truncation stage shortened (after a blank line) to its first
+    `preview` characters, or to a summary (`preview` None)."""
+    shown = "a summary" if preview is None else f"the first {preview} of {total} characters"
+    offset = preview or 0
     tail = f" {quota}" if quota else ""
     return "\n\n" + note(
         f"this tool output was shortened to {shown}. The full output ({total} characters) is stored as ref "
@@ -96,9 +100,25 @@ def quota_note(line: str) -> str:
     return f"\n\n[{line}]"
 
 
+# -- the summarizer's prompt (proxy/compaction/llm.py) ------------------------------------------
+
+
+def cut_note(more: int) -> str:
+    """After the head of a long text the summarizer is shown (on a line of its own)."""
+    return f"\n[... {more} more characters]"
+
+
+def tool_result_label(call_id: str | None) -> str:
+    """The line before a tool output the summarizer is shown."""
+    return f"[tool result {call_id}]"
+
+
 # -- what the facts extractor blanks (proxy/compaction/facts.py) ---------------------------------
 
 NOTE_PATTERN = r"\[context-proxy:[^\]]*\]"  # our markers (shortened outputs, masked outputs, messages)
+NOTE_START_PATTERN = re.escape(NOTE_PREFIX.rstrip())
+CUT_PATTERN = r"\[\.\.\. ?[\d,]+ more characters\]"  # cut_note's, a model's copy included
+TOOL_RESULT_PATTERN = r"\[tool result [^\]]*\]"
 
 # -- imitations ----------------------------------------------------------------------------------
 

@@ -31,7 +31,8 @@ from .prefix import PARSED, ParsedBody
 from .store import SYSTEM_PART, TOOLS_PART, Conversation, RequestPart, Store, part_hash, part_json
 
 if TYPE_CHECKING:
-    from .engine import TurnReport, TurnRequest
+    from .engine.report import TurnReport
+    from .engine.request import TurnRequest
 
 # Where a format's request carries its system prompt apart from the transcript (chat: in it; a
 # format whose system prompt is an object, Gemini's `systemInstruction`, is kept as one).

@@ -31,6 +31,7 @@ from .errors import ProxyError
 from .inflight import InFlight
 from .telemetry import NO_TELEMETRY, Telemetry
 from .upstream import Upstream
+from .upstream.error_body import read_error_body
 
 log = logging.getLogger("proxy.summarizer")
 
@@ -156,7 +157,8 @@ class Summarizer:
         finally:
             reply.close()
         if reply.status != 200:
-            code, message = _error_of(data)
+            error = read_error_body(data)
+            code, message = error.code or error.type, error.message or data[:200].decode("utf-8", "replace")
             if reply.status in (400, 413, 422) and _too_long(code, message):
                 raise PromptTooLong(f"upstream answered {reply.status}: {message or code}")
             raise SummarizerFailed(f"upstream answered {reply.status}")
@@ -174,18 +176,6 @@ def echoes(answer: str, prompt_text: str) -> bool:
         return False
     copied = sum(len(line) for line in lines if line in prompt_text)
     return copied >= ECHO_SHARE * total
-
-
-def _error_of(data: bytes) -> tuple[str | None, str]:
-    """(code or type, message) of an error body, in the OpenAI shape or llama.cpp's."""
-    try:
-        error = json.loads(data).get("error")
-    except (ValueError, AttributeError):
-        return None, data[:200].decode("utf-8", "replace")
-    if isinstance(error, dict):
-        code = error.get("code") if isinstance(error.get("code"), str) else error.get("type")
-        return (code if isinstance(code, str) else None), str(error.get("message") or "")
-    return None, str(error or "")
 
 
 def _too_long(code: str | None, message: str | None) -> bool:

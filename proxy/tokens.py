@@ -58,6 +58,15 @@ EXACT_CHARS = 262_144
 SAMPLES = 16
 FALLBACK_ENCODING = "cl100k_base"
 MODEL_PRICES_FILE = "model_prices_and_context_window_backup.json"
+# The rough rule for text no tokenizer counted (what a stage left out, a trace's estimate, a
+# missing encoding): about 4 characters of English or code per token.
+CHARS_PER_TOKEN = 4
+
+
+def estimated_tokens(chars: int) -> int:
+    """Tokens of a text of `chars` characters by the rough rule, rounded up (a budget is better
+    overestimated)."""
+    return -(-chars // CHARS_PER_TOKEN)
 
 
 class TokenCounter:
@@ -329,13 +338,13 @@ def _tiktoken_encoder(name: str) -> Encode:
         encoding = tiktoken.Encoding(**ENCODING_CONSTRUCTORS[name]())
         encoding._mergeable_ranks = {}
     except Exception as exc:  # noqa: BLE001  # no file, no network, bad hash...: estimate, don't fail requests
-        log.warning("cannot load tiktoken encoding %s (%s); estimating 4 characters per token", name, exc)
+        log.warning("cannot load tiktoken encoding %s (%s); estimating %d characters a token", name, exc, CHARS_PER_TOKEN)
         return _estimate
     return lambda text: len(encoding.encode_ordinary(text))  # ordinary: '<|endoftext|>' in text is text
 
 
 def _estimate(text: str) -> int:
-    return (len(text) + 3) // 4
+    return estimated_tokens(len(text))
 
 
 @lru_cache(maxsize=1024)

@@ -36,6 +36,15 @@ class Role(str, Enum):
     OTHER = "other"  # reasoning, and item types the proxy does not know: kept and counted, never rewritten
 
 
+class Origin(str, Enum):
+    """Which part of the proxy made an item, so that a later stage can find it again (an item
+    the client sent has none)."""
+
+    SUMMARY = "summary"  # the compaction summary's note (the window adds what it leaves out to it)
+    KNOWLEDGE = "knowledge"  # the long-term knowledge document's system message
+    INBOX = "inbox"  # an inbox message delivered as a note of its own
+
+
 @dataclass(frozen=True, slots=True)
 class Call:
     """A tool call an assistant item makes: `arguments` is the JSON text of its arguments."""
@@ -62,7 +71,7 @@ class Item:
     pinned: bool = False
     ref: str | None = None
     masked: bool = False
-    origin: str | None = None  # which part of the proxy made this item ("summary", "knowledge", ...); None: the client
+    origin: Origin | None = None  # which part of the proxy made this item; None: the client
 
     def but(self, **changes: Any) -> Item:
         return replace(self, **changes)

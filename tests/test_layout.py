@@ -1,5 +1,6 @@
-"""The package's shape: no import cycles between its modules, counting imports inside functions
-too (a lazy import that closes a cycle is still a cycle; only `if TYPE_CHECKING:` ones are not)."""
+"""The package's shape: no import cycles between its modules, counting every import: those inside
+functions (a lazy import that closes a cycle is still a cycle) and those under `if TYPE_CHECKING:`
+(a cycle of types is a tie all the same, hidden from the import system only)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def top_level_imports(path: Path, name: str) -> set[str]:
     tree = ast.parse(path.read_text())
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in _runtime_nodes(tree):
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level:
             base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
             target = f"{base}.{node.module}" if node.module else base
@@ -31,27 +32,19 @@ def top_level_imports(path: Path, name: str) -> set[str]:
     return found
 
 
-def _runtime_nodes(tree: ast.AST):
-    """Every node but those under `if TYPE_CHECKING:` (never run)."""
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            yield from (n for child in node.orelse for n in [child, *_runtime_nodes(child)])
-            continue
-        yield node
-        yield from _runtime_nodes(node)
-
-
 def test_no_import_cycles():
     modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
     graph = {name: {m for m in top_level_imports(path, name) if m in modules and m != name} for name, path in modules.items()}
-    # A package's __init__ importing its own submodules is how packages work, not a cycle.
+    # A module importing its own package (`from . import sibling`) is how packages work, not a
+    # cycle: the package is imported before any of its modules. A package's __init__ importing its
+    # modules is an import like any other (what imports the package runs them).
     cycles = []
     state: dict[str, int] = {}
 
     def visit(node: str, stack: list[str]) -> None:
         state[node] = 1
         for nxt in sorted(graph[node]):
-            if nxt.startswith(node + "."):
+            if node.startswith(nxt + "."):
                 continue
             if state.get(nxt) == 1:
                 cycles.append(stack[stack.index(nxt):] + [nxt] if nxt in stack else [node, nxt])

@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from ..markers import NOTE_PATTERN
+from ..markers import CUT_PATTERN, NOTE_PATTERN, NOTE_START_PATTERN, TOOL_RESULT_PATTERN
 from ..store import KeyFact
 from ..transcript import Role
 from .windows import Entry
@@ -33,8 +33,8 @@ _NOISE = re.compile(
     "|".join(
         (
             NOTE_PATTERN,  # our markers (shortened outputs, masked outputs, messages)
-            r"\[\.\.\. ?[\d,]+ more characters\]",  # our cut marker in the summarizer's prompt
-            r"\[tool result [^\]]*\]",  # our render label in the summarizer's prompt
+            CUT_PATTERN,  # our cut marker in the summarizer's prompt
+            TOOL_RESULT_PATTERN,  # our render label in the summarizer's prompt
             r"\bout_\d+_[0-9a-f]{24}\b",  # refs
             r"\b(?:call|toolu|fc|resp|msg|rs)_(?=[A-Za-z0-9]*\d)[A-Za-z0-9]{8,}\b(?!\.)",  # call and response ids
             r"\bchatcmpl-[A-Za-z0-9]+",
@@ -121,8 +121,8 @@ _LEADING_STAMP = re.compile(
     r"^\s*\[?\d{4}-\d{2}-\d{2}[T ]?[\d:.,]*(?:Z|[+-]\d{2}:?\d{2})?\]?\s*|^\s*\[?\d{1,2}:\d{2}(?::\d{2})?(?:[.,]\d+)?\]?\s*"
 )
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(`])|\n+")
-_MARKER = re.compile(r"\[context-proxy:|\[\.\.\. ?[\d,]+ more characters\]")
-_OUR_SPANS = re.compile(r"\[context-proxy:[^\]]*\]|\[\.\.\. ?[\d,]+ more characters\]")  # a model quoting our markers
+_MARKER = re.compile(f"{NOTE_START_PATTERN}|{CUT_PATTERN}")
+_OUR_SPANS = re.compile(f"{NOTE_PATTERN}|{CUT_PATTERN}")  # a model quoting our markers
 
 
 def _clean(line: str) -> str:

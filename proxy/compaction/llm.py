@@ -22,6 +22,7 @@ from dataclasses import replace
 
 from ..config import CompactionSettings, TruncationSettings
 from ..identity import ConversationKey
+from ..markers import cut_note, tool_result_label
 from ..refs import RefSigner
 from ..store import KeyFact, Store, Summary
 from ..summarizer import PromptTooLong, Summarizer, prompt
@@ -311,9 +312,9 @@ def render(entry: Entry) -> str:
     text = entry.text or ""
     limit = RENDER_TOOL_CHARS if role is Role.TOOL else RENDER_MAX_CHARS
     if len(text) > limit:
-        text = text[:limit] + f"\n[... {len(text) - limit} more characters]"
+        text = text[:limit] + cut_note(len(text) - limit)
     if role is Role.TOOL:
-        return f"[tool result {entry.item.answers}]\n{text}"
+        return f"{tool_result_label(entry.item.answers)}\n{text}"
     label = role.value if role is not Role.OTHER else str(entry.item.raw.get("type") or "item")
     lines = [f"[{label}]"] + ([text] if text else [])
     for call in entry.item.calls:

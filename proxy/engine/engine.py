@@ -30,6 +30,7 @@ from ..config import Settings
 from ..errors import InvalidRequest
 from ..history import TurnPlan, is_fresh_start, plan_anchored, plan_appended, plan_full_history, plan_proxy_history
 from ..identity import ConversationKey, derived_conversation_id, thread_conversation_id, thread_token
+from ..marks import Marks
 from ..metrics import Metrics
 from ..pipeline import Pipeline, Turn
 from ..prefix import BodyCache, ParsedBody, PrefixCache
@@ -424,7 +425,7 @@ class Engine:
                 [orjson.dumps(dialect.tool_definition(spec)).decode() for spec in (READ_TOOL_SPEC, SEARCH_TOOL_SPEC)], model
             ),
             body=body,
-            marks=dict(conversation.marks) if conversation else {},
+            marks=Marks(conversation.marks if conversation else None),
             conversation=conversation,
             knowledge_namespace=request.knowledge_namespace,
             dry_run=dry_run,

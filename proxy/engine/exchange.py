@@ -25,7 +25,8 @@ from ..tools.readback import split_calls
 from ..transcript import Call, Item
 from ..turns import TurnWriter
 from ..upstream import Upstream, UpstreamReply, forwardable
-from .report import upstream_error_message
+from ..upstream.error_body import error_text
+from .report import MAX_ERROR_CHARS
 from .request import ClientSink, Outcome
 
 if TYPE_CHECKING:
@@ -223,7 +224,7 @@ class Exchange:
             reply.close()
             self._upstream_done()
             self._call_read(None)
-            self.report.failed(upstream_error_message(data), status=reply.status, source="upstream")
+            self.report.failed(error_text(data, MAX_ERROR_CHARS), status=reply.status, source="upstream")
             await self.writer.fail()
         return Outcome(reply.status, self._headers(reply), data, self.report)
 

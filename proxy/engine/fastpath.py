@@ -48,7 +48,7 @@ from ..dialects.base import ByElements, Dialect, ToolSpec
 from ..history import TurnPlan
 from ..identity import ConversationKey
 from ..pipeline import Pipeline, StageRun, Turn
-from ..pipeline.base import apply_figures, figures_of
+from ..pipeline.base import NO_NOTES, apply_figures, figures_of
 from ..prefix import BodyEntry, ParsedBody
 from ..transcript import Item, unit_start
 from ..upstream import EncodedBody
@@ -301,7 +301,7 @@ class FastTurn:
                 apply_figures(report, done_runs[-1].figures)
             else:
                 apply_figures(report, before)
-            turn.notes.clear()
+            turn.notes = NO_NOTES
         return tail
 
     async def _appended(
@@ -451,7 +451,7 @@ class FastTurn:
         else:
             held = next((i for i in out if i.ref is not None), None)
         self.owner.keep(self.key, Memo(
-            origin=self.entry, settings=self.settings, marks={**turn.marks, **report.marks}, seqs=self._seqs,
+            origin=self.entry, settings=self.settings, marks=turn.marks.after(report.marks), seqs=self._seqs,
             items=self._items, runs=turn.runs, figures=figures_of(report), sent_seqs=sent_seqs, shortened=shortened,
             shortened_item=held, wire=self.wire,
         ))

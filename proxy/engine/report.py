@@ -9,15 +9,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from ..errors import ProxyError
 from ..identity import ConversationKey
 from ..metrics import Metrics
 from ..store import SYSTEM_PART, TOOLS_PART, RequestPart, TurnRecord
+from ..tokens import estimated_tokens
 from ..usage import TokenUsage
 
-CHARS_PER_TOKEN = 4  # for the "tokens saved" estimate only: what a stage left out was never counted
 MAX_ERROR_CHARS = 1000  # of an error message kept with the turn record
 # The usage figures counted by context_proxy_usage_tokens as the upstream named them.
 REPORTED_KINDS = ("prompt_tokens", "completion_tokens", "input_tokens", "output_tokens")
@@ -170,9 +168,9 @@ class TurnReport:
         metrics.upstream_latency.observe(self.upstream_s)
         metrics.saw(self.key)
         metrics.tokens_sent.inc(self.tokens_sent_total)
-        for stage, chars in self.chars_saved.items():
+        for stage, chars in self.chars_saved.items():  # estimated: what a stage left out was never counted
             if chars > 0:
-                metrics.tokens_saved.labels(stage).inc(chars / CHARS_PER_TOKEN)
+                metrics.tokens_saved.labels(stage).inc(estimated_tokens(chars))
         metrics.read_rounds.inc(self.read_rounds)
         metrics.repairs.inc(self.repairs)
         for kind, value in self.reported.items():
@@ -184,19 +182,3 @@ class TurnReport:
         if self.error is not None:
             status = self.error["status"]
             metrics.failed_turns.labels(self.error["source"], str(status) if status is not None else "none").inc()
-
-
-def upstream_error_message(body: bytes) -> str:
-    """The message of an upstream's error body: `error.message` (OpenAI's shape and Anthropic's),
-    else the text it sent, cut short."""
-    try:
-        parsed = orjson.loads(body)
-    except ValueError:
-        parsed = None
-    if isinstance(parsed, dict):
-        error = parsed.get("error")
-        for candidate in (error.get("message") if isinstance(error, dict) else error, parsed.get("message"), parsed.get("detail")):
-            if isinstance(candidate, str) and candidate.strip():
-                return candidate.strip()[:MAX_ERROR_CHARS]
-    text = body[:MAX_ERROR_CHARS].decode("utf-8", "replace").strip()
-    return text or "(no error message)"

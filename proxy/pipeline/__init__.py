@@ -12,9 +12,9 @@ from dataclasses import replace
 
 from ..config import Settings
 from . import compaction, imitations, inbox, knowledge, pairing, quota, truncation, window
-from .base import Item, Stage, StageRun, Turn, added, figures_of, moved
+from .base import NO_NOTES, Item, Notes, Stage, StageRun, Turn, added, figures_of, moved
 
-__all__ = ["STAGES", "Item", "Pipeline", "Stage", "StageRun", "Turn", "build_pipeline"]
+__all__ = ["STAGES", "Item", "Notes", "Pipeline", "Stage", "StageRun", "Turn", "build_pipeline"]
 
 # Factories in execution order. Each gets the settings and returns a stage, or None when the
 # settings leave it nothing to do.
@@ -45,8 +45,9 @@ class Pipeline:
         output."""
         runs = list(done)
         for stage in self.stages[len(runs) :]:
+            turn.notes = NO_NOTES
             before, items = items, await stage(turn, items)
-            runs.append(StageRun(before, items, turn.notes.pop(stage.name, None), figures_of(turn.report)))
+            runs.append(StageRun(before, items, turn.notes, figures_of(turn.report)))
         turn.runs = runs
         return items
 
@@ -65,6 +66,7 @@ class Pipeline:
         figures = figures_of(turn.report)
         for stage, run in zip(self.stages, runs, strict=False):
             extend = getattr(stage, "extend", None)
+            turn.notes = run.note  # what it does not note again stands
             more = await extend(turn, run, new) if extend is not None else None
             if more is None:
                 return None
@@ -72,7 +74,7 @@ class Pipeline:
             amounts = _sum(amounts, moved(was, figures))
             before = run.before + new
             after = before if run.after is run.before and more is new else run.after + more
-            extended.append(StageRun(before, after, turn.notes.pop(stage.name, run.note), added(run.figures, amounts)))
+            extended.append(StageRun(before, after, turn.notes, added(run.figures, amounts)))
             new = more
         return new if len(extended) == len(self.stages) else None
 

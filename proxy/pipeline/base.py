@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..config import Profile
 from ..identity import ConversationKey
+from ..marks import Marks
 from ..store import Conversation, Store, Summary
 from ..transcript import Codec, Item
 
@@ -18,8 +19,8 @@ if TYPE_CHECKING:
     from ..tokens import TokenCounter
 
 __all__ = [
-    "PIPELINE_FIELDS", "Figures", "Item", "Stage", "StageRun", "Turn", "added", "apply_figures", "figures_of",
-    "item_by_item", "moved", "passed_through",
+    "NO_NOTES", "PIPELINE_FIELDS", "Figures", "Item", "Notes", "Stage", "StageRun", "Stepped", "Turn", "added",
+    "apply_figures", "figures_of", "item_by_item", "moved", "passed_through",
 ]
 
 # What the pipeline's stages fill in of a turn's report (the rest of it is the turn's own: the
@@ -29,15 +30,43 @@ Figures = dict[str, Any]  # PIPELINE_FIELDS -> value, as a report holds them
 
 
 @dataclass(frozen=True, slots=True)
+class Stepped:
+    """Where a stepped window stood after a turn that sent the whole history from its start:
+    what the next turn needs to tell whether its new items still fit without a cut."""
+
+    mark: int | None  # the window mark the next turn starts from
+    history_tokens: int  # the history sent, from the start on
+    limit: int  # the history's budget
+    with_read_tool: bool  # whether the recall tools' schemas were counted in (something had left the prompt)
+
+
+@dataclass(frozen=True, slots=True)
+class Notes:
+    """What a stage notes of its run on a turn for its own `extend` and `retract` on the
+    conversation's next turn: a field for each stage that notes anything. Before each stage the
+    pipeline sets `Turn.notes` to NO_NOTES (on `extend`, to the stage's previous run's); a stage
+    notes by setting it to a Notes of its own (`Notes(stepped=...)`), which the pipeline keeps
+    with the stage's run (`StageRun.note`)."""
+
+    summary_failed: bool = False  # truncation: a tool-output summary failed (the next turn tries it again)
+    summary_id: int | None = None  # compaction: the summary its prompt holds
+    stepped: Stepped | None = None  # window: it sent the whole history from its start (None: it cut, or did not settle)
+    repairs: int = 0  # pairing: the repairs it made
+
+
+NO_NOTES = Notes()
+
+
+@dataclass(frozen=True, slots=True)
 class StageRun:
     """What one stage did on a turn, kept for the next turn of the conversation (see `Stage.extend`):
-    its input, its output, whatever the stage noted of its own (`Turn.notes`), and the report's
-    figures once it had run (those of the stages up to it: None when not known), so that a turn
-    whose later stage can't extend its run still reuses the runs before it."""
+    its input, its output, what the stage noted of its own run (`Turn.notes` as it left them), and
+    the report's figures once it had run (those of the stages up to it: None when not known), so
+    that a turn whose later stage can't extend its run still reuses the runs before it."""
 
     before: list[Item]
     after: list[Item]
-    note: Any = None
+    note: Notes = NO_NOTES
     figures: Figures | None = None
 
 
@@ -60,14 +89,14 @@ class Turn:
     fixed_tokens: int = 0  # tokens sent with every call besides the transcript (tool schemas, instructions)
     proxy_tool_tokens: int = 0  # what the proxy's recall tools' definitions add when they are offered
     summary: Summary | None = None  # the conversation's current compaction summary, if any
-    marks: dict[str, int] = field(default_factory=dict)  # where the cuts stood after the last turn (see Conversation)
+    marks: Marks = field(default_factory=Marks)  # the conversation's, as its last turn left them (see proxy/marks.py)
     body: dict[str, Any] | None = None  # the request as received (for custom stages); never edited
     conversation: Conversation | None = None  # its record as the turn began (None: its first turn)
     knowledge_namespace: str | None = None  # the long-term knowledge document it uses (None: the default)
     # A dry run (count_tokens: the prompt a turn would send): stages write nothing and call no LLM.
     dry_run: bool = False
-    # What a stage notes of its run for the next turn's `extend` (by stage name), and the runs.
-    notes: dict[str, Any] = field(default_factory=dict)
+    # What the running stage notes of its run for the next turn's `extend`, and the runs.
+    notes: Notes = NO_NOTES
     runs: list[StageRun] | None = None
 
 

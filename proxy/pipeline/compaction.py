@@ -17,11 +17,9 @@ from __future__ import annotations
 from ..compaction.render import render_summary
 from ..config import Settings
 from ..markers import omitted_output
-from ..transcript import Item, Role, first_user, is_instruction, leading_system_count, unit_end
-from .base import StageRun, Turn, passed_through
-
-MASK_MARK = "mask_through"  # outputs up to this seq go as placeholders
-SUMMARY = "summary"  # the origin of the summary's note (the window adds what it leaves out to it)
+from ..marks import MASK_MARK
+from ..transcript import Item, Origin, Role, first_user, is_instruction, leading_system_count, unit_end
+from .base import Notes, StageRun, Turn, passed_through
 
 
 class Compaction:
@@ -29,7 +27,7 @@ class Compaction:
 
     async def __call__(self, turn: Turn, items: list[Item]) -> list[Item]:
         strategy = turn.profile.compaction.strategy
-        turn.notes[self.name] = turn.summary.id if turn.summary is not None else None
+        turn.notes = Notes(summary_id=turn.summary.id if turn.summary is not None else None)
         if strategy == "mask":
             return self._mask(turn, items)
         if strategy == "off" or turn.summary is None:
@@ -49,7 +47,8 @@ class Compaction:
         rendered = render_summary(turn.summary, turn.profile.compaction)
         assert rendered is not None
         # A shortened user message in it reads back by ref: the item carries one, so the read tool goes too.
-        summary = turn.codec.system_note(rendered.text).but(ref=next(iter(rendered.refs.values()), None), origin=SUMMARY)
+        ref = next(iter(rendered.refs.values()), None)
+        summary = turn.codec.system_note(rendered.text).but(ref=ref, origin=Origin.SUMMARY)
         turn.report.messages_left_out += len(rest) - len(kept) - len(head)
         turn.report.summary_id = turn.summary.id
         dropped = sum(len(turn.codec.text(it) or "") for it in rest if it.seq is not None and it.seq <= boundary)
@@ -62,7 +61,7 @@ class Compaction:
         pipeline, which decides whether its mark moves."""
         strategy = turn.profile.compaction.strategy
         summary_id = turn.summary.id if turn.summary is not None else None
-        if strategy == "mask" or summary_id != run.note:
+        if strategy == "mask" or summary_id != run.note.summary_id:
             return None
         if strategy == "off" or turn.summary is None:
             return new
@@ -74,7 +73,7 @@ class Compaction:
         way, while the summary is the same one (masking: the whole pipeline)."""
         strategy = turn.profile.compaction.strategy
         summary_id = turn.summary.id if turn.summary is not None else None
-        if strategy == "mask" or summary_id != run.note:
+        if strategy == "mask" or summary_id != run.note.summary_id:
             return None
         if strategy != "off" and turn.summary is not None:
             boundary = turn.summary.last_seq
@@ -88,7 +87,7 @@ class Compaction:
         settings = turn.profile.compaction
         keep = settings.mask.keep_tool_outputs
         tool_positions = [i for i, it in enumerate(items) if it.role is Role.TOOL and it.seq is not None]
-        through = turn.marks.get(MASK_MARK, 0)
+        through = turn.marks.mask_through
         unmasked = [i for i in tool_positions if items[i].seq > through]  # type: ignore[operator]
         if len(unmasked) >= keep + settings.mask.batch:
             through = items[unmasked[len(unmasked) - keep - 1]].seq  # type: ignore[assignment]

@@ -25,10 +25,8 @@ from dataclasses import replace
 
 from ..config import Settings
 from ..store import APPEND, BEFORE, INBOX_PENDING, InboxMessage
-from ..transcript import Item, Role, unit_start
+from ..transcript import Item, Origin, Role, unit_start
 from .base import StageRun, Turn, passed_through
-
-INBOX = "inbox"  # Item.origin of a note of its own
 
 
 class Inbox:
@@ -117,7 +115,7 @@ def with_notes(turn: Turn, items: list[Item], delivered: dict[int, list[InboxMes
             appended = [m for m in messages if m.placement == APPEND]
             if before:  # its own user item: the unit it goes before begins with it now (pinned with a pinned task)
                 note = turn.codec.user_note(note_text(before))
-                out.append(note.but(origin=INBOX, joins=item.joins, pinned=item.pinned))
+                out.append(note.but(origin=Origin.INBOX, joins=item.joins, pinned=item.pinned))
                 item = item.but(joins=True)
             if appended:
                 item = turn.codec.with_appended_text(item, "\n\n" + note_text(appended))

@@ -29,13 +29,11 @@ from typing import Any
 
 from ..config import Settings
 from ..knowledge import current, note
+from ..marks import KNOWLEDGE_MARK, WINDOW_MARK
 from ..store import KnowledgeVersion
-from ..transcript import Item, leading_system_count
+from ..transcript import Item, Origin, leading_system_count
 from .base import StageRun, Turn, passed_through
-from .window import WINDOW_MARK
 
-KNOWLEDGE = "knowledge"  # Item.origin of the document's message
-KNOWLEDGE_MARK = "knowledge_from"  # the seq whose time names the version a conversation shows
 CACHED_NOTES = 256  # entries of each cache: about one per active conversation
 
 
@@ -61,7 +59,7 @@ class Knowledge:
             cached = _put(self._notes, key, (version.version, _render(turn, version)))
         turn.report.knowledge = {"namespace": _document(turn)[1] or None, "version": cached[0], "as_of": moment}
         n_system = leading_system_count(items)
-        document = turn.codec.system_note(cached[1]).but(origin=KNOWLEDGE)
+        document = turn.codec.system_note(cached[1]).but(origin=Origin.KNOWLEDGE)
         return [*items[:n_system], document, *items[n_system:]]
 
     async def extend(self, turn: Turn, run: StageRun, new: list[Item]) -> list[Item] | None:
@@ -71,7 +69,7 @@ class Knowledge:
         return None if turn.profile.knowledge.enabled else passed_through(run, keep)
 
     async def _moment(self, turn: Turn) -> float:
-        mark, conversation = turn.marks.get(KNOWLEDGE_MARK), turn.conversation
+        mark, conversation = turn.marks.knowledge_from, turn.conversation
         if mark is None or conversation is None:
             return await _moment(turn, None)
         key = (turn.key.tenant, turn.key.id, conversation.created_at, mark)
@@ -84,20 +82,20 @@ class KnowledgeRefresh:
 
     async def __call__(self, turn: Turn, items: list[Item]) -> list[Item]:
         shown = turn.report.knowledge
-        at = next((i for i, item in enumerate(items) if item.origin == KNOWLEDGE), None)
+        at = next((i for i, item in enumerate(items) if item.origin is Origin.KNOWLEDGE), None)
         if shown is None or at is None:
             return items
         cut = WINDOW_MARK in turn.report.marks
         summarized = turn.summary is not None and turn.summary.created_at > shown["as_of"]
         newest = next((item.seq for item in reversed(items) if item.seq is not None), None)
-        if not (cut or summarized) or newest is None or newest == turn.marks.get(KNOWLEDGE_MARK):
+        if not (cut or summarized) or newest is None or newest == turn.marks.knowledge_from:
             return items
         moment = await _moment(turn, newest)
         version = await _version_at(turn, moment)
         if version.version == shown["version"]:
             turn.report.marks[KNOWLEDGE_MARK] = newest  # nothing newer: the next summary is what counts
             return items
-        document = turn.codec.system_note(_render(turn, version)).but(origin=KNOWLEDGE)
+        document = turn.codec.system_note(_render(turn, version)).but(origin=Origin.KNOWLEDGE)
         old, new = await turn.counter.count_many_async(
             [items[at].raw, document.raw], turn.model, parts=turn.codec.counted_parts
         )

@@ -14,7 +14,7 @@ import logging
 from ..config import Settings
 from ..markers import NO_RESULT
 from ..transcript import Call, Item, Role, unit_start
-from .base import StageRun, Turn, passed_through
+from .base import Notes, StageRun, Turn, passed_through
 
 log = logging.getLogger("proxy.pairing")
 
@@ -26,13 +26,13 @@ class PairingGuard:
         out, repairs = self._paired(turn, items)
         if repairs:
             turn.report.repairs += repairs
-            turn.notes[self.name] = repairs
+            turn.notes = Notes(repairs=repairs)
             log.warning("repaired %d tool-call pairing problems", repairs, extra={"conversation": str(turn.key)})
         return out if repairs else items
 
     async def extend(self, turn: Turn, run: StageRun, new: list[Item]) -> list[Item] | None:
         """Units are checked one by one: the new items, with the unit they may continue, need no repair."""
-        if run.note or not run.after:
+        if run.note.repairs or not run.after:
             return None
         start = unit_start(run.after, len(run.after) - 1)
         _, repairs = self._paired(turn, [*run.after[start:], *new], quiet=True)
@@ -40,7 +40,7 @@ class PairingGuard:
 
     async def retract(self, turn: Turn, run: StageRun, keep: int) -> StageRun | None:
         """A run without repairs, cut between units: the units before the cut needed none either."""
-        if run.note or (keep < len(run.before) and run.before[keep].joins):
+        if run.note.repairs or (keep < len(run.before) and run.before[keep].joins):
             return None
         return passed_through(run, keep)
 

@@ -13,7 +13,7 @@ import logging
 from ..config import Settings
 from ..markers import neutralised, shortened_output
 from ..transcript import Item, Role, tool_names
-from .base import StageRun, Turn, item_by_item
+from .base import Notes, StageRun, Turn, item_by_item
 
 log = logging.getLogger("proxy.truncation")
 # How far back extend looks for the calls new tool outputs answer (further: the whole pipeline).
@@ -31,13 +31,13 @@ class Truncation:
     async def extend(self, turn: Turn, run: StageRun, new: list[Item]) -> list[Item] | None:
         """Each item is shortened on its own: the new ones are, with the whole input's tool names.
         A summary that failed last turn is tried again on every turn: then the whole pipeline runs."""
-        if run.note:
+        if run.note.summary_failed:
             return None
         return await self._shorten(turn, new, [*run.before[-CALLS_LOOKED_BACK:], *new])
 
     async def retract(self, turn: Turn, run: StageRun, keep: int) -> StageRun | None:
         """Each item is shortened on its own: the ones taken out take what they saved with them."""
-        shorter = None if run.note else item_by_item(run, keep)
+        shorter = None if run.note.summary_failed else item_by_item(run, keep)
         if shorter is None:
             return None
         text = turn.codec.text
@@ -89,11 +89,10 @@ class Truncation:
 
     def _marker(self, turn: Turn, seq: int, ref: str, total: int, summarized: bool) -> str:
         settings = turn.profile.truncation
-        shown = "a summary" if summarized else f"the first {settings.preview_length} of {total} characters"
-        start = 0 if summarized else settings.preview_length
         figures = turn.ledger.figures(seq)
         quota = figures.line() if figures is not None else None
-        return shortened_output(shown, total, ref, start, settings.read_length, quota)
+        preview = None if summarized else settings.preview_length
+        return shortened_output(total, ref, preview, settings.read_length, quota)
 
     async def _summaries(self, turn: Turn, wanted: list[tuple[Item, str, str]]) -> dict[int, str]:
         """Stored summaries, and new ones made now (a failure falls back to a preview, logged)."""
@@ -110,7 +109,7 @@ class Truncation:
             summary = await turn.summarizer.tool_output(text, tool, turn.model, turn.headers, turn.report.dialect)
             if summary is None:
                 turn.report.summaries_failed += 1
-                turn.notes[self.name] = "a summary failed"
+                turn.notes = Notes(summary_failed=True)
                 continue
             made[item.seq] = summary
         await turn.store.set_rewrites(turn.key, made)

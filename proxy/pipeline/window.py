@@ -30,33 +30,21 @@ client's instructions later in the transcript are not history and count as the s
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from ..compaction.quotes import quote
 from ..compaction.render import render_summary
 from ..config import Settings
-from ..transcript import Item, Role, is_instruction, leading_system_count, unit_start, units
-from .base import StageRun, Turn, passed_through
-from ..tools.history_search import RECALL_MARK
-from .compaction import SUMMARY
+from ..marks import RECALL_MARK, WINDOW_MARK
+from ..tokens import CHARS_PER_TOKEN
+from ..transcript import Item, Origin, Role, is_instruction, leading_system_count, unit_start, units
+from .base import NO_NOTES, Notes, StageRun, Stepped, Turn, passed_through
 
 MAX_PASSES = 4
 RECALL_ROOM = 600  # tokens (at most a tenth of the limit) kept free for a recall round once the recall tools go
 # The most of the history limit the window's quotes of the user messages it leaves out may take
-# (the rest stays for the history itself), and the characters per token that budget assumes.
+# (the rest stays for the history itself), turned into characters by the rough rule.
 QUOTE_SHARE = 0.25
-CHARS_PER_TOKEN = 4
-
-
-@dataclass(frozen=True, slots=True)
-class Stepped:
-    """Where a stepped window stood after a turn that sent the whole history from its start:
-    what the next turn needs to tell whether its new items still fit without a cut."""
-
-    mark: int | None  # the window mark the next turn starts from
-    history_tokens: int  # the history sent, from the start on
-    limit: int  # the history's budget
-    with_read_tool: bool  # whether the recall tools' schemas were counted in (something had left the prompt)
 
 
 class TokenWindow:
@@ -69,7 +57,7 @@ class TokenWindow:
         # by the last pass, what that pass left out is quoted all the same (the prompt may then
         # pass the limit by the difference): a user message never goes without a trace.
         n_system = leading_system_count(items)
-        summary = next((item for item in items[:n_system] if item.origin == SUMMARY), None)
+        summary = next((item for item in items[:n_system] if item.origin is Origin.SUMMARY), None)
         summary_tokens = sum(await self._count(turn, [summary])) if summary is not None else 0
         quoted_tokens = 0  # what the window's quotes add to the summary's note
         quote_budget: int | None = None
@@ -80,14 +68,14 @@ class TokenWindow:
             redone = self._keep_what_it_leaves_out(turn, items, kept, quote_budget)
             if redone is None:
                 break
-            note = next((item for item in redone[: n_system + 1] if item.origin == SUMMARY), None)
+            note = next((item for item in redone[: n_system + 1] if item.origin is Origin.SUMMARY), None)
             note_tokens = sum(await self._count(turn, [note])) if note is not None else 0
             quoted_tokens = max(note_tokens - summary_tokens, quoted_tokens)  # never less: it settles
             if done == MAX_PASSES:  # no pass chooses again: the window as it stands, with what is new in it
                 kept, tokens = await self._carried_over(turn, items, kept, tokens, redone)
             items = redone
         else:
-            turn.notes.pop(self.name, None)  # not settled: the next turn's window is the whole pipeline's
+            turn.notes = NO_NOTES  # not settled: the next turn's window is the whole pipeline's
         turn.report.tokens_sent = tokens
         turn.report.token_budget = budget  # the most the prompt may hold, read-back rounds included
         turn.report.messages_left_out += len(items) - len(kept)  # added to: compaction may have left some out
@@ -96,8 +84,8 @@ class TokenWindow:
     async def extend(self, turn: Turn, run: StageRun, new: list[Item]) -> list[Item] | None:
         """New items after a window that sent everything from its start: sent too while they fit
         (the window cuts only when the limit is reached); a cut means the whole pipeline."""
-        stepped = run.note
-        if not isinstance(stepped, Stepped) or stepped.mark != turn.marks.get(WINDOW_MARK) or not new:
+        stepped = run.note.stepped
+        if stepped is None or stepped.mark != turn.marks.window_start or not new:
             return None
         if any(item.ref is not None for item in new) and not stepped.with_read_tool:
             return None  # the read tool's schema joins the prompt: the budget changes
@@ -108,15 +96,15 @@ class TokenWindow:
         if history > stepped.limit or turn.report.tokens_sent is None:
             return None
         turn.report.tokens_sent += sum(counts)
-        turn.notes[self.name] = replace(stepped, history_tokens=history)
+        turn.notes = Notes(stepped=replace(stepped, history_tokens=history))
         return new
 
     async def retract(self, turn: Turn, run: StageRun, keep: int) -> StageRun | None:
         """Items taken back out of a window that sent everything from its start and reaches back
         before them: the same window without them (a shorter history fits the same limit), their
         tokens taken off. A window that starts among them would start elsewhere without them."""
-        stepped = run.note
-        if not isinstance(stepped, Stepped) or stepped.mark != turn.marks.get(WINDOW_MARK):
+        stepped = run.note.stepped
+        if stepped is None or stepped.mark != turn.marks.window_start:
             return None
         if turn.report.tokens_sent is None:
             return None
@@ -135,7 +123,8 @@ class TokenWindow:
             return None  # not counted in the history: the whole pipeline counts it
         tokens = sum(await self._count(turn, removed))
         turn.report.tokens_sent -= tokens
-        return StageRun(shorter.before, shorter.after, replace(stepped, history_tokens=stepped.history_tokens - tokens))
+        fewer = replace(stepped, history_tokens=stepped.history_tokens - tokens)
+        return StageRun(shorter.before, shorter.after, Notes(stepped=fewer))
 
     async def _carried_over(
         self, turn: Turn, items: list[Item], kept: list[int], tokens: int, redone: list[Item]
@@ -199,13 +188,13 @@ class TokenWindow:
     def _note(turn: Turn, items: list[Item], kept: list[int], head: int, stepped: Stepped) -> None:
         """For the next turn's `extend`: a stepped window that sends the whole history from where
         its start now stands (and will stand next turn: the mark names it)."""
-        turn.notes.pop(TokenWindow.name, None)
+        turn.notes = NO_NOTES
         if turn.profile.context.window_refill >= 1 or len(kept) <= head or kept[head:] != list(range(kept[head], len(items))):
             return
-        mark = turn.report.marks.get(WINDOW_MARK, turn.marks.get(WINDOW_MARK))
+        mark = turn.report.marks.get(WINDOW_MARK, turn.marks.window_start)
         if _start_index(items, head, mark) != kept[head]:
             return
-        turn.notes[TokenWindow.name] = replace(stepped, mark=mark)
+        turn.notes = Notes(stepped=replace(stepped, mark=mark))
 
     @staticmethod
     def _keep_what_it_leaves_out(turn: Turn, items: list[Item], kept: list[int], budget: int) -> list[Item] | None:
@@ -235,8 +224,9 @@ class TokenWindow:
             ref_for=lambda seq: turn.refs.make(turn.key, seq), quote_budget=budget,
         )
         assert rendered is not None
-        note = turn.codec.system_note(rendered.text).but(ref=next(iter(rendered.refs.values()), None), origin=SUMMARY)
-        at = next((i for i in range(n_system) if items[i].origin == SUMMARY), None)
+        ref = next(iter(rendered.refs.values()), None)
+        note = turn.codec.system_note(rendered.text).but(ref=ref, origin=Origin.SUMMARY)
+        at = next((i for i in range(n_system) if items[i].origin is Origin.SUMMARY), None)
         if at is not None and items[at].raw == note.raw:
             return None  # it holds them already
         if at is not None:
@@ -250,12 +240,12 @@ class TokenWindow:
         refill = turn.profile.context.window_refill
         if refill >= 1:
             return select_window(items, counts, limit, scan_from=scan_from)
-        start = _start_index(items, head, turn.marks.get(WINDOW_MARK))
+        start = _start_index(items, head, turn.marks.window_start)
         if start is not None and sum(counts[start:]) <= limit:
             return [*range(head), *range(start, len(items))]
         kept = select_window(items, counts, int(limit * refill), scan_from=scan_from)
         first = next((items[i].seq for i in kept[head:] if items[i].seq is not None), None)
-        if first is not None and first != turn.marks.get(WINDOW_MARK):
+        if first is not None and first != turn.marks.window_start:
             turn.report.marks[WINDOW_MARK] = first
         return kept
 
@@ -293,12 +283,9 @@ class TokenWindow:
 TAIL_BATCH = 4  # the fewest items `_tail_counts` counts at once
 
 
-WINDOW_MARK = "window_start"  # the seq the window starts at since its last cut
-
-
 def _recall_goes(turn: Turn, items: Sequence[Item], kept: Sequence[int]) -> bool:
     """Whether the recall tools go with the prompt of `kept` (as tools/history_search.py decides)."""
-    if RECALL_MARK in turn.marks or RECALL_MARK in turn.report.marks or turn.summary is not None:
+    if turn.marks.recall_tools or RECALL_MARK in turn.report.marks or turn.summary is not None:
         return True
     if len(kept) < len(items) or turn.report.messages_left_out > 0 or turn.report.masked > 0:
         return True

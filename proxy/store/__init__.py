@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..config import ConfigError, StorageSettings
+from ..marks import LIVE_ORDER_MARK, RUNS_MARK, THREAD_MARK
 from .base import (
     APPEND,
     BEFORE,
@@ -13,13 +14,10 @@ from .base import (
     INCOMPLETE,
     INTERNAL,
     LIVE,
-    LIVE_ORDER_MARK,
     PART_KINDS,
     PENDING,
-    RUNS_MARK,
     SUPERSEDED,
     SYSTEM_PART,
-    THREAD_MARK,
     TOOLS_PART,
     AdminStore,
     Conversation,

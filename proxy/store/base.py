@@ -13,17 +13,15 @@ import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import orjson
 
 from ..errors import ProxyError
 from ..identity import ConversationKey, family_of
+from ..marks import RUNS_MARK, THREAD_MARK
 from ..messages import Message
 from ..titles import title_from_task
-
-if TYPE_CHECKING:
-    from .search import SearchHit
 
 # Written before forwarding; becomes live when the upstream accepts the request, failed otherwise.
 PENDING = "pending"
@@ -33,13 +31,6 @@ FAILED = "failed"  # the request carrying it was refused or failed: kept in the 
 INCOMPLETE = "incomplete"  # a streamed reply the client went away from
 INTERNAL = "internal"  # a read_tool_output round the proxy answered itself: never shown to the client
 STATUSES = frozenset({PENDING, LIVE, SUPERSEDED, FAILED, INCOMPLETE, INTERNAL})
-# Marks that are not seqs: which thread of its client's session a conversation is (a token), how
-# many runs a derived conversation had. The others name a seq (a cut, the live turn's order).
-THREAD_MARK = "thread"
-RUNS_MARK = "runs"
-# The order of the turn whose request the live transcript is (see TurnWriter): a turn that
-# started before it and ends after it does not take the live transcript back.
-LIVE_ORDER_MARK = "live_order"
 
 
 def now() -> float:
@@ -135,6 +126,20 @@ class StoredMessage:
         if with_status:
             out["status"] = self.status
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    """One passage found: where it is (the message's seq, and the passage's character offset in
+    the message's text), what it says with a little context around it, and its score."""
+
+    seq: int
+    role: str
+    created_at: float
+    text: str  # the passage with up to search.CONTEXT_CHARS on each side, cut at lines where it can be
+    offset: int  # where `text` starts in the message's text (for read_tool_output)
+    length: int  # the message text's whole length
+    score: float
 
 
 @dataclass(slots=True)

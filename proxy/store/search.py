@@ -28,12 +28,11 @@ import weakref
 from array import array
 from collections import Counter, OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..identity import ConversationKey
 from ..messages import Message
-from .base import LIVE, StoredMessage
+from .base import LIVE, SearchHit, StoredMessage
 
 if TYPE_CHECKING:
     from .base import Store
@@ -160,20 +159,6 @@ def passages(text: str) -> list[tuple[int, int]]:
                 spans.append((start, end))
             start, lines = end, 0
     return spans
-
-
-@dataclass(frozen=True, slots=True)
-class SearchHit:
-    """One passage found: where it is (the message's seq, and the passage's character offset in
-    the message's text), what it says with a little context around it, and its score."""
-
-    seq: int
-    role: str
-    created_at: float
-    text: str  # the passage with up to CONTEXT_CHARS on each side, cut at lines where it can be
-    offset: int  # where `text` starts in the message's text (for read_tool_output)
-    length: int  # the message text's whole length
-    score: float
 
 
 class _Index:

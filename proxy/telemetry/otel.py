@@ -35,6 +35,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from .. import __version__
 from ..config import Settings
+from ..tokens import estimated_tokens
 from ..usage import TokenUsage
 from .base import RoundTrace, SummarizerTrace, Telemetry, TurnTrace
 from .content import messages_json, reply_json, texts_json
@@ -166,9 +167,9 @@ class OtelTurnTrace(TurnTrace):
         self.transcript_items = len(items)
         codec = self.dialect.codec
         estimate = 0
-        for item in items:  # characters / 4: tracing must not make a turn tokenize more than it does
+        for item in items:  # estimated: tracing must not make a turn tokenize more than it does
             texts, flat = codec.counted_parts(item.raw)
-            estimate += sum(len(text) for text in texts) // 4 + flat
+            estimate += estimated_tokens(sum(len(text) for text in texts)) + flat
         self.span.set_attribute("context_proxy.tokens.stored_estimate", estimate)
 
     def upstream_call(

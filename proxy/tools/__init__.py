@@ -10,15 +10,13 @@ A client tool of the same name always wins: then the proxy's is not offered.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from ..config import Profile
 from ..dialects.base import ToolSpec
 from ..transcript import Call, Item
 from . import history_search, knowledge, readback
-
-if TYPE_CHECKING:
-    from ..pipeline import Turn
+from .base import ToolContext
 
 
 class ProxyTool(Protocol):
@@ -28,7 +26,7 @@ class ProxyTool(Protocol):
         """The result text for `call`; `room` = the most tokens it may take (None: no bound)."""
 
 
-ToolFactory = Callable[["Turn", list[Item]], "ProxyTool | None"]
+ToolFactory = Callable[[ToolContext, list[Item]], "ProxyTool | None"]
 
 # In the order they are declared to the model.
 TOOLS: list[ToolFactory] = [
@@ -46,6 +44,6 @@ def standing(profile: Profile) -> list[ToolSpec]:
     return knowledge.standing(profile)
 
 
-def offered(turn: Turn, items: list[Item], has_tool: Callable[[str], bool]) -> list[ProxyTool]:
+def offered(turn: ToolContext, items: list[Item], has_tool: Callable[[str], bool]) -> list[ProxyTool]:
     """The proxy's tools for this prompt, never one the client has a tool of that name for."""
     return [tool for factory in TOOLS if (tool := factory(turn, items)) is not None and not has_tool(tool.spec.name)]

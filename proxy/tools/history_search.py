@@ -18,19 +18,17 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from ..dialects.base import ToolSpec
 from ..identity import ConversationKey
+from ..markers import READ_TOOL, SEARCH_TOOL
+from ..marks import RECALL_MARK
 from ..refs import RefSigner
 from ..store import Store
 from ..store.search import DEFAULT_HITS, MAX_HITS, SearchHit, terms
 from ..transcript import Call, Codec, Item
+from .base import ToolContext
 
-if TYPE_CHECKING:
-    from ..pipeline import Turn
-
-SEARCH_TOOL = "search_history"
 SEARCH_TOOL_SPEC = ToolSpec(
     name=SEARCH_TOOL,
     description=(
@@ -44,15 +42,13 @@ SEARCH_TOOL_SPEC = ToolSpec(
     },
 )
 
-# On the conversation record once the recall tools were first offered: from then on, on every turn.
-RECALL_MARK = "recall_tools"
 MAX_QUERY_CHARS = 500
 
 
-def recall_wanted(turn: Turn, items: list[Item]) -> bool:
+def recall_wanted(turn: ToolContext, items: list[Item]) -> bool:
     """Whether the recall tools go with this prompt: they went before in this conversation, or
     something has left the prompt (a shortened output in it, a message left out, a summary)."""
-    if RECALL_MARK in turn.marks or RECALL_MARK in turn.report.marks:
+    if turn.marks.recall_tools or RECALL_MARK in turn.report.marks:
         return True
     left = (
         turn.report.messages_left_out > 0 or turn.report.masked > 0 or turn.summary is not None
@@ -63,7 +59,7 @@ def recall_wanted(turn: Turn, items: list[Item]) -> bool:
     return left
 
 
-def offer(turn: Turn, items: list[Item]) -> HistorySearch | None:
+def offer(turn: ToolContext, items: list[Item]) -> HistorySearch | None:
     if not recall_wanted(turn, items):
         return None
     return HistorySearch(turn.store, turn.refs, turn.key, turn.codec, lambda text: turn.counter.count_texts([text], turn.model))
@@ -115,7 +111,7 @@ class HistorySearch:
         if hit.role == "tool" or len(hit.text) < hit.length:
             offset = await self._offset(hit)
             ref = self.refs.make(self.key, hit.seq)
-            where += f'; read it whole: read_tool_output(ref="{ref}", offset={offset}) ({hit.length} characters)'
+            where += f'; read it whole: {READ_TOOL}(ref="{ref}", offset={offset}) ({hit.length} characters)'
         return f"({where})"
 
     async def _offset(self, hit: SearchHit) -> int:
@@ -143,4 +139,4 @@ def _best_lines(text: str, query: str, measure: Callable[[str], int], room: int)
     return "\n".join(lines[j] for j in sorted(chosen))
 
 
-__all__ = ["RECALL_MARK", "SEARCH_TOOL", "SEARCH_TOOL_SPEC", "HistorySearch", "offer", "recall_wanted"]
+__all__ = ["SEARCH_TOOL", "SEARCH_TOOL_SPEC", "HistorySearch", "offer", "recall_wanted"]

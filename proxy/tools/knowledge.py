@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..config import KnowledgeSettings, Profile
 from ..dialects.base import ToolSpec
@@ -20,9 +20,7 @@ from ..knowledge import EditRefused, append_section, current, edit, fit, fits, r
 from ..markers import KNOWLEDGE_APPEND_TOOL, KNOWLEDGE_READ_TOOL, KNOWLEDGE_REPLACE_TOOL
 from ..store import Store
 from ..transcript import Call
-
-if TYPE_CHECKING:
-    from ..pipeline import Turn
+from .base import ToolContext
 
 READ_SPEC = ToolSpec(
     name=KNOWLEDGE_READ_TOOL,
@@ -77,7 +75,7 @@ def agent_source(conversation_id: str, turn: int) -> str:
 class KnowledgeTool:
     """One knowledge tool for one turn: its calls read or edit the turn's tenant's document."""
 
-    def __init__(self, spec: ToolSpec, turn: Turn) -> None:
+    def __init__(self, spec: ToolSpec, turn: ToolContext) -> None:
         self.spec = spec
         self.store: Store = turn.store
         self.tenant, self.namespace = turn.key.tenant, turn.knowledge_namespace or ""
@@ -131,8 +129,8 @@ class KnowledgeTool:
         return f"Done: {done}; the notes are now version {written.version} ({len(written.text)} characters)."
 
 
-def _offer(spec: ToolSpec) -> Callable[[Turn, list], KnowledgeTool | None]:
-    def offer(turn: Turn, items: list) -> KnowledgeTool | None:
+def _offer(spec: ToolSpec) -> Callable[[ToolContext, list], KnowledgeTool | None]:
+    def offer(turn: ToolContext, items: list) -> KnowledgeTool | None:
         return KnowledgeTool(spec, turn) if spec in standing(turn.profile) else None
 
     offer.__name__ = f"offer_{spec.name}"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from ..config import TruncationSettings
 from ..dialects.base import ToolSpec
@@ -20,10 +19,8 @@ from ..markers import READ_TOOL
 from ..refs import RefSigner
 from ..store import Store
 from ..transcript import Call, Codec, Item
+from .base import ToolContext
 from .history_search import recall_wanted
-
-if TYPE_CHECKING:
-    from ..pipeline import Turn
 
 READ_TOOL_SPEC = ToolSpec(
     name=READ_TOOL,
@@ -48,7 +45,7 @@ def split_calls(calls: list[Call], ours: frozenset[str]) -> tuple[list[Call], li
     return [c for c in calls if c.name in ours], [c for c in calls if c.name not in ours]
 
 
-def offer(turn: Turn, items: list[Item]) -> ReadBack | None:
+def offer(turn: ToolContext, items: list[Item]) -> ReadBack | None:
     """Offered with search_history, the other recall tool (see history_search.py): once the prompt
     holds a shortened (truncated or masked) output or anything left it, and from then on."""
     if not recall_wanted(turn, items):

@@ -41,6 +41,7 @@ from typing import Any
 from ..config import ModelSettings
 from ..errors import ProxyError
 from .base import UpstreamReply
+from .error_body import read_error_body
 from .limits import ReplyLimits, ReplyMeter
 
 log = logging.getLogger("proxy.litellm")
@@ -305,17 +306,9 @@ def provider_detail(exc: BaseException, secrets: list[str]) -> tuple[str | None,
         except (ValueError, SyntaxError, AttributeError):
             pass
     kind: str | None = None
-    try:
-        parsed = json.loads(text)
-    except ValueError:
-        parsed = None
-    # {"error": {"message", "type"|"status"}} (OpenAI, Gemini), {"type": "error", "error": {...}} (Anthropic)
-    inner = parsed.get("error") if isinstance(parsed, dict) else None
-    if isinstance(inner, dict) and isinstance(inner.get("message"), str):
-        text = inner["message"]
-        kind = inner.get("type") if isinstance(inner.get("type"), str) else None
-    elif isinstance(inner, str):
-        text = inner
+    body = read_error_body(text)
+    if body.message is not None:
+        text, kind = body.message, body.type
     for secret in secrets:
         if secret and len(secret) >= 4:
             text = text.replace(secret, "***")

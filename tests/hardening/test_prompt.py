@@ -561,7 +561,7 @@ def test_every_note_the_proxy_writes_is_one_an_imitation_of_is_caught():
 
     written = [
         markers.inbox_note("hello", 0.0),
-        markers.shortened_output("a summary", 900, "out_1_x", 0, 100, "You have 1 LLM calls remaining (used 1 of 2)."),
+        markers.shortened_output(900, "out_1_x", None, 100, "You have 1 LLM calls remaining (used 1 of 2)."),
         markers.omitted_output(900, "out_1_x", 100),
         markers.shortened_quote(10, 900, "out_1_x"),
         markers.knowledge_goes_on(10, 90),

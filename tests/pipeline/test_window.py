@@ -16,7 +16,8 @@ from proxy.config import ContextSettings, Profile, Settings
 from proxy.dialects.chat import CHAT
 from proxy.engine.report import TurnReport
 from proxy.identity import ConversationKey
-from proxy.pipeline.base import StageRun
+from proxy.marks import Marks
+from proxy.pipeline.base import Notes, StageRun
 from proxy.pipeline.window import TokenWindow, build, effective_limit
 from proxy.pipeline.window import select_window as select_items
 from proxy.refs import RefSigner
@@ -175,8 +176,8 @@ def turn(
     report = TurnReport(ConversationKey("t", "c"), "chat", model)
     return SimpleNamespace(
         model=model, profile=profile, counter=COUNTER, codec=CHAT.codec, report=report,
-        reply_reserve=CHAT.reply_reserve(body), fixed_tokens=0, proxy_tool_tokens=0, marks=marks or {},
-        summary=None, key=report.key, refs=RefSigner(b"k" * 32), notes={},
+        reply_reserve=CHAT.reply_reserve(body), fixed_tokens=0, proxy_tool_tokens=0, marks=Marks(marks),
+        summary=None, key=report.key, refs=RefSigner(b"k" * 32), notes=Notes(),
     )
 
 
@@ -263,7 +264,7 @@ def test_a_new_instruction_is_never_added_by_the_fast_path_but_counted_by_the_wh
     t = turn(limit=1000, refill=0.5)
     stage = TokenWindow()
     out = run(stage, t, msgs)
-    run_of = StageRun(as_items(msgs), out, t.notes[stage.name])
+    run_of = StageRun(as_items(msgs), out, t.notes)
     later = as_items([*msgs, user("go on"), system("From now on answer in French.")])
     assert asyncio.run(stage.extend(t, run_of, later[3:4])) == later[3:4]  # history: added
     assert asyncio.run(stage.extend(t, run_of, later[3:])) is None  # an instruction among them: the whole window
