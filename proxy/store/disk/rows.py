@@ -3,13 +3,14 @@
 diskcache stays the embedded store's database (its file, connection, WAL mode and pragmas), but
 its `Cache.set` does far more than a store row needs: a SELECT, an INSERT or UPDATE, its Settings
 triggers (count, size) and eviction upkeep — about three statements and two pickles a row, 14
-statements for a later turn's five rows in two transactions. Here a row is a pickled value in a
-WITHOUT ROWID table keyed by text, on diskcache's own connection, and a write is one statement:
-inside `transact()` the rows set and deleted are held (reads see them) and written when it ends,
-all of them in one `INSERT OR REPLACE` (a statement on its own is its own transaction: no BEGIN,
-no COMMIT to send) — or, when there are deletes too or more rows than one statement takes, in
-one BEGIN ... COMMIT. A write that raises writes nothing. Measured with `python -m bench.store_turn
---api` (docs/performance.md has the figures).
+statements for a later turn's five rows in two transactions. Here a row is a pickled value (or
+bytes as they are) in a table keyed by text, on diskcache's own connection, and a write is one
+statement: inside `transact()` the rows set and deleted are held (reads see them) and written
+when it ends, all in one `INSERT OR REPLACE` (a statement alone is its own transaction: no BEGIN,
+no COMMIT to send) — or, with deletes too or more rows than one statement takes, in one
+BEGIN ... COMMIT. A write that raises writes nothing. A rowid table, not WITHOUT ROWID: rows are
+KBs, and a B-tree holding whole rows made a 2,000-message first turn 1.3x dearer than diskcache.
+Measured with `python -m bench.store_turn` (docs/performance.md has the figures).
 
 A store written before this table (its rows in diskcache's Cache table) is moved into it when
 opened, in one transaction; diskcache's table is emptied after.
@@ -52,7 +53,7 @@ class Rows:
         # The write under way (store thread only: it is the one writer): key -> (value, raw) or _GONE.
         self._held: dict[str, Any] | None = None
         self._con.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} "
-                         "(key TEXT PRIMARY KEY, value BLOB NOT NULL, raw INTEGER NOT NULL) WITHOUT ROWID")
+                         "(key TEXT PRIMARY KEY, value BLOB NOT NULL, raw INTEGER NOT NULL)")
         self._move_cache_rows()
 
     @property
