@@ -77,12 +77,12 @@ class Summarizer:
         self,
         settings: SummarizerSettings,
         route: Callable[[str], Upstream],
-        inflight: InFlight | None = None,
+        inflight: InFlight,
         telemetry: Telemetry = NO_TELEMETRY,
     ) -> None:
         self.settings = settings
         self.route = route  # model name -> the upstream that serves it
-        self.inflight = inflight or InFlight()  # the agent's requests, which summaries may yield to
+        self.inflight = inflight  # the engine's: the agent's requests, which summaries may yield to
         self.telemetry = telemetry  # each call is a span of its own when traces are on
         self.failures = 0
 
