@@ -120,7 +120,9 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     # Load the token-count tables now, in a thread: the first request must not stall the loop on it.
     await asyncio.to_thread(app[COUNTER].warm, WARM_MODELS)
     telemetry = app[TELEMETRY] = open_telemetry(settings)
-    app[SUMMARIZER] = Summarizer(settings.summarizer, route=router.for_model, dialects=DIALECTS, telemetry=telemetry)
+    app[SUMMARIZER] = Summarizer(
+        settings.summarizer, route=router.for_model, dialects=DIALECTS, inflight=router.inflight, telemetry=telemetry
+    )
     trajectories = app[TRAJECTORIES] = TrajectoryWriter(
         settings.storage.trajectory_dir, app[STORE], app[REFS],
         cache_bytes=int(settings.storage.trajectory_cache_mb * 2**20), failures=app[METRICS].trajectory_failures,

@@ -7,8 +7,10 @@ request is in flight on its upstream, and when an agent request starts meanwhile
 call is stopped and sent again once the upstream is free: a summary may come late, an agent's
 request is never queued behind one.
 
-The engine sends every agent request through `agent_call` (instead of `upstream.call`); the
-request counts as in flight from the call until its reply is closed, streams included.
+The engine owns one InFlight; its router hands out the agent's upstreams already tracked by it
+(`tracked`: their `call` is `agent_call`), and the summarizer's background calls go through
+`background`. A request counts as in flight from the call until its reply is closed, streams
+included.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ class InFlight:
 
     def busy(self, upstream: Upstream) -> bool:
         return self._agents.get(id(upstream), 0) > 0
+
+    def tracked(self, upstream: Upstream) -> TrackedUpstream:
+        """`upstream` as the agent's requests use it: each call is in flight until its reply closes."""
+        return TrackedUpstream(upstream, self)
 
     async def agent_call(
         self, upstream: Upstream, dialect: str, body: Mapping[str, Any], headers: Mapping[str, str], query: str = ""
@@ -102,6 +108,24 @@ class InFlight:
         return event
 
 
+class TrackedUpstream:
+    """An upstream whose calls are an agent's (InFlight.agent_call); anything else is the upstream's own."""
+
+    def __init__(self, upstream: Upstream, inflight: InFlight) -> None:
+        self.upstream, self.inflight = upstream, inflight
+
+    async def call(
+        self, dialect: str, body: Mapping[str, Any], headers: Mapping[str, str], query: str = ""
+    ) -> UpstreamReply:
+        return await self.inflight.agent_call(self.upstream, dialect, body, headers, query)
+
+    async def chat(self, body: Mapping[str, Any], headers: Mapping[str, str]) -> UpstreamReply:
+        return await self.call("chat", body, headers)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.upstream, name)
+
+
 class _TrackedReply:
     """An UpstreamReply that tells the tracker when it is closed (once)."""
 
@@ -128,4 +152,4 @@ class _TrackedReply:
             on_close()
 
 
-__all__ = ["InFlight"]
+__all__ = ["InFlight", "TrackedUpstream"]

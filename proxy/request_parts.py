@@ -32,7 +32,7 @@ from .store import SYSTEM_PART, TOOLS_PART, Conversation, RequestPart, Store, pa
 
 if TYPE_CHECKING:
     from .engine.report import TurnReport
-    from .engine.request import TurnRequest
+    from .engine.request import ParsedRequest
 
 # Where a format's request carries its system prompt apart from the transcript (chat: in it; a
 # format whose system prompt is an object, Gemini's `systemInstruction`, is kept as one).
@@ -190,7 +190,7 @@ def restore_system(dialect: str, body: dict[str, Any], stored: Mapping[str, Requ
 
 
 async def with_request_parts(
-    store: Store, remembered: RequestParts, request: TurnRequest, key: ConversationKey, report: TurnReport
+    store: Store, remembered: RequestParts, request: ParsedRequest, key: ConversationKey, report: TurnReport
 ) -> None:
     """Before a turn runs: in proxy-history mode a request without a system prompt gets the
     stored one; then what it sends besides its transcript goes in its report (and record)."""

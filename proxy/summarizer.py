@@ -68,7 +68,7 @@ class Summarizer:
         settings: SummarizerSettings,
         route: Callable[[str], Upstream],
         dialects: Mapping[str, Dialect],
-        inflight: InFlight | None = None,
+        inflight: InFlight,
         telemetry: Telemetry = NO_TELEMETRY,
     ) -> None:
         self.settings = settings
@@ -77,7 +77,7 @@ class Summarizer:
         chat = dialects[DEFAULT_WIRE].summary_format()
         assert chat is not None, "chat asks every summary no other format does"
         self._chat = chat
-        self.inflight = inflight or InFlight()  # the agent's requests, which summaries may yield to
+        self.inflight = inflight  # the engine's: the agent's requests, which summaries may yield to
         self.telemetry = telemetry  # each call is a span of its own when traces are on
         self.failures = 0
 

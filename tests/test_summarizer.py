@@ -14,6 +14,7 @@ from proxy.dialects.chat import CHAT
 from proxy.dialects.formats import DIALECTS
 from proxy.dialects.gemini import GEMINI
 from proxy.dialects.messages import MESSAGES
+from proxy.inflight import InFlight
 from proxy.state import COMPACTION, ENGINE, SUMMARIZER
 from proxy.summarizer import Completion, Summarizer
 from proxy.tokens import TokenCounter
@@ -175,7 +176,7 @@ def test_a_true_strategy_is_still_a_clear_error(tmp_path):
 
 def test_a_summary_is_asked_in_its_conversations_format_where_the_clients_key_opens_no_other():
     def summarizer(**settings):
-        return Summarizer(SummarizerSettings(**settings), route=lambda model: None, dialects=DIALECTS)
+        return Summarizer(SummarizerSettings(**settings), route=lambda model: None, dialects=DIALECTS, inflight=InFlight())
 
     own = summarizer()
     assert [own.format_for(name) for name in ("chat", "responses", "messages", "gemini", "unknown")] == [

@@ -13,22 +13,20 @@ from __future__ import annotations
 from aiohttp import web
 
 from ..dialects.messages import MESSAGES
-from ..request_parts import with_request_parts
 from ..state import ENGINE, ROUTER, UPSTREAM
 from ..upstream import UpstreamReply, forwardable
 from .errors import add_error_shape
-from .turns import read_turn
+from .turns import ResponseSink, turn_request
 
 
 async def count_tokens(request: web.Request) -> web.Response:
     app = request.app
-    turn, key, report = await read_turn(request, MESSAGES, dry_run=True)
-    await with_request_parts(app[ENGINE].store, app[ENGINE].request_parts, turn, key, report)  # proxy history: its system
-    managed = await app[ENGINE].dry_run(turn, key, report)
-    headers = report.headers()
-    if app[ROUTER].is_litellm(report.model):
-        return web.json_response({"input_tokens": report.tokens_sent or 0}, headers=headers)
-    return await relayed(await app[UPSTREAM].count_tokens(managed, turn.headers, turn.query), headers)
+    turn = await turn_request(request, MESSAGES)
+    managed = await app[ENGINE].dry_run(turn, ResponseSink(request))
+    headers = managed.report.headers()
+    if app[ROUTER].is_litellm(managed.report.model):
+        return web.json_response({"input_tokens": managed.report.tokens_sent or 0}, headers=headers)
+    return await relayed(await app[UPSTREAM].count_tokens(managed.body, managed.headers, turn.query), headers)
 
 
 async def relayed(reply: UpstreamReply, headers: dict[str, str]) -> web.Response:

@@ -17,11 +17,10 @@ from aiohttp import web
 
 from ..dialects.gemini import GEMINI, METHODS
 from ..state import ENGINE, QUERY_API_KEY, ROUTER, UPSTREAM
-from ..request_parts import with_request_parts
 from .errors import add_error_shape
 from .count_tokens import relayed
 from .passthrough import GEMINI_KEY, passthrough
-from .turns import read_turn, run_turn
+from .turns import ResponseSink, run_turn, turn_request
 
 VERSIONS = "v1beta|v1|v1alpha"
 
@@ -49,15 +48,14 @@ async def count_tokens(request: web.Request, model: str, version: str) -> web.St
     if not isinstance(body, dict) or "contents" not in body or "generateContentRequest" in body:
         return await passthrough(request)
     app = request.app
-    turn, key, report = await read_turn(request, GEMINI.bound(model, False, version), dry_run=True)
-    await with_request_parts(app[ENGINE].store, app[ENGINE].request_parts, turn, key, report)  # proxy history: its system
-    managed = await app[ENGINE].dry_run(turn, key, report)
-    headers = report.headers()
+    turn = await turn_request(request, GEMINI.bound(model, False, version))
+    managed = await app[ENGINE].dry_run(turn, ResponseSink(request))
+    headers = managed.report.headers()
     if app[ROUTER].is_litellm(model):
-        return web.json_response({"totalTokens": report.tokens_sent or 0}, headers=headers)
-    counted = {"generateContentRequest": {"model": f"models/{model}", **managed}}
+        return web.json_response({"totalTokens": managed.report.tokens_sent or 0}, headers=headers)
+    counted = {"generateContentRequest": {"model": f"models/{model}", **managed.body}}
     path = f"/{version}/models/{quote(model, safe='-._~')}:countTokens"
-    return await relayed(await app[UPSTREAM].gemini_post(path, counted, turn.headers, turn.query), headers)
+    return await relayed(await app[UPSTREAM].gemini_post(path, counted, managed.headers, turn.query), headers)
 
 
 def add_routes(app: web.Application) -> None:

@@ -1,6 +1,7 @@
-"""The turn engine: from a parsed request to an outcome, in every wire format.
+"""The turn engine: from a request's bytes to an outcome, in every wire format.
 
-One turn, in order: find the conversation (named; its thread of the client's session; or derived
+One turn, in order: read the request (intake.py: its body parsed only where it extends the
+previous one), find the conversation (named; its thread of the client's session; or derived
 from the agent's system prompt and task), check only what is new in the request (the prefix it
 shares with the last request is known good); then, under the conversation's lock, plan what is
 new and what goes upstream and write the new items as pending; then, with no lock held (a retry,
@@ -33,11 +34,11 @@ from ..identity import ConversationKey, derived_conversation_id, thread_conversa
 from ..marks import Marks
 from ..metrics import Metrics
 from ..pipeline import Pipeline, Turn
-from ..prefix import BodyCache, ParsedBody, PrefixCache
+from ..prefix import BodyCache, PrefixCache
 from ..quota import QuotaLedger
 from ..refs import RefSigner
 from ..request_limits import validated_hashes
-from ..request_parts import RequestParts
+from ..request_parts import RequestParts, with_request_parts
 from ..store import LIVE, PENDING, RUNS_MARK, THREAD_MARK, Conversation, Store
 from ..summarizer import Summarizer
 from ..telemetry import NO_TELEMETRY, Telemetry, TurnTrace
@@ -49,9 +50,11 @@ from ..tools.readback import READ_TOOL_SPEC
 from ..turns import TurnWriter, adoptable
 from ..upstream.router import UpstreamRouter
 from .exchange import Exchange
-from .fastpath import FastPath, FastTurn
+from .fastpath import FastPath
+from .intake import read_request
+from .prompt import PromptBuilder
 from .report import TurnReport
-from .request import ClientSink, Outcome, TurnRequest
+from .request import ClientSink, DryRun, Outcome, ParsedRequest, TurnRequest, TurnWatcher
 
 log = logging.getLogger("proxy.engine")
 
@@ -83,19 +86,6 @@ def _shared(stored: list[str], sent: list[str]) -> int:
     return n
 
 
-def _no_fast_path(request: TurnRequest, writer: TurnWriter) -> str | None:
-    """Why this turn can't reuse its conversation's previous turn, before looking: None if it may."""
-    if request.history != "full":
-        return "proxy_history"
-    if request.anchor_seq is not None:
-        return "anchored"
-    if request.compaction is not None:
-        return "compaction_header"
-    if writer.contended:
-        return "contended"
-    return None
-
-
 class Engine:
     def __init__(
         self,
@@ -117,10 +107,13 @@ class Engine:
             summarizer, compaction, router, prefixes, metrics,
         )
         self.telemetry = telemetry
+        # The agent's upstream calls in flight: the router hands out upstreams tracked by it, and
+        # the summarizer's background calls yield to them.
+        self.inflight = router.inflight
         self.on_turn_end = on_turn_end  # told of every turn that ran its exchange (the trajectory file shows it)
         # Requests that extend the previous one: parsed (bodies) and rewritten (fastpath) only where new.
         cache = int(settings.server.cache_mb * 2**20)
-        self.fastpath = FastPath(enabled=settings.server.fast_path, max_bytes=cache // 4)
+        self.fastpath = FastPath(metrics, enabled=settings.server.fast_path, max_bytes=cache // 4)
         self.bodies = BodyCache(cache, enabled=settings.server.fast_path, on_evict=self.fastpath.let_go)
         self.request_parts = RequestParts()  # what each conversation's last turn sent besides its transcript
         # Turns past their reply, still writing (the client may already hold the whole response),
@@ -132,7 +125,20 @@ class Engine:
         # keeps the claim in the conversation's THREAD_MARK): family key -> thread token.
         self._claims: dict[ConversationKey, int] = {}
 
-    async def conversation_key(self, request: TurnRequest, *, dry_run: bool = False) -> ConversationKey:
+    async def _read(
+        self, request: TurnRequest, watcher: TurnWatcher, dry_run: bool
+    ) -> tuple[ParsedRequest, ConversationKey, TurnReport]:
+        """`request` read, the conversation it belongs to, its (empty) report; `watcher` is told of
+        it, then in proxy-history mode a request without a system prompt gets the stored one."""
+        parsed = await read_request(request, self.settings, self.bodies)
+        key = await self.conversation_key(parsed, dry_run=dry_run)
+        dialect = parsed.dialect
+        report = TurnReport(key, dialect.name, dialect.model(parsed.body), client=parsed.client, title=parsed.title)
+        watcher.began(report)
+        await with_request_parts(self.store, self.request_parts, parsed, key, report)
+        return parsed, key, report
+
+    async def conversation_key(self, request: ParsedRequest, *, dry_run: bool = False) -> ConversationKey:
         """The conversation a request belongs to, in this order: the one it names; the one that
         produced the reply it continues (Responses' previous_response_id); its thread of the
         client's session; else one derived from its run (system prompt and task). A `dry_run`'s
@@ -157,7 +163,7 @@ class Engine:
         base = ConversationKey(tenant, derived_conversation_id(tenant, dialect.identity_basis(request.body, raws)))
         return await self._run_of(base, request, raws, dry_run)
 
-    async def _thread_of(self, family: ConversationKey, request: TurnRequest, claim: bool) -> ConversationKey:
+    async def _thread_of(self, family: ConversationKey, request: ParsedRequest, claim: bool) -> ConversationKey:
         """Which thread of a client session a request belongs to. A session id names a family:
         each distinct thread in it (its system prompt, first user message and tool names: a
         Claude Code subagent, a side request replaying the main transcript under other tools) is
@@ -176,7 +182,7 @@ class Engine:
         request.thread = int(token, 16)  # marked a thread too: it lists with its family
         return ConversationKey(family.tenant, thread_conversation_id(family.id, token))
 
-    async def _run_of(self, base: ConversationKey, request: TurnRequest, raws: list, dry_run: bool) -> ConversationKey:
+    async def _run_of(self, base: ConversationKey, request: ParsedRequest, raws: list, dry_run: bool) -> ConversationKey:
         """Which run of an unmodified agent a request belongs to. Runs of one agent with one task
         share a derived id; a request that starts over (its system prompt and task, nothing more)
         while the latest run has moved on is a new run, `<id>.2`, `<id>.3`, ...: the old one stays
@@ -214,13 +220,19 @@ class Engine:
                 best, best_shared = n, shared
         return run(best)
 
-    async def run(self, request: TurnRequest, key: ConversationKey, report: TurnReport, sink: ClientSink) -> Outcome:
-        """Run one turn; `report` is filled in as it goes (also when the turn fails)."""
-        with self.telemetry.turn(request.headers, request.dialect, report) as trace:
-            return await self._run(request, key, report, sink, trace)
+    async def run(self, request: TurnRequest, sink: ClientSink) -> Outcome:
+        """Run one turn, from its request's bytes to its outcome (a streamed reply goes to `sink`).
+        The sink is told of the turn's report once its conversation is known: the report is filled
+        in as the turn goes, also when it fails, and observed in the metrics at its end."""
+        parsed, key, report = await self._read(request, sink, dry_run=False)
+        try:
+            with self.telemetry.turn(parsed.headers, parsed.dialect, report) as trace:
+                return await self._run(parsed, key, report, sink, trace)
+        finally:  # failed turns are measured too
+            report.observe(self.metrics)
 
     async def _run(
-        self, request: TurnRequest, key: ConversationKey, report: TurnReport, sink: ClientSink, trace: TurnTrace
+        self, request: ParsedRequest, key: ConversationKey, report: TurnReport, sink: ClientSink, trace: TurnTrace
     ) -> Outcome:
         dialect, codec, body, parsed = request.dialect, request.dialect.codec, request.body, request.parsed
         # Items identical to the last request's need no checking or hashing again (see prefix.py).
@@ -266,11 +278,11 @@ class Engine:
                 other.contended = writer.contended = True
             flying.append(writer)
         try:
-            return await self._exchange(request, key, report, sink, trace, writer, conversation, body, parsed)
+            return await self._exchange(request, key, report, sink, trace, writer, conversation, body)
         finally:
             self._land(key, writer, request)
 
-    def _land(self, key: ConversationKey, writer: TurnWriter | None, request: TurnRequest) -> None:
+    def _land(self, key: ConversationKey, writer: TurnWriter | None, request: ParsedRequest) -> None:
         """The turn is over (or never got its items written): it is no longer in flight."""
         flying = self._flying.get(key)
         if flying is not None and writer in flying:
@@ -287,42 +299,31 @@ class Engine:
             await asyncio.wait(ending)
 
     async def _exchange(
-        self, request: TurnRequest, key: ConversationKey, report: TurnReport, sink: ClientSink, trace: TurnTrace,
-        writer: TurnWriter, conversation: Conversation | None, body: dict, parsed: ParsedBody | None,
+        self, request: ParsedRequest, key: ConversationKey, report: TurnReport, sink: ClientSink, trace: TurnTrace,
+        writer: TurnWriter, conversation: Conversation | None, body: dict,
     ) -> Outcome:
         """A turn whose new items are written: its prompt made, the upstream asked, the reply
         relayed and stored. No lock is held: another turn of the conversation may run beside it."""
-        dialect, profile, model = request.dialect, request.profile, request.dialect.model(body)
+        dialect, profile = request.dialect, request.profile
         try:
             turn, job = self._turn(request, key, conversation, report)
             if request.compaction == "force" or (request.compaction != "skip" and not profile.compaction.background):
                 await self.compaction.run_now(job)  # before forwarding: this request already uses the new summary
             turn.summary = await self.compaction.current_summary(job)
-            upstream = self.router.for_model(turn.model)
+            upstream = self.router.for_agent(turn.model)
             if request.anchor_seq is not None:
                 body = dialect.detach_anchor(body)  # the history goes from our store: the upstream needs none
-            fast = None  # the previous turn's work reused (see fastpath.py): full-history turns one at a time only
-            declined = _no_fast_path(request, writer)
-            if declined is None:
-                standing_tools = tuple(spec.name for spec in standing(profile) if not dialect.has_tool(body, spec.name))
-                fixed = (turn.reply_reserve, turn.fixed_tokens, turn.proxy_tool_tokens, standing_tools, request.knowledge_namespace)
-                fast = self.fastpath.turn(
-                    key, parsed, FastTurn.settings_of(profile, model, dialect, fixed), encode=upstream.sends_encoded
-                )
-                declined = "no_body_entry" if fast is None else None
-            else:
-                self.fastpath.forget(key)
-            if fast is None:  # every turn says how its prompt was made, and why not the fast way
-                report.fast_path, report.fast_path_reason = "none", declined
-                self.metrics.fast_path.labels("none").inc()
-                self.metrics.fast_path_not_taken.labels(declined).inc()
+            # The previous turn's work reused where it can be (see fastpath.py), else the whole pipeline.
+            prompt = self.fastpath.builder(
+                request, key, turn, body, self.pipeline,
+                contended=writer.contended, encode=upstream.sends_encoded,
+            )
         except BaseException as exc:
             report.failed_by(exc)
             await writer.fail()
             raise
         exchange = Exchange(
-            turn, writer, dialect, body, dialect.streaming(body), self.pipeline, upstream, sink, self.metrics, trace,
-            fast,
+            turn, writer, dialect, body, dialect.streaming(body), prompt, upstream, sink, self.metrics, trace,
             query=request.query,
             anchor=dialect.anchor(request.body) if request.anchor_seq is not None else None,
         )
@@ -333,13 +334,13 @@ class Engine:
             # the openai client closes a stream at its [DONE], while we still wait for the
             # body's end): a cut's mark lost would make the next turn's window start elsewhere.
             compact = request.compaction is None and profile.compaction.background
-            ending = asyncio.ensure_future(self._end_turn(key, turn, report, writer, fast, job if compact else None))
+            ending = asyncio.ensure_future(self._end_turn(key, turn, report, writer, prompt, job if compact else None))
             self._ending[ending] = key
             ending.add_done_callback(self._ending.pop)
             await whole(ending)
 
     async def _end_turn(
-        self, key: ConversationKey, turn: Turn, report: TurnReport, writer: TurnWriter, fast: FastTurn | None,
+        self, key: ConversationKey, turn: Turn, report: TurnReport, writer: TurnWriter, prompt: PromptBuilder,
         compaction: CompactionJob | None,
     ) -> None:
         """After the exchange: every write of the turn landed (the next turn of this conversation
@@ -352,14 +353,8 @@ class Engine:
             if report.marks and writer.ended is None:  # a cut moved, and no end of the turn kept it
                 await self.store.set_marks(key, report.marks)
             ended_well = writer.ended == (LIVE, LIVE) and report.stream_error is None
-            if fast is not None:
-                # Another turn ran beside it: the next one can't build on this one's prompt.
-                fast.done(turn, report, ended_well and not writer.contended)
-                report.fast_path = fast.outcome
-                self.metrics.fast_path.labels(fast.outcome).inc()
-                if not fast.taken:
-                    report.fast_path_reason = fast.why or "declined"
-                    self.metrics.fast_path_not_taken.labels(report.fast_path_reason).inc()
+            # Another turn ran beside it: the next one can't build on this one's prompt.
+            prompt.done(turn, report, ended_well and not writer.contended)
             if compaction is not None and ended_well:
                 self.compaction.schedule(compaction)  # after the reply: never on the request's critical path
         finally:
@@ -374,11 +369,17 @@ class Engine:
             await asyncio.gather(*list(self._ending), return_exceptions=True)
             await self.compaction.idle()
 
-    async def dry_run(self, request: TurnRequest, key: ConversationKey, report: TurnReport) -> dict:
-        """The body a turn of `request` would send upstream first, worked out without writing
+    async def dry_run(self, turn_request: TurnRequest, watcher: TurnWatcher) -> DryRun:
+        """The body a turn of `turn_request` would send upstream first, worked out without writing
         anything, calling no LLM and taking no lock (Anthropic's count_tokens: the client sizes
         its own compaction from the prompt the proxy really sends). New items get the seqs they
-        would be stored under, so truncation markers come out as long as they will be."""
+        would be stored under, so truncation markers come out as long as they will be. Its
+        request claims no session thread and writes no runs mark either; `watcher` is told of
+        its report as run's sink is."""
+        request, key, report = await self._read(turn_request, watcher, dry_run=True)
+        return DryRun(await self._dry_run(request, key, report), request.headers, report)
+
+    async def _dry_run(self, request: ParsedRequest, key: ConversationKey, report: TurnReport) -> dict:
         dialect, codec, body = request.dialect, request.dialect.codec, request.body
         raws = dialect.transcript(body)
         known = self.prefixes.known_prefix(key, raws)
@@ -400,7 +401,7 @@ class Engine:
         return dialect.upstream_body(body, items, [tool.spec for tool in tools])
 
     def _turn(
-        self, request: TurnRequest, key: ConversationKey, conversation: Conversation | None, report: TurnReport,
+        self, request: ParsedRequest, key: ConversationKey, conversation: Conversation | None, report: TurnReport,
         dry_run: bool = False,
     ) -> tuple[Turn, CompactionJob]:
         """The stages' view of this turn, and the compaction job it may start."""
@@ -437,7 +438,7 @@ class Engine:
         return turn, job
 
     async def _plan(
-        self, request: TurnRequest, key: ConversationKey, raws: list, hashes: list[str], conversation: Conversation | None
+        self, request: ParsedRequest, key: ConversationKey, raws: list, hashes: list[str], conversation: Conversation | None
     ) -> TurnPlan:
         if request.anchor_seq is not None and conversation is not None:  # continues a stored reply
             live = await self.store.messages(key, live_only=True)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from ..dialects.base import Dialect, ReplyRead, RoundEnd, StreamRelay
 from ..errors import ProxyError, UpstreamStreamBroken
-from ..pipeline import Pipeline, Turn
+from ..pipeline import Turn
 from ..quota import QuotaExceeded
 from ..request_limits import off_loop
 from ..store import INCOMPLETE, LIVE
@@ -32,7 +32,7 @@ from .request import ClientSink, Outcome
 if TYPE_CHECKING:
     from ..metrics import Metrics
     from ..telemetry import TurnTrace
-    from .fastpath import FastTurn
+    from .prompt import PromptBuilder
 
 log = logging.getLogger("proxy.exchange")
 
@@ -52,18 +52,19 @@ class Exchange:
         dialect: Dialect,
         body: dict,
         streaming: bool,
-        pipeline: Pipeline,
+        prompt: PromptBuilder,
         upstream: Upstream,
         sink: ClientSink,
         metrics: Metrics,
         trace: TurnTrace,
-        fast: FastTurn | None = None,
         query: str = "",
         anchor: str | None = None,
     ) -> None:
-        self.turn, self.writer, self.dialect, self.body, self.fast, self.query = turn, writer, dialect, body, fast, query
+        self.turn, self.writer, self.dialect, self.body, self.query = turn, writer, dialect, body, query
         self.anchor = anchor  # the earlier reply the client's request named: its reply says so
-        self.streaming, self.pipeline, self.upstream, self.sink, self.metrics = streaming, pipeline, upstream, sink, metrics
+        # How the prompt is made (the whole pipeline, or the fast path wrapping it: see prompt.py);
+        # `upstream` is tracked as the agent's by the engine's InFlight.
+        self.streaming, self.prompt, self.upstream, self.sink, self.metrics = streaming, prompt, upstream, sink, metrics
         self.trace = trace  # the turn's trace: told of each upstream call and read-back round
         self.report = turn.report
         self.items: list[Item] = []  # what the pipeline made of the client's transcript
@@ -108,24 +109,13 @@ class Exchange:
         self.trace.upstream_done(usage)
 
     async def _rewrite(self) -> None:
-        plan, fast = self.writer.plan, self.fast
-        if fast is not None:  # the previous turn's work reused where it can be (see fastpath.py)
-            items = await fast.rewrite(self.turn, plan, self.writer.pending, self.pipeline)
-            self.trace.transcript(fast.inputs)
-        else:
-            stored = plan.items(self.dialect.codec, self.writer.pending)
-            self.trace.transcript(stored)
-            items = await self.pipeline(self.turn, stored)
+        prompt = self.prompt
+        items = await prompt.build(self.turn, self.writer.plan, self.writer.pending, self.trace)
         self.writer.forwarded = self.turn.ledger.new_marks  # kept with the turn's end
         self.items = items
         self.writer.report = self.report  # from now on the turn's record is kept with it
-        if fast is not None:
-            self.report.sent_seqs, self.report.shortened = fast.sent(items)
-        else:
-            self.report.sent_seqs = [item.seq for item in items if item.seq is not None]
-            self.report.shortened = sum(1 for item in items if item.ref is not None and not item.masked)
-        probe = fast.offer_probe(items) if fast is not None else items
-        tools = offered(self.turn, probe, lambda name: self.dialect.has_tool(self.body, name))
+        self.report.sent_seqs, self.report.shortened = prompt.sent(items)
+        tools = offered(self.turn, prompt.offer_probe(items), lambda name: self.dialect.has_tool(self.body, name))
         self.tools = {tool.spec.name: tool for tool in tools}
 
     async def _call(self) -> UpstreamReply:
@@ -154,17 +144,15 @@ class Exchange:
         self.report.llm_call_limit = ledger.settings.max_llm_calls
         self.report.tokens_sent_total += (self.report.tokens_sent or 0) + self.internal_tokens
         specs = [tool.spec for tool in self.tools.values()]
-        if self.fast is not None and not self.internal:  # the first call: its bytes reuse the last turn's
-            body = self.fast.upstream_body(self.dialect, self.body, self.items, specs)
+        if not self.internal:  # the first call (on the fast path, its bytes reuse the last turn's)
+            body = self.prompt.upstream_body(self.dialect, self.body, self.items, specs)
         else:
             body = self.dialect.upstream_body(self.body, self.items + self.internal, specs)
         headers = self.trace.upstream_call(
             self.turn.headers, self.items, self.internal, (self.report.tokens_sent or 0) + self.internal_tokens
         )
         self._call_started = time.perf_counter()
-        reply = await self.turn.summarizer.inflight.agent_call(
-            self.upstream, self.dialect.name, body, headers, self.query
-        )
+        reply = await self.upstream.call(self.dialect.name, body, headers, self.query)
         self.trace.upstream_replied(reply.status)
         return reply
 

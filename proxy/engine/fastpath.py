@@ -31,6 +31,9 @@ held), and only after a turn that ended well, once its writes and the marks it m
 landed (the engine finishes a turn whole even when the client hangs up at a stream's end); a
 turn that failed, or a store that is written by someone else meanwhile (another replica, a
 compaction: the marks, seqs or summary differ), makes the next turn take the whole path.
+
+A turn's FastTurn is its PromptBuilder (prompt.py), wrapping the WholePipeline it falls back to;
+a turn that can't take the fast path at all gets the WholePipeline itself (`FastPath.builder`).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -47,12 +50,19 @@ from ..config import Profile
 from ..dialects.base import ByElements, Dialect, ToolSpec
 from ..history import TurnPlan
 from ..identity import ConversationKey
+from ..metrics import Metrics
 from ..pipeline import Pipeline, StageRun, Turn
 from ..pipeline.base import NO_NOTES, apply_figures, figures_of
 from ..prefix import BodyEntry, ParsedBody
+from ..tools import standing
 from ..transcript import Item, unit_start
 from ..upstream import EncodedBody
+from .prompt import PromptBuilder, WholePipeline
 from .report import TurnReport
+from .request import ParsedRequest
+
+if TYPE_CHECKING:
+    from ..telemetry import TurnTrace
 
 # Memory for memos: their upstream bodies and items (the transcript they hold is the BodyCache's:
 # a memo goes when its body does, see FastPath.let_go). Measured (bench/memory_breakdown.py):
@@ -158,11 +168,25 @@ class Memo:
         return (self.wire.size if self.wire is not None else 0) + ITEM_BYTES * len(self.items)
 
 
-class FastPath:
-    """The memos of recent conversations (see the module docstring)."""
+def _no_fast_path(request: ParsedRequest, contended: bool) -> str | None:
+    """Why this turn can't reuse its conversation's previous turn, before looking: None if it may."""
+    if request.history != "full":
+        return "proxy_history"
+    if request.anchor_seq is not None:
+        return "anchored"
+    if request.compaction is not None:
+        return "compaction_header"
+    if contended:
+        return "contended"
+    return None
 
-    def __init__(self, enabled: bool = True, max_bytes: int = MAX_BYTES) -> None:
-        self.enabled, self.max_bytes = enabled, max_bytes
+
+class FastPath:
+    """The memos of recent conversations (see the module docstring); the turns' fast path counted
+    in `metrics` (taken, declined or none, and why not taken)."""
+
+    def __init__(self, metrics: Metrics, enabled: bool = True, max_bytes: int = MAX_BYTES) -> None:
+        self.metrics, self.enabled, self.max_bytes = metrics, enabled, max_bytes
         self._memos: OrderedDict[ConversationKey, Memo] = OrderedDict()
         self._keys: dict[int, ConversationKey] = {}  # id of a memo's body entry -> its conversation
         self._held = 0
@@ -172,12 +196,39 @@ class FastPath:
         self.resent = 0  # of the turns taken, those whose request sent its last items again changed
         self.spliced = 0  # upstream bodies made of the previous one's bytes
 
-    def turn(
-        self, key: ConversationKey, parsed: ParsedBody | None, settings: tuple[Any, ...], encode: bool = True
-    ) -> FastTurn | None:
-        """This turn's fast path: one that may reuse the conversation's memo, else one that only
-        makes the next memo; None when this request can't make one (no body entry to extend).
+    def builder(
+        self, request: ParsedRequest, key: ConversationKey, turn: Turn, body: dict[str, Any], pipeline: Pipeline,
+        *, contended: bool, encode: bool,
+    ) -> PromptBuilder:
+        """How this turn's prompt is made (of `body`, the request's as it goes upstream): its fast
+        path where it may take one (full-history turns one at a time only), else the whole
+        pipeline, the report and metrics then saying why not (`none`, with its reason).
         `encode`: the upstream sends JSON bytes (HTTP), so the body's bytes are reused too."""
+        whole = WholePipeline(pipeline)
+        declined = _no_fast_path(request, contended)
+        if declined is None:
+            dialect, profile = request.dialect, request.profile
+            standing_tools = tuple(spec.name for spec in standing(profile) if not dialect.has_tool(body, spec.name))
+            fixed = (turn.reply_reserve, turn.fixed_tokens, turn.proxy_tool_tokens, standing_tools, request.knowledge_namespace)
+            fast = self.turn(key, request.parsed, FastTurn.settings_of(profile, turn.model, dialect, fixed), whole, encode)
+            if fast is not None:
+                return fast
+            declined = "no_body_entry"
+        else:
+            self.forget(key)
+        report = turn.report  # every turn says how its prompt was made, and why not the fast way
+        report.fast_path, report.fast_path_reason = "none", declined
+        self.metrics.fast_path.labels("none").inc()
+        self.metrics.fast_path_not_taken.labels(declined).inc()
+        return whole
+
+    def turn(
+        self, key: ConversationKey, parsed: ParsedBody | None, settings: tuple[Any, ...], whole: WholePipeline,
+        encode: bool = True,
+    ) -> FastTurn | None:
+        """This turn's fast path (falling back to `whole`): one that may reuse the conversation's
+        memo, else one that only makes the next memo; None when this request can't make one (no
+        body entry to extend)."""
         if not self.enabled or parsed is None or parsed.entry is None:
             self.forget(key)
             return None
@@ -189,7 +240,7 @@ class FastPath:
             memo, why = None, "settings_changed"
         if memo is not None:
             self._memos.move_to_end(key)
-        fast = FastTurn(self, key, parsed.entry, settings, memo, encode, parsed.reused)
+        fast = FastTurn(self, key, parsed.entry, settings, memo, whole, encode, parsed.reused)
         fast.why = why
         return fast
 
@@ -219,14 +270,16 @@ class FastPath:
 
 
 class FastTurn:
-    """One turn's use of the fast path: `rewrite` (the prompt), `upstream_body` (its bytes), then
-    `done` once the turn ended well, which keeps what the next turn reuses."""
+    """One turn's use of the fast path, a PromptBuilder wrapping the `whole` pipeline: `build`
+    (the prompt), `upstream_body` (its bytes), then `done`, which keeps what the next turn
+    reuses if the turn ended well."""
 
     def __init__(
         self, owner: FastPath, key: ConversationKey, entry: BodyEntry, settings: tuple[Any, ...], memo: Memo | None,
-        encode: bool = True, reused: int = 0,
+        whole: WholePipeline, encode: bool = True, reused: int = 0,
     ) -> None:
         self.owner, self.key, self.entry, self.settings, self.memo, self.encode = owner, key, entry, settings, memo, encode
+        self.whole = whole  # what it falls back to
         self.reused = reused  # leading transcript items that are the memo's request's own (the rest: sent again or new)
         self.taken = False
         self.why: str | None = None  # why it was not taken (the metric's reason)
@@ -252,6 +305,11 @@ class FastTurn:
         model, and what the request sends besides its transcript (identical when the body extends
         the previous one), here as the figures derived from it."""
         return (profile, model, dialect.name, *fixed)
+
+    async def build(self, turn: Turn, plan: TurnPlan, pending: Sequence[int], trace: TurnTrace) -> list[Item]:
+        items = await self.rewrite(turn, plan, pending, self.whole.pipeline)
+        trace.transcript(self.inputs)
+        return items
 
     async def rewrite(self, turn: Turn, plan: TurnPlan, pending: Sequence[int], pipeline: Pipeline) -> list[Item]:
         """The pipeline's output for this turn: the previous prompt and the new items' rewrites
@@ -377,7 +435,7 @@ class FastTurn:
                 [*self._base.sent_seqs, *(i.seq for i in tail if i.seq is not None)],
                 self._base.shortened + sum(1 for i in tail if i.ref is not None and not i.masked),
             )
-        return [i.seq for i in items if i.seq is not None], sum(1 for i in items if i.ref is not None and not i.masked)
+        return self.whole.sent(items)
 
     def upstream_body(self, dialect: Dialect, body: dict[str, Any], items: list[Item], tools: Sequence[ToolSpec]) -> dict[str, Any]:
         """The first upstream call's body: the previous one's bytes with its last elements made
@@ -387,7 +445,7 @@ class FastTurn:
         by_elements = None if alone else dialect.by_elements()
         if not self.encode or not (alone or by_elements is not None):
             # An upstream that reads the dict (litellm) may edit it.
-            return dialect.upstream_body(body, items, tools)
+            return self.whole.upstream_body(dialect, body, items, tools)
         names = tuple(t.name for t in tools)
         base = self._base
         previous = base.wire if self.taken and base is not None else None
@@ -440,7 +498,17 @@ class FastTurn:
         return previous.spliced(keep, elements.sendable, [firsts[keep] + f for f in elements.firsts], breakpoints)
 
     def done(self, turn: Turn, report: TurnReport, ok: bool) -> None:
-        """After the turn: keep what the next one reuses if it ended well, else forget."""
+        """After the turn: keep what the next one reuses if it ended well, else forget; then the
+        report and metrics say whether it was taken (and why not)."""
+        self._keep(turn, report, ok)
+        report.fast_path = self.outcome
+        metrics = self.owner.metrics
+        metrics.fast_path.labels(self.outcome).inc()
+        if not self.taken:
+            report.fast_path_reason = self.why or "declined"
+            metrics.fast_path_not_taken.labels(report.fast_path_reason).inc()
+
+    def _keep(self, turn: Turn, report: TurnReport, ok: bool) -> None:
         if not ok or turn.runs is None or report.repairs or report.summaries_failed or report.inbox_delivered:
             self.owner.forget(self.key)
             return

@@ -12,9 +12,23 @@ from ..prefix import ParsedBody
 from .report import TurnReport
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class TurnRequest:
-    """A client's request for one turn, parsed: everything the engine needs, in no HTTP terms."""
+    """A client's request for one turn as it came, in no HTTP framework's terms: what an HTTP
+    handler gives the engine (Engine.run reads it: intake.py)."""
+
+    dialect: Dialect
+    raw: bytes  # the request body
+    headers: Mapping[str, str]  # the client's request headers, their names case-insensitive (as HTTP's)
+    tenant: str  # who is asking (identity.request_tenant)
+    conversation_id: str | None  # named by the client (X-Conversation-ID, the /c/<id> path), checked
+    query: str = ""  # the request's query string, forwarded with each upstream call (`beta=true`)
+    query_api_key: str | None = None  # a Gemini client's `?key=`: it goes upstream as `x-goog-api-key` too
+
+
+@dataclass(slots=True)
+class ParsedRequest:
+    """A client's request for one turn, read (intake.py): everything the engine needs."""
 
     dialect: Dialect
     body: dict[str, Any]  # the request body as received; nothing edits it
@@ -31,6 +45,8 @@ class TurnRequest:
     thread: int | None = None  # set by the engine: the session thread this request starts as its main one
     query: str = ""  # the request's query string, forwarded with each upstream call (`beta=true`)
     parsed: ParsedBody | None = None  # how the body was read (what it reuses of the previous request)
+    title: str | None = None  # X-Conversation-Title, checked
+    client: str | None = None  # the client by its User-Agent ("Codex 0.171.0", ...)
 
 
 @dataclass(slots=True)
@@ -41,7 +57,24 @@ class Outcome:
     report: TurnReport
 
 
-class ClientSink(Protocol):
+@dataclass(slots=True)
+class DryRun:
+    """What a turn would send upstream first (Engine.dry_run), nothing written."""
+
+    body: dict[str, Any]  # its first upstream call's body
+    headers: dict[str, str]  # what would go upstream with it
+    report: TurnReport
+
+
+class TurnWatcher(Protocol):
+    """Told once a turn's conversation is known (the request is read)."""
+
+    def began(self, report: TurnReport) -> None:
+        """`report.key` is the conversation; the report is filled in as the turn goes, and says
+        how it went once the engine returned or raised."""
+
+
+class ClientSink(TurnWatcher, Protocol):
     """Where a streamed reply goes: the client's open connection."""
 
     async def open(self, status: int, headers: Mapping[str, str]) -> None: ...

@@ -2,7 +2,8 @@
 
 `for_model` is one dict lookup: a request for a model without `litellm_model` goes to the
 HttpUpstream exactly as before, and nothing here imports litellm (the LiteLLMUpstream objects are
-plain data until their first call).
+plain data until their first call). `for_agent` hands out the same upstream tracked by the
+engine's InFlight (an agent's request in flight holds back the summaries on its upstream).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 from ..config import ModelSettings, Settings
+from ..inflight import InFlight, TrackedUpstream
 from . import litellm as litellm_upstream
 from .base import Upstream
 from .limits import ReplyLimits
@@ -26,9 +28,12 @@ FORMATS = {"responses": call_responses, "messages": messages_call, "gemini": gem
 
 class UpstreamRouter:
     def __init__(
-        self, models: Mapping[str, ModelSettings], http: Upstream, timeout_s: float, limits: ReplyLimits | None = None
+        self, models: Mapping[str, ModelSettings], http: Upstream, timeout_s: float, limits: ReplyLimits | None = None,
+        inflight: InFlight | None = None,
     ) -> None:
         self.http = http
+        self.inflight = inflight or InFlight()
+        self._tracked: dict[int, TrackedUpstream] = {}  # id of an upstream here -> it, tracked
         self.models = dict(models)
         self.timeout_s = timeout_s
         self.limits = limits
@@ -40,12 +45,20 @@ class UpstreamRouter:
         self._adhoc: dict[tuple[str, str], LiteLLMUpstream] = {}
 
     @classmethod
-    def from_settings(cls, settings: Settings, http: Upstream) -> UpstreamRouter:
-        return cls(settings.models, http, settings.upstream.timeout_s, ReplyLimits.for_turn(settings.upstream))
+    def from_settings(cls, settings: Settings, http: Upstream, inflight: InFlight | None = None) -> UpstreamRouter:
+        return cls(settings.models, http, settings.upstream.timeout_s, ReplyLimits.for_turn(settings.upstream), inflight)
 
     def for_model(self, model: str) -> Upstream:
         """The upstream serving `model`: its litellm route, else the passthrough."""
         return self.routes.get(model, self.http)
+
+    def for_agent(self, model: str) -> TrackedUpstream:
+        """The upstream serving `model` for an agent's request: tracked as in flight while it runs."""
+        upstream = self.for_model(model)
+        tracked = self._tracked.get(id(upstream))
+        if tracked is None:  # one per route (they live as long as the router), made on first use
+            tracked = self._tracked[id(upstream)] = self.inflight.tracked(upstream)
+        return tracked
 
     def is_litellm(self, model: str) -> bool:
         return model in self.routes
