@@ -49,7 +49,7 @@ under another), the seqs whose part of the record it changed are logged in chg u
 version, and `signed` keeps what every turn's write moves (next_seq, updated_at, turns,
 llm_calls). `get` sends the incarnation and version of the snapshot this replica holds
 (proxy/store/redis_records.py: the latest of recently read records, bounded) to one read script,
-RECORD, which answers: the same; the meta hash and the changed seqs' state now; or the whole
+record.lua, which answers: the same; the meta hash and the changed seqs' state now; or the whole
 record (another incarnation, more changes than a whole read, or a record written without a
 commit: before versions existed, or by a replica of such a version — then nothing is kept).
 
@@ -82,7 +82,7 @@ from redis.retry import Retry
 
 from ..identity import ConversationKey
 from ..messages import Message
-from . import redis_records
+from . import lua, redis_records
 from .base import (
     FAILED,
     INBOX_DELIVERED,
@@ -126,6 +126,7 @@ REQUEST_PARTS = "rparts"  # the conversation's system prompts and tools lists: o
 NO_CONVERSATION = "no such conversation"
 NO_MESSAGE = "no such message"
 CONVERSATION_EXISTS = "conversation exists"
+RESPONSE_SEPARATOR = "\0"  # between the conversation id and the seq in the responses hash
 
 __all__ = ["RedisStore", "StoreUnavailable"]  # the latter still importable from here
 
@@ -188,516 +189,13 @@ WRITES = frozenset(
 
 
 # -- Lua -------------------------------------------------------------------------------------------
-# Conversation scripts all take the same KEYS (see RedisStore._keys) and ARGV[1..3] = tenant, id,
-# stamp; their own arguments start at ARGV[4].
-
-PRELUDE = """
-local meta, body, hashes, statuses, live, fwd, rw, sums, turns, resp, pend, inbox, idel, iopen, iat, chg,
-      index, tenants, created, all, responses, pending, failed_index, failed_all = unpack(KEYS)
-local tenant, id, stamp = ARGV[1], ARGV[2], ARGV[3]
-
--- A write touches the seqs whose part of the record (Conversation: live, first-forwarded, rewritten,
--- inbox anchor) it changes, then commits: the record's version moves on and those seqs are logged
--- under it in chg, so a replica holding an older snapshot reads only what changed (RECORD).
-local touched, touched_set = {}, {}
-local function touch(seq)
-  seq = tostring(seq)
-  if not touched_set[seq] then
-    touched_set[seq] = true
-    touched[#touched + 1] = seq
-  end
-end
-
--- What every write of a turn moves, also one by a replica of a version that keeps no versions:
--- a record whose signature is not the one its latest commit left was written without a commit.
-local function signature()
-  local f = redis.call('HMGET', meta, 'next_seq', 'updated_at', 'turns', 'llm_calls')
-  return (f[1] or '') .. ':' .. (f[2] or '') .. ':' .. (f[3] or '') .. ':' .. (f[4] or '')
-end
-
-local function commit()
-  if redis.call('EXISTS', meta) == 0 then return end
-  local version = redis.call('HINCRBY', meta, 'version', 1)
-  if version == 1 then
-    -- A new record (or one written before versions): an incarnation no earlier record of this key
-    -- had (a delete or a Redis restart empty starts the version over), from the server's clock.
-    local t = redis.call('TIME')
-    redis.call('HSET', meta, 'incarnation', t[1] .. '.' .. t[2] .. '.' .. (redis.call('HGET', meta, 'order') or ''))
-  end
-  for _, seq in ipairs(touched) do redis.call('ZADD', chg, version, seq) end
-  redis.call('HSET', meta, 'signed', signature())
-end
-
--- Create the conversation record if new, and list it (creation order from a counter, not a clock).
-local function ensure()
-  if redis.call('EXISTS', meta) == 1 then return end
-  local order = redis.call('INCR', created)
-  redis.call('HSET', meta, 'created_at', stamp, 'updated_at', stamp, 'next_seq', 1, 'llm_calls', 0,
-             'summaries', 0, 'turns', 0, 'boundary', 0, 'order', order)
-  redis.call('ZADD', index, order, id)
-  redis.call('ZADD', all, order, tenant .. '/' .. id)
-  redis.call('SADD', tenants, tenant)
-end
-
--- Status changes are ARGV[from..] (seq, status) pairs. A script checks them all before it writes
--- anything (Lua does not roll back), so a bad seq leaves everything as it was.
-local function check_statuses(from)
-  if from > #ARGV then return nil end
-  if redis.call('EXISTS', meta) == 0 then return redis.error_reply('""" + NO_CONVERSATION + """') end
-  for i = from, #ARGV, 2 do
-    if redis.call('HEXISTS', statuses, ARGV[i]) == 0 then
-      return redis.error_reply('""" + NO_MESSAGE + """ ' .. ARGV[i])
-    end
-  end
-  return nil
-end
-
-local function set_statuses(from)
-  for i = from, #ARGV, 2 do
-    local seq, status = ARGV[i], ARGV[i + 1]
-    touch(seq)
-    redis.call('HSET', statuses, seq, status)
-    redis.call('ZREMRANGEBYSCORE', live, seq, seq)
-    if status == '""" + LIVE + """' then redis.call('ZADD', live, seq, seq .. ':' .. redis.call('HGET', hashes, seq)) end
-    if status ~= '""" + PENDING + """' then redis.call('SREM', pend, seq) end
-  end
-  if from <= #ARGV then
-    redis.call('HSET', meta, 'updated_at', stamp)
-    if redis.call('SCARD', pend) == 0 then redis.call('SREM', pending, tenant .. '/' .. id) end
-  end
-end
-
--- Append (body, hash) pairs ARGV[from..to]: seqs come from next_seq inside the script, never shared.
-local function append(status, from, to)
-  ensure()
-  local first = tonumber(redis.call('HGET', meta, 'next_seq'))
-  local n = (to - from + 1) / 2
-  for i = 0, n - 1 do
-    local seq, h = first + i, ARGV[from + 1 + 2 * i]
-    redis.call('HSET', body, seq, ARGV[from + 2 * i])
-    redis.call('HSET', hashes, seq, h)
-    redis.call('HSET', statuses, seq, status)
-    if status == '""" + LIVE + """' then
-      redis.call('ZADD', live, seq, seq .. ':' .. h)
-      touch(seq)
-    end
-    if status == '""" + PENDING + """' then redis.call('SADD', pend, seq) end
-  end
-  if status == '""" + PENDING + """' and n > 0 then redis.call('SADD', pending, tenant .. '/' .. id) end
-  redis.call('HSET', meta, 'next_seq', first + n, 'updated_at', stamp)
-  return first
-end
-"""
-
-APPEND = PRELUDE + """
--- ARGV[4] = status, then (body, hash) pairs.
-local first = append(ARGV[4], 5, #ARGV)
-commit()
-return first
-"""
-
-SET_STATUSES = PRELUDE + """
--- ARGV[4..] = (seq, status) pairs.
-local refused = check_statuses(4)
-if refused then return refused end
-set_statuses(4)
-commit()
-return 1
-"""
-
-FINISH_TURN = PRELUDE + """
--- ARGV[4] = reply status, ARGV[5] = n, the number of reply items, ARGV[6 .. 5+2n] = their (body, hash)
--- pairs, then the reply's response id ('' = none), then the turn record's JSON ('' = none), then
--- what the record tells of the conversation (TurnFacts): m, m (field, value) pairs for the meta
--- hash, the task ('' = none), the failure's JSON ('' = the turn did not fail); then the turn's
--- upstream calls, f, f (seq, calls) first-forwarded marks, k, k (field, seq) named marks for the
--- meta hash; then (seq, status) changes. Returns the reply's first seq.
-local n = tonumber(ARGV[5])
-local record_at = 7 + 2 * n
-local task_at = record_at + 2 + 2 * tonumber(ARGV[record_at + 1])
-local calls_at = task_at + 2
-local calls, f = tonumber(ARGV[calls_at]), tonumber(ARGV[calls_at + 1])
-local marks_at = calls_at + 2 + 2 * f
-local changes_at = marks_at + 1 + 2 * tonumber(ARGV[marks_at])
-local refused = check_statuses(changes_at)
-if refused then return refused end
-if calls > 0 or changes_at > marks_at + 1 then ensure() end
-if calls > 0 then redis.call('HINCRBY', meta, 'llm_calls', calls) end
-for i = calls_at + 2, marks_at - 1, 2 do
-  redis.call('HSET', fwd, ARGV[i], ARGV[i + 1])
-  touch(ARGV[i])
-end
-for i = marks_at + 1, changes_at - 1, 2 do redis.call('HSET', meta, ARGV[i], ARGV[i + 1]) end
-set_statuses(changes_at)
-local seq = false
-if n > 0 then seq = append(ARGV[4], 6, record_at - 2) end
-local response_id = ARGV[record_at - 1]
-if seq and response_id ~= '' then
-  redis.call('HSET', responses, response_id, id .. '\0' .. (seq + n - 1))
-  redis.call('SADD', resp, response_id)
-end
-local record = ARGV[record_at]
-if record ~= '' then
-  ensure()
-  local turn = redis.call('HINCRBY', meta, 'turns', 1)
-  local reply_seq = seq and tostring(seq) or 'null'
-  -- Spliced, not re-encoded: cjson would turn the record's empty lists into objects.
-  redis.call('HSET', turns, turn, '{"turn":' .. turn .. ',"reply_seq":' .. reply_seq .. ',"record":' .. record .. '}')
-  for i = record_at + 2, task_at - 1, 2 do redis.call('HSET', meta, ARGV[i], ARGV[i + 1]) end
-  if ARGV[task_at] ~= '' then redis.call('HSETNX', meta, 'task', ARGV[task_at]) end
-  local failure = ARGV[task_at + 1]
-  if failure ~= '' then
-    if redis.call('HINCRBY', meta, 'failures', 1) == 1 then  -- its first: listed among the failed
-      local order = redis.call('HGET', meta, 'order')
-      redis.call('ZADD', failed_index, order, id)
-      redis.call('ZADD', failed_all, order, tenant .. '/' .. id)
-    end
-    redis.call('HSET', meta, 'last_error', '{"turn":' .. turn .. ',' .. string.sub(failure, 2))
-  end
-end
-commit()
-return seq
-"""
-
-# ARGV[4] = the title ('' = none of its own). Returns 0 if there is no such conversation.
-SET_TITLE = PRELUDE + """
-if redis.call('EXISTS', meta) == 0 then return 0 end
-if ARGV[4] == '' then redis.call('HDEL', meta, 'title') else redis.call('HSET', meta, 'title', ARGV[4]) end
-commit()
-return 1
-"""
-
-# ARGV[4]: the most calls to count (absent: no limit); -1 when that many are counted already.
-COUNT_CALL = PRELUDE + """
-ensure()
-local limit = tonumber(ARGV[4])
-if limit ~= nil and tonumber(redis.call('HGET', meta, 'llm_calls') or '0') >= limit then
-  return -1
-end
-local calls = redis.call('HINCRBY', meta, 'llm_calls', 1)
-commit()
-return calls
-"""
-
-# ARGV[4] names the hash (fwd, rw or meta: the caller's choice of key), then (field, value) pairs.
-SET_FIELDS = PRELUDE + """
-ensure()
-local target = ({fwd = fwd, rw = rw, meta = meta})[ARGV[4]]
-for i = 5, #ARGV, 2 do
-  redis.call('HSET', target, ARGV[i], ARGV[i + 1])
-  if target ~= meta then touch(ARGV[i]) end
-end
-commit()
-return 1
-"""
-
-ADD_SUMMARY = PRELUDE + """
--- ARGV[4] = summary JSON, ARGV[5] = its last_seq. The boundary never moves back.
-ensure()
-local sid = redis.call('HINCRBY', meta, 'summaries', 1)
-redis.call('HSET', sums, sid, ARGV[4])
-if tonumber(ARGV[5]) > tonumber(redis.call('HGET', meta, 'boundary')) then
-  redis.call('HSET', meta, 'boundary', ARGV[5], 'summary_id', sid)
-end
-commit()
-return sid
-"""
-
-# The conversation's lock is the last KEY: while a turn holds it (on any replica) its pending
-# messages are that turn's. Returns how many were marked failed, -1 when locked.
-FAIL_PENDING = PRELUDE + """
-if redis.call('EXISTS', KEYS[#KEYS]) == 1 then return -1 end
-local failed = 0
-for _, seq in ipairs(redis.call('SMEMBERS', pend)) do
-  if redis.call('HGET', statuses, seq) == '""" + PENDING + """' then
-    redis.call('HSET', statuses, seq, '""" + FAILED + """')
-    failed = failed + 1
-  end
-end
-redis.call('DEL', pend)
-redis.call('SREM', pending, tenant .. '/' .. id)
-if failed > 0 then
-  redis.call('HSET', meta, 'updated_at', stamp)
-  commit()
-end
-return failed
-"""
-
-# The anchors index holds "id,id,..." per seq.
-INBOX_ANCHORS = """
-local function anchor_ids(seq)
-  local ids = {}
-  for mid in string.gmatch(redis.call('HGET', iat, seq) or '', '%d+') do ids[#ids + 1] = mid end
-  return ids
-end
-
-local function drop_anchor(seq, mid)
-  local kept = {}
-  for _, other in ipairs(anchor_ids(seq)) do if other ~= mid then kept[#kept + 1] = other end end
-  if #kept == 0 then redis.call('HDEL', iat, seq) else redis.call('HSET', iat, seq, table.concat(kept, ',')) end
-  touch(seq)
-end
-"""
-
-IMPORT = PRELUDE + INBOX_ANCHORS + """
--- ARGV[3] (the stamp) = created_at; ARGV[4] = replace (1/0); ARGV[5..11] = updated_at, next_seq,
--- llm_calls, boundary, summary_id ('' = none), summaries, turns; ARGV[12..17] = how many messages,
--- first-forwarded marks, rewrites, response ids, meta fields and inbox messages follow. Then (seq,
--- body, hash, status) per message, (seq, calls) per first-forwarded mark, (seq, content) per
--- rewrite, (id, JSON) per summary, (turn, JSON) per turn record, (meta field, value) per mark and
--- per field that describes the conversation (title, task, model, client, failures, last_error),
--- (response id, seq) per response id, (id, JSON, delivery or '', open 1/0) per inbox message,
--- then the request parts (below).
-if redis.call('EXISTS', meta) == 1 then
-  if ARGV[4] ~= '1' then return redis.error_reply('""" + CONVERSATION_EXISTS + """') end
-  local known = redis.call('SMEMBERS', resp)
-  if #known > 0 then redis.call('HDEL', responses, unpack(known)) end
-  redis.call('UNLINK', meta, body, hashes, statuses, live, fwd, rw, sums, turns, resp, inbox, idel, iopen, iat, chg)
-  redis.call('ZREM', index, id)
-  redis.call('ZREM', all, tenant .. '/' .. id)
-  redis.call('ZREM', failed_index, id)
-  redis.call('ZREM', failed_all, tenant .. '/' .. id)
-end
-ensure()
-redis.call('HSET', meta, 'updated_at', ARGV[5], 'next_seq', ARGV[6], 'llm_calls', ARGV[7], 'boundary', ARGV[8],
-           'summaries', ARGV[10], 'turns', ARGV[11])
-if ARGV[9] ~= '' then redis.call('HSET', meta, 'summary_id', ARGV[9]) end
-local i = 18
-for _ = 1, tonumber(ARGV[12]) do
-  local seq, h, status = ARGV[i], ARGV[i + 2], ARGV[i + 3]
-  redis.call('HSET', body, seq, ARGV[i + 1])
-  redis.call('HSET', hashes, seq, h)
-  redis.call('HSET', statuses, seq, status)
-  if status == '""" + LIVE + """' then redis.call('ZADD', live, seq, seq .. ':' .. h) end
-  i = i + 4
-end
-for _, part in ipairs({{fwd, ARGV[13]}, {rw, ARGV[14]}, {sums, ARGV[10]}, {turns, ARGV[11]}, {meta, ARGV[16]}}) do
-  for _ = 1, tonumber(part[2]) do
-    redis.call('HSET', part[1], ARGV[i], ARGV[i + 1])
-    i = i + 2
-  end
-end
-for _ = 1, tonumber(ARGV[15]) do
-  redis.call('HSET', responses, ARGV[i], id .. '\0' .. ARGV[i + 1])
-  redis.call('SADD', resp, ARGV[i])
-  i = i + 2
-end
-if tonumber(redis.call('HGET', meta, 'failures') or '0') > 0 then
-  local order = redis.call('HGET', meta, 'order')
-  redis.call('ZADD', failed_index, order, id)
-  redis.call('ZADD', failed_all, order, tenant .. '/' .. id)
-end
-for _ = 1, tonumber(ARGV[17]) do
-  local mid, delivery = ARGV[i], ARGV[i + 2]
-  redis.call('HSET', inbox, mid, ARGV[i + 1])
-  if delivery ~= '' then
-    redis.call('HSET', idel, mid, delivery)
-    local seq = string.match(delivery, '^(%d+):')
-    local ids = anchor_ids(seq)
-    ids[#ids + 1] = mid
-    redis.call('HSET', iat, seq, table.concat(ids, ','))
-  end
-  if ARGV[i + 3] == '1' then redis.call('SADD', iopen, mid) end
-  i = i + 4
-end
-redis.call('HSET', meta, 'inbox', ARGV[17], 'inbox_open', redis.call('SCARD', iopen))
--- Then how many request parts, and (hash, row) per part, into the last KEY (rparts: not PRELUDE's).
-local rparts = KEYS[#KEYS]
-redis.call('DEL', rparts)
-local nparts = tonumber(ARGV[i] or '0')
-i = i + 1
-for _ = 1, nparts do
-  redis.call('HSET', rparts, ARGV[i], ARGV[i + 1])
-  i = i + 2
-end
-commit()  -- a record of its own: version 1, a new incarnation
-return 1
-"""
-
-# KEYS: meta, rparts; ARGV: the stamp, then (hash, JSON record without its number and stamp) per
-# part. Keeps the parts not kept yet as "<n>:<stamp>:<JSON>" (n = 1, 2, ... in order kept), if the
-# conversation is stored; returns the hashes newly kept. The record (meta) does not change.
-ADD_REQUEST_PARTS = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return {} end
-local added = {}
-for i = 2, #ARGV, 2 do
-  if redis.call('HEXISTS', KEYS[2], ARGV[i]) == 0 then
-    local n = redis.call('HLEN', KEYS[2]) + 1
-    redis.call('HSET', KEYS[2], ARGV[i], n .. ':' .. ARGV[1] .. ':' .. ARGV[i + 1])
-    added[#added + 1] = ARGV[i]
-  end
-end
-return added
-"""
-
-MESSAGES = PRELUDE + """
--- ARGV[4] = live only (1/0), ARGV[5] = after, ARGV[6] = limit (-1: none). Returns flat
--- (seq, body, hash, status) quadruples: one consistent read, one round trip.
-local after, limit = tonumber(ARGV[5]), tonumber(ARGV[6])
-local seqs = {}
-if ARGV[4] == '1' then
-  local members
-  if limit >= 0 then
-    members = redis.call('ZRANGEBYSCORE', live, '(' .. after, '+inf', 'LIMIT', 0, limit)
-  else
-    members = redis.call('ZRANGEBYSCORE', live, '(' .. after, '+inf')
-  end
-  for _, m in ipairs(members) do seqs[#seqs + 1] = tonumber(string.match(m, '^(%d+):')) end
-else
-  local last = tonumber(redis.call('HGET', meta, 'next_seq') or '1') - 1
-  if limit >= 0 then last = math.min(last, after + limit) end
-  for seq = after + 1, last do seqs[#seqs + 1] = seq end
-end
-local out = {}
-for _, seq in ipairs(seqs) do
-  out[#out + 1] = seq
-  out[#out + 1] = redis.call('HGET', body, seq)
-  out[#out + 1] = redis.call('HGET', hashes, seq)
-  out[#out + 1] = redis.call('HGET', statuses, seq)
-end
-return out
-"""
-
-RECORD = PRELUDE + """
--- ARGV[4], ARGV[5] = the incarnation and version of the caller's snapshot of the record ('', 0:
--- none). Returns {} when there is no such conversation; {'same'} when the snapshot is current;
--- {'delta', incarnation, version, meta, changes} when the changes since are fewer than a whole
--- read, `changes` flat (seq, live member or '', first-forwarded calls or '', rewritten 1/0, inbox
--- anchor 1/0) per seq that changed; else {'whole', incarnation, version, meta, live, fwd, rw seqs,
--- anchor seqs}, incarnation '' when no snapshot of it can be trusted (it was written without a
--- commit). Meta and fwd as HGETALL's flat (field, value) lists.
-local known = redis.call('HMGET', meta, 'incarnation', 'version', 'signed')
-local incarnation, version = known[1] or '', known[2] or '0'
-if incarnation == '' and redis.call('EXISTS', meta) == 0 then return {} end
-if incarnation ~= '' and known[3] ~= signature() then incarnation = '' end
-if incarnation ~= '' and incarnation == ARGV[4] then
-  if version == ARGV[5] then return {'same'} end
-  local since = '(' .. ARGV[5]
-  if redis.call('ZCOUNT', chg, since, '+inf') * 2 <= redis.call('ZCARD', live) + 64 then
-    local changes = {}
-    for _, seq in ipairs(redis.call('ZRANGEBYSCORE', chg, since, '+inf')) do
-      changes[#changes + 1] = seq
-      changes[#changes + 1] = redis.call('ZRANGEBYSCORE', live, seq, seq)[1] or ''
-      changes[#changes + 1] = redis.call('HGET', fwd, seq) or ''
-      changes[#changes + 1] = redis.call('HEXISTS', rw, seq)
-      changes[#changes + 1] = redis.call('HEXISTS', iat, seq)
-    end
-    return {'delta', incarnation, version, redis.call('HGETALL', meta), changes}
-  end
-end
-return {'whole', incarnation, version, redis.call('HGETALL', meta), redis.call('ZRANGE', live, 0, -1),
-        redis.call('HGETALL', fwd), redis.call('HKEYS', rw), redis.call('HKEYS', iat)}
-"""
-
-POST_INBOX = PRELUDE + """
--- ARGV[4] = the message's JSON, ARGV[5] = the most open messages allowed. Returns its id, 0 when
--- there is no such conversation, -1 when the inbox is full.
-if redis.call('EXISTS', meta) == 0 then return 0 end
-if redis.call('SCARD', iopen) >= tonumber(ARGV[5]) then return -1 end
-local mid = redis.call('HINCRBY', meta, 'inbox', 1)
-redis.call('HSET', inbox, mid, ARGV[4])
-redis.call('SADD', iopen, mid)
-redis.call('HSET', meta, 'inbox_open', redis.call('SCARD', iopen))
-commit()
-return mid
-"""
-
-DELIVER_INBOX = PRELUDE + INBOX_ANCHORS + """
--- ARGV[4] = seq, ARGV[5] = placement, ARGV[6] = turn. Returns the status of item seq, then flat
--- (id, body, delivery) triples.
-local seq, placement, turn = ARGV[4], ARGV[5], ARGV[6]
-local anchor_status = redis.call('HGET', statuses, seq) or '""" + PENDING + """'
-local anchor_pending = anchor_status == '""" + PENDING + """'
-local open = redis.call('SMEMBERS', iopen)
-table.sort(open, function(a, b) return tonumber(a) < tonumber(b) end)
-local out = {anchor_status}
-for _, mid in ipairs(open) do
-  local before = redis.call('HGET', idel, mid)
-  local take = true
-  if before then
-    local before_seq = string.match(before, '^(%d+):')
-    local status = redis.call('HGET', statuses, before_seq)
-    if status and status ~= '""" + FAILED + """' and status ~= '""" + PENDING + """' then
-      take = false  -- its item is live (or was, and moved on): delivered for good
-      redis.call('SREM', iopen, mid)
-    else
-      drop_anchor(before_seq, mid)
-    end
-  end
-  if take then
-    local delivery = seq .. ':' .. placement .. ':' .. turn .. ':' .. stamp
-    redis.call('HSET', idel, mid, delivery)
-    local ids = anchor_ids(seq)
-    ids[#ids + 1] = mid
-    redis.call('HSET', iat, seq, table.concat(ids, ','))
-    touch(seq)
-    if not anchor_pending then redis.call('SREM', iopen, mid) end
-    out[#out + 1] = mid
-    out[#out + 1] = redis.call('HGET', inbox, mid)
-    out[#out + 1] = delivery
-  end
-end
-redis.call('HSET', meta, 'inbox_open', redis.call('SCARD', iopen))
-commit()
-return out
-"""
-
-INBOX = PRELUDE + INBOX_ANCHORS + """
--- ARGV[4] = 'ids' then the ids to read, or 'seqs' then the seqs whose messages to read. Returns
--- flat (id, body, delivery or '', status of the delivery's item or '') quadruples.
-local ids = {}
-if ARGV[4] == 'ids' then
-  for i = 5, #ARGV do ids[#ids + 1] = ARGV[i] end
-else
-  for i = 5, #ARGV do for _, mid in ipairs(anchor_ids(ARGV[i])) do ids[#ids + 1] = mid end end
-end
-local out = {}
-for _, mid in ipairs(ids) do
-  local message = redis.call('HGET', inbox, mid)
-  if message then
-    local delivery = redis.call('HGET', idel, mid) or ''
-    local status = ''
-    if delivery ~= '' then status = redis.call('HGET', statuses, string.match(delivery, '^(%d+):')) or '' end
-    out[#out + 1] = mid
-    out[#out + 1] = message
-    out[#out + 1] = delivery
-    out[#out + 1] = status
-  end
-end
-return out
-"""
-
-# KEYS = versions hash, versions by time, the tenant's index, the tenants set; ARGV = namespace,
-# base version, tenant, the version's JSON, its created_at. Returns the new version, or 0.
-PUT_KNOWLEDGE = """
-local versions, times, index, tenants = unpack(KEYS)
-local namespace, base = ARGV[1], tonumber(ARGV[2])
-if tonumber(redis.call('HGET', index, namespace) or '0') ~= base then return 0 end
-local version = base + 1
-redis.call('HSET', versions, version, ARGV[4])
-redis.call('ZADD', times, ARGV[5], version)
-redis.call('HSET', index, namespace, version)
-redis.call('SADD', tenants, ARGV[3])
-return version
-"""
-
-# Locks and leases are token-checked: only the holder releases or extends one.
-RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
-# A lock that vanished (expired while our event loop stalled, or Redis restarted empty) is taken
-# back if nobody else took it meanwhile.
-EXTEND = """
-local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-if not holder then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 2
-end
-return 0
-"""
+# One .lua file per script (proxy/store/lua/: what each takes and returns), read once here. The
+# Python constants the scripts spell out, filled in for their ${NAME} placeholders:
+LUA_CONSTANTS = {
+    "LIVE": LIVE, "PENDING": PENDING, "FAILED": FAILED, "NO_CONVERSATION": NO_CONVERSATION, "NO_MESSAGE": NO_MESSAGE,
+    "CONVERSATION_EXISTS": CONVERSATION_EXISTS, "RESPONSE_SEPARATOR": RESPONSE_SEPARATOR,
+}
+SCRIPTS = lua.load(LUA_CONSTANTS)
 
 
 def _dumps(value: Any) -> str:
@@ -705,7 +203,7 @@ def _dumps(value: Any) -> str:
 
 
 def _request_part_row(n: int, part: RequestPart) -> str:
-    """A request part as the rparts hash keeps it (see ADD_REQUEST_PARTS)."""
+    """A request part as the rparts hash keeps it (see lua/add_request_parts.lua)."""
     return f"{n}:{part.created_at!r}:{_dumps({'kind': part.kind, 'value': part.value})}"
 
 
@@ -776,20 +274,21 @@ class RedisStore:
         self._renewals: set[asyncio.Task[None]] = set()
         self._search = HistoryIndexes()  # history search: built from the shared log, see search.py
         register = self._redis.register_script
-        self._append, self._set_statuses, self._count_call = register(APPEND), register(SET_STATUSES), register(COUNT_CALL)
-        self._finish_turn = register(FINISH_TURN)
-        self._set_fields, self._add_summary = register(SET_FIELDS), register(ADD_SUMMARY)
-        self._release, self._extend = register(RELEASE), register(EXTEND)
-        self._import = register(IMPORT)
-        self._fail_pending = register(FAIL_PENDING)
-        self._messages_read = _ReadScript(self._redis, MESSAGES)
-        self._record = _ReadScript(self._redis, RECORD)
+        self._append, self._set_statuses = register(SCRIPTS["append"]), register(SCRIPTS["set_statuses"])
+        self._count_call = register(SCRIPTS["count_call"])
+        self._finish_turn = register(SCRIPTS["finish_turn"])
+        self._set_fields, self._add_summary = register(SCRIPTS["set_fields"]), register(SCRIPTS["add_summary"])
+        self._release, self._extend = register(SCRIPTS["release"]), register(SCRIPTS["extend"])
+        self._import = register(SCRIPTS["import"])
+        self._fail_pending = register(SCRIPTS["fail_pending"])
+        self._messages_read = _ReadScript(self._redis, SCRIPTS["messages"])
+        self._record = _ReadScript(self._redis, SCRIPTS["record"])
         self._snapshots = redis_records.Snapshots()
         self._health = WriteHealth()
-        self._set_title = register(SET_TITLE)
-        self._post_inbox, self._deliver_inbox = register(POST_INBOX), register(DELIVER_INBOX)
-        self._inbox, self._put_knowledge = register(INBOX), register(PUT_KNOWLEDGE)
-        self._add_request_parts = register(ADD_REQUEST_PARTS)
+        self._set_title = register(SCRIPTS["set_title"])
+        self._post_inbox, self._deliver_inbox = register(SCRIPTS["post_inbox"]), register(SCRIPTS["deliver_inbox"])
+        self._inbox, self._put_knowledge = register(SCRIPTS["inbox"]), register(SCRIPTS["put_knowledge"])
+        self._add_request_parts = register(SCRIPTS["add_request_parts"])
 
     # -- keys ----------------------------------------------------------------------------------
 
@@ -803,7 +302,7 @@ class RedisStore:
         return f"{self._prefix}{name}"
 
     def _keys(self, key: ConversationKey) -> list[str]:
-        """The KEYS of every conversation script, in PRELUDE's order."""
+        """The KEYS of every conversation script, in lua/prelude.lua's order."""
         return [self._conv(key, part) for part in CONVERSATION_PARTS] + [
             self._index(key.tenant), self._global("tenants"), self._global("created"), self._global("all"),
             self._responses(key.tenant), self._global("pending"), self._failed_index(key.tenant), self._global("failed-all"),
@@ -898,7 +397,7 @@ class RedisStore:
     async def _read_conversations(
         self, keys: list[ConversationKey], *, keep: bool = False
     ) -> list[Conversation | None]:
-        """Records in one round trip, each a consistent snapshot (one RECORD script each): only
+        """Records in one round trip, each a consistent snapshot (one record.lua script each): only
         what changed since the snapshot this replica holds, if it holds one. A record read is
         kept as the latest snapshot if `keep` (a turn's read) or one was held already."""
         bases = [self._snapshots.get(key) for key in keys]
@@ -911,7 +410,7 @@ class RedisStore:
     def _snapshot(
         self, key: ConversationKey, base: redis_records.Snapshot | None, reply: list[Any], keep: bool
     ) -> Conversation | None:
-        """The conversation a RECORD reply tells of, given the snapshot it was asked from."""
+        """The conversation a record.lua reply tells of, given the snapshot it was asked from."""
         if not reply:
             self._snapshots.drop(key)
             return None
@@ -1073,7 +572,7 @@ class RedisStore:
         found = await self._redis.hget(self._responses(tenant), response_id)
         if found is None:
             return None
-        conversation_id, _, seq = (found.decode() if isinstance(found, bytes) else found).partition("\0")
+        conversation_id, _, seq = (found.decode() if isinstance(found, bytes) else found).partition(RESPONSE_SEPARATOR)
         return conversation_id, int(seq)
 
     @_guarded
