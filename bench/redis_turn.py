@@ -1,4 +1,4 @@
-"""What one turn costs the Redis store (proxy/store/redis.py), by conversation size.
+"""What one turn costs the Redis store (proxy/store/redis/), by conversation size.
 
     python -m bench.redis_turn                       # a throwaway redis-server on a free loopback port
     python -m bench.redis_turn --redis-url redis://127.0.0.1:6379/0 --turns 50

@@ -13,8 +13,8 @@ import redis.asyncio as aioredis
 
 from proxy.identity import ConversationKey
 from proxy.messages import message_hash
-from proxy.store import LIVE, PENDING, SUPERSEDED, Summary, TurnRecord
-from proxy.store.redis import RedisStore, StoreUnavailable
+from proxy.store import LIVE, PENDING, SUPERSEDED, StoreUnavailable, Summary, TurnRecord
+from proxy.store.redis import RedisStore
 from tests.support.redis_server import RedisServer
 
 A = ConversationKey("tenant-a", "conv")

@@ -1,4 +1,4 @@
-"""The Redis store's Lua scripts as files (proxy/store/lua/): the texts sent to Redis, each one
+"""The Redis store's Lua scripts as files (proxy/store/redis/lua/): the texts sent to Redis, each one
 compiled by a real redis-server, and the loader's refusals at start (a missing file, a placeholder
 it cannot fill, a constant no script uses)."""
 
@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from proxy.store import lua
-from proxy.store.redis import LUA_CONSTANTS, SCRIPTS
+from proxy.store.redis import LUA_CONSTANTS, SCRIPTS, lua
 from tests.support.redis_server import RedisServer
 
 # The sha1 of every script as it was when the scripts were Python string constants in
@@ -70,7 +69,7 @@ def test_placeholders_are_filled_with_the_constants() -> None:
     assert "id .. '\0' .. ARGV[i + 1]" in SCRIPTS["import"]  # RESPONSE_SEPARATOR, a NUL as before
 
 
-async def test_redis_compiles_every_script(redis_server: RedisServer) -> None:  # noqa: F811
+async def test_redis_compiles_every_script(redis_server: RedisServer) -> None:
     """SCRIPT LOAD compiles a script without running it, and answers the sha1 EVALSHA will use."""
     client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
     try:

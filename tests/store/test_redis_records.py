@@ -1,4 +1,4 @@
-"""The Redis store's snapshots (proxy/store/redis_records.py): a replica's `get` reads only what
+"""The Redis store's snapshots (proxy/store/redis/records.py): a replica's `get` reads only what
 changed since its last read, and always equals a whole read by a store that holds nothing, with
 other replicas writing the same Redis in between."""
 
@@ -19,7 +19,7 @@ from proxy.identity import ConversationKey
 from proxy.messages import message_hash
 from proxy.store import APPEND, BEFORE, FAILED, INTERNAL, LIVE, PENDING, SUPERSEDED, Conversation, Summary, TurnRecord
 from proxy.store.redis import RedisStore
-from proxy.store.redis_records import Snapshot, Snapshots
+from proxy.store.redis.records import Snapshot, Snapshots
 from proxy.transfer import read_dump
 from tests.support.redis_server import RedisServer
 

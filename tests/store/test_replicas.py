@@ -7,7 +7,6 @@ conversation, and the LLM-call quota is exact.
 
 from __future__ import annotations
 
-import itertools
 import json
 import threading
 from collections.abc import Callable

@@ -48,7 +48,7 @@ the server's clock, so a record deleted, replaced by an import or lost to a rest
 under another), the seqs whose part of the record it changed are logged in chg under that
 version, and `signed` keeps what every turn's write moves (next_seq, updated_at, turns,
 llm_calls). `get` sends the incarnation and version of the snapshot this replica holds
-(proxy/store/redis_records.py: the latest of recently read records, bounded) to one read script,
+(proxy/store/redis/records.py: the latest of recently read records, bounded) to one read script,
 record.lua, which answers: the same; the meta hash and the changed seqs' state now; or the whole
 record (another incarnation, more changes than a whole read, or a record written without a
 commit: before versions existed, or by a replica of such a version — then nothing is kept).
@@ -80,10 +80,9 @@ from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from ..identity import ConversationKey
-from ..messages import Message
-from . import lua, redis_records
-from .base import (
+from ...identity import ConversationKey
+from ...messages import Message
+from ..base import (
     FAILED,
     INBOX_DELIVERED,
     INBOX_DELIVERING,
@@ -110,7 +109,9 @@ from .base import (
     failed_health,
     now,
 )
-from .search import DEFAULT_HITS, HistoryIndexes, SearchHit
+from ..search import DEFAULT_HITS, HistoryIndexes, SearchHit
+from . import lua
+from . import records as redis_records
 
 log = logging.getLogger("proxy.store.redis")
 

@@ -3,7 +3,7 @@
 A turn reads its conversation's record (`Store.get`) under the conversation's lock; the record's
 live transcript and first-forwarded marks grow with every turn. So each RedisStore keeps the
 latest snapshot of recently read records, with the record's incarnation and version (see
-proxy/store/redis.py), and asks Redis only for what changed since: nothing, when no replica
+proxy/store/redis/store.py), and asks Redis only for what changed since: nothing, when no replica
 wrote; the seqs a write touched, with their state now, otherwise. A snapshot is never edited in
 place (callers keep the ones they were given): an update makes a new Conversation that shares
 what did not change.
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..identity import ConversationKey
-from .base import Conversation
+from ...identity import ConversationKey
+from ..base import Conversation
 
 MARK = "mark:"  # meta fields holding the conversation's marks (Conversation.marks)
 # Snapshots kept, and the per-seq entries (live, first-forwarded, rewritten, anchor) they hold in
