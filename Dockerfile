@@ -1,4 +1,4 @@
-# The same install step as `make install` (scripts/install.sh); tests/test_packaging.py runs the
+# The same install step as `make install` (scripts/install.sh); tests/test_process.py runs the
 # CMD and the HEALTHCHECK below against a real proxy.
 FROM python:3.11-slim
 WORKDIR /app
