@@ -375,3 +375,24 @@ async def test_a_store_whose_rows_diskcache_kept_moves_them_into_the_table_and_r
     await turn(store, A, ["q3"])
     store = await reopen()
     assert [m.seq for m in await store.messages(A, live_only=True)] == [*seqs, 3, 4, 5]
+
+
+async def test_a_turns_small_writes_run_in_place_and_big_ones_on_the_store_thread(reopen):
+    store = await reopen()
+    asked = lambda: store._thread._asked  # noqa: E731  # calls handed to the store thread
+    first = [msg(f"tool output {i}: " + "x" * 1000) for i in range(50)]
+    await store.append(A, first, [message_hash(m) for m in first], LIVE)  # a first turn: its record unknown
+    before = asked()
+    seqs = await turn(store, A, ["a new observation"])  # a later turn: append, end, both small
+    assert asked() == before and seqs == [51]
+    big = [msg("y" * 40_000)]
+    await store.append(A, big, [message_hash(m) for m in big], PENDING)
+    assert asked() == before + 1  # 40 KB: on the store thread
+    image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 40_000}}]}
+    await store.append(A, [image], [message_hash(image)], LIVE)
+    assert asked() == before + 2  # its bytes two levels down count too
+    # In place or not, the writes are the same: on disk, in order, the loop's connection set up as
+    # the store thread's (automatic checkpoints only past the backstop).
+    assert store._rows.connection.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == BACKSTOP_PAGES
+    store = await reopen()
+    assert [m.seq for m in await store.messages(A, live_only=False)] == list(range(1, 55))

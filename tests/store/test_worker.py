@@ -49,3 +49,33 @@ async def test_a_call_cancelled_before_its_turn_never_runs_and_shutdown_runs_the
     assert ran == ["first", "third"]
     assert second.cancelled()
     store_thread.shutdown()
+
+
+async def test_a_call_runs_in_place_only_when_the_thread_has_nothing_to_do():
+    store_thread = StoreThread("test-store")
+    release, started = threading.Event(), threading.Event()
+
+    def hold() -> str:
+        started.set()
+        release.wait(10)
+        return "held"
+
+    try:
+        assert store_thread.inline(threading.current_thread) == (True, threading.current_thread())  # idle: here
+        busy = store_thread.run(hold)
+        assert store_thread.inline(lambda: "in place") == (False, None)  # asked of it, maybe not begun yet
+        await asyncio.to_thread(started.wait, 10)
+        assert store_thread.inline(lambda: "in place") == (False, None)  # running: nothing runs beside it
+        release.set()
+        assert await busy == "held"
+        assert store_thread.inline(lambda: "in place") == (True, "in place")
+        queued = [store_thread.run(lambda n=n: n) for n in range(3)]
+        assert store_thread.inline(lambda: "in place") == (False, None)  # queued calls keep their order
+        assert await asyncio.gather(*queued) == [0, 1, 2]
+        with pytest.raises(ZeroDivisionError):  # its error is the caller's, as from the thread
+            store_thread.inline(lambda: 1 / 0)
+        assert store_thread.inline(lambda: "again") == (True, "again")
+    finally:
+        release.set()
+        store_thread.shutdown()
+    assert store_thread.inline(lambda: "closed") == (False, None)

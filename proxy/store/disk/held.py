@@ -20,7 +20,8 @@ class Held(Generic[V]):
     """What the store keeps in memory of recent conversations (snapshots, records), the least
     recently kept let go first: at most `most` of them, holding `entries` per-seq entries in all
     (a 2,000-message conversation holds a hundred times what a 20-message one does). Written by
-    the store thread only; `get` is safe from the event loop (one dict look-up)."""
+    the store's calls, one at a time (on its thread, or in place of it: worker.py); `get` is safe
+    from the event loop (one dict look-up)."""
 
     def __init__(self, most: int, entries: int = MAX_HELD_ENTRIES) -> None:
         self.most, self.entries = most, entries

@@ -20,8 +20,8 @@ class PendingFlags:
     writes flag nothing once it is. A flagged conversation saved without pending is settled; the
     settled flags are cleared SETTLED_FLAGS at a time (and at close), so a crash leaves at most
     that many more to look at than had pending. A set written before the buckets (LEGACY_PENDING)
-    is read as one more bucket. Store thread only, inside the caller's transaction; a write that
-    failed makes it read its rows again."""
+    is read as one more bucket. Used by the store's calls only (one at a time), inside the
+    caller's transaction; a write that failed makes it read its rows again."""
 
     def __init__(self, store_rows: Rows) -> None:
         self._store_rows = store_rows

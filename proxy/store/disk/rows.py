@@ -23,7 +23,7 @@ import logging
 import pickle
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -50,7 +50,8 @@ class Rows:
     def __init__(self, cache: diskcache.Cache) -> None:
         self._cache = cache
         self._local = threading.local()  # each thread's connection, as diskcache hands them out
-        # The write under way (store thread only: it is the one writer): key -> (value, raw) or _GONE.
+        self._on_connect: Callable[[sqlite3.Connection], None] | None = None
+        # The write under way (the store's calls only, one at a time: the one writer): key -> (value, raw) or _GONE.
         self._held: dict[str, Any] | None = None
         self._con.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} "
                          "(key TEXT PRIMARY KEY, value BLOB NOT NULL, raw INTEGER NOT NULL)")
@@ -61,7 +62,14 @@ class Rows:
         con = getattr(self._local, "con", None)
         if con is None:
             con = self._local.con = self._cache._con  # diskcache's connection for this thread
+            if self._on_connect is not None:
+                self._on_connect(con)
         return con
+
+    def on_connect(self, setup: Callable[[sqlite3.Connection], None]) -> None:
+        """`setup(connection)` for each thread's connection: this one's now, the others' when made."""
+        self._on_connect = setup
+        setup(self._con)
 
     @property
     def connection(self) -> sqlite3.Connection:

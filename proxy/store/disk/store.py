@@ -1,11 +1,13 @@
 """The embedded store: one SQLite database in one directory (diskcache's), for one proxy process.
 
-SQLite is synchronous, so every write runs on one dedicated thread: the event loop never waits
-on it, and the single writer thread means no lock contention between our own operations. Each
-store call is one hop to that thread (worker.py) and one write of the rows it changed (one
-statement, usually: see rows.py, a table of ours in diskcache's database, which writes a row
-for a fraction of what `Cache.set` costs); SQLite's checkpoints run on a thread of their own
-(checkpoints.py). Since this process is the store's only writer, it keeps the latest snapshot of
+SQLite is synchronous, so the store's calls run on one dedicated thread, one at a time: the
+event loop does not wait on a big one, and one writer at a time means no lock contention between
+our own operations. Each call is one hop to that thread (worker.py) and one write of the rows it
+changed (one statement, usually: see rows.py, a table of ours in diskcache's database, which
+writes a row for a fraction of what `Cache.set` costs) — except a small write (a later turn's
+new observation, its end, a quota count: `_small`), which runs in place of the thread when the
+thread has nothing to do: its commit costs less than the hop's two wake-ups, and the calls still
+run one at a time, in order. SQLite's checkpoints run on a thread of their own (checkpoints.py). Since this process is the store's only writer, it keeps the latest snapshot of
 recent conversation records in memory: `get()`, called on every turn, usually needs no hop at all.
 
 Nothing is ever evicted or culled: this is a database, not a cache.
@@ -125,6 +127,10 @@ log = logging.getLogger("proxy.store.disk")
 log = logging.getLogger("proxy.store.disk")
 
 T = TypeVar("T")
+# A write this small runs in place of the store thread when it has nothing to do (see _small):
+# a commit of a few KB costs less than the hop's two wake-ups.
+INLINE_ITEMS = 4
+INLINE_CHARS = 32_000
 MAX_SNAPSHOTS = 1024  # conversation records kept in memory (the active ones)
 MAX_RECORDS = 256  # of those, the stored form kept for the next write (with their whole index)
 # Index pages kept as last written (the store thread's): registering a conversation rewrote the
@@ -158,33 +164,40 @@ class DiskStore:
         self._reserve = Reserve(self._path / RESERVE_FILE, reserve_bytes)
         self._reserve.make()
         self._health = WriteHealth()
-        self._snapshots: Held[Conversation] = Held(MAX_SNAPSHOTS)  # written by the store thread only
-        # The latest saved record of recent conversations, with their whole index (store thread
+        self._snapshots: Held[Conversation] = Held(MAX_SNAPSHOTS)  # written by the store's calls only (one at a time)
+        # The latest saved record of recent conversations, with their whole index (the store's calls
         # only): a turn's write updates it instead of reading it again. Safe because this process
         # is the store's only writer.
         self._records: Held[Record] = Held(MAX_RECORDS)
-        self._pages: OrderedDict[str, dict[int, Any]] = OrderedDict()  # index pages as last written (store thread)
-        self._tenants: set[str] | None = None  # the TENANTS row as last written (store thread)
+        self._pages: OrderedDict[str, dict[int, Any]] = OrderedDict()  # index pages as last written (the store's calls)
+        self._tenants: set[str] | None = None  # the TENANTS row as last written (the store's calls)
         self._pending = PendingFlags(self._rows)
-        # SQLite's checkpoints in a thread of their own (see checkpoints.py); the store thread's
-        # connection is made to leave them to it.
+        # SQLite's checkpoints in a thread of their own (see checkpoints.py); the connections that
+        # write (the store thread's, the loop's for small writes) are made to leave them to it.
         self._checkpoints = Checkpointer(os.path.join(path, diskcache.core.DBNAME))
-        self._thread = StoreThread("diskstore", initializer=lambda: self._checkpoints.writer(self._rows.connection))
+        self._rows.on_connect(self._checkpoints.writer)  # every thread's: the store thread's, the loop's
+        self._thread = StoreThread("diskstore")
         self._locks: weakref.WeakValueDictionary[ConversationKey, asyncio.Lock] = weakref.WeakValueDictionary()
         self._leases: dict[str, tuple[str, float]] = {}  # name -> (token, monotonic expiry)
         self._search = HistoryIndexes()  # history search: built from the log, see search.py
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+    async def _run(self, fn: Callable[..., T], *args: Any, small: bool = False) -> T:
+        """`fn(*args)` on the store thread; a `small` one in place when that thread has nothing to
+        do (worker.py: a hop's wake-ups cost more than a small write's commit)."""
         try:
+            if small:
+                ran, result = self._thread.inline(fn, *args)
+                if ran:
+                    return result  # type: ignore[return-value]
             return await self._thread.run(fn, *args)
         except (sqlite3.Error, OSError, diskcache.Timeout) as exc:
             raise store_error(exc, self._path) from exc
 
-    async def _write(self, fn: Callable[..., T], *args: Any, telling: bool = True) -> T:
+    async def _write(self, fn: Callable[..., T], *args: Any, telling: bool = True, small: bool = False) -> T:
         """`_run` for an operation that writes: its outcome is the store's health (a success only
         if `telling`: a delete works on a full disk by design, so it says nothing of writes)."""
         try:
-            result = await self._run(self._written, fn, *args)
+            result = await self._run(self._written, fn, *args, small=small)
         except StoreError as exc:
             self._health.failed(exc)
             log.warning("store write failed: %s", exc.message, exc_info=exc.__cause__)
@@ -208,6 +221,15 @@ class DiskStore:
             self._reserve.make()
         self._checkpoints.wrote()
         return result
+
+    def _small(self, key: ConversationKey, messages: Sequence[Message] = ()) -> bool:
+        """Whether a write of `messages` to `key` is small enough to run in place of the store
+        thread (`_run`): its record held in memory (no index to read back) and a few messages of
+        a few KB (a turn's reply, its new observation; not a first turn's transcript). A hint
+        read without the store's lock: at worst a write that could have hopped runs in place."""
+        if self._records.get(key) is None or len(messages) > INLINE_ITEMS:
+            return False
+        return sum(map(_rough_chars, messages)) <= INLINE_CHARS
 
     @asynccontextmanager
     async def lock(self, key: ConversationKey) -> AsyncIterator[None]:
@@ -247,12 +269,11 @@ class DiskStore:
         held = self._records.get(key)
         return held.fields if held is not None else self._rows.get(conv_key(key))
 
-    def _save(self, key: ConversationKey, record: Record, *, snapshot: bool = True) -> None:
+    def _save(self, key: ConversationKey, record: Record) -> None:
         """Write what the write under way changed, inside its transaction: the batches it touched,
         the index chunks behind the newest that changed, the record with the newest chunk; then
-        keep the record in memory for the next write. Without `snapshot`, the snapshot is dropped
-        rather than made again (a `get` makes it from the record held): for a turn's first write,
-        whose snapshot nobody reads before its second."""
+        keep the record in memory for the next write, and its snapshot for `get` (a turn's end
+        reads it after its first write: made here, it costs that `get` no hop)."""
         fields = record.fields
         for batch in record.unsaved.values():
             for first, blob in batch.unwritten.items():
@@ -270,10 +291,7 @@ class DiskStore:
         self._rows.set(conv_key(key), record.row())
         self._pending.saw(key, bool(fields["pending"]))
         record.saved()
-        if snapshot:
-            self._snapshot(key, record)
-        else:
-            self._snapshots.pop(key)
+        self._snapshot(key, record)
         self._records.put(key, record, record.entries)
 
     def _snapshot(self, key: ConversationKey, record: Record) -> Conversation:
@@ -385,10 +403,10 @@ class DiskStore:
 
     async def append(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
         check_statuses(status)
-        return await self._write(self._append, key, messages, hashes, status)
+        return await self._write(self._append, key, messages, hashes, status, small=self._small(key, messages))
 
     def _append(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
-        return self._update_record(key, lambda record: self._add_messages(record, messages, hashes, status), snapshot=False)
+        return self._update_record(key, lambda record: self._add_messages(record, messages, hashes, status))
 
     def _add_messages(self, record: Record, messages: list[Message], hashes: list[str], status: str) -> list[int]:
         """Add messages after the last one, in memory (`_save` writes them): a batch of their own,
@@ -555,7 +573,7 @@ class DiskStore:
         check_statuses(*changes.values(), *([reply_status] if reply else []))
         return await self._write(
             self._finish_turn, key, dict(changes), list(reply), reply_status, record.row() if record is not None else None,
-            llm_calls, dict(forwarded or {}), dict(marks or {}),
+            llm_calls, dict(forwarded or {}), dict(marks or {}), small=self._small(key, [m for m, _ in reply]),
         )
 
     def _finish_turn(
@@ -651,15 +669,18 @@ class DiskStore:
         return read
 
     async def count_llm_call(self, key: ConversationKey, limit: int | None = None) -> int | None:
-        return await self._write(self._update_record, key, lambda record: _count_call(record, limit))
+        return await self._write(self._update_record, key, lambda record: _count_call(record, limit), small=self._small(key))
 
     async def mark_forwarded(self, key: ConversationKey, marks: Mapping[int, int]) -> None:
         if marks:
-            await self._write(self._update_record, key, lambda record: record.forward(marks))
+            await self._write(self._update_record, key, lambda record: record.forward(marks), small=self._small(key))
 
     async def set_marks(self, key: ConversationKey, marks: Mapping[str, int]) -> None:
         if marks:
-            await self._write(self._update_record, key, lambda record: record.fields.setdefault("marks", {}).update(marks))
+            await self._write(
+                self._update_record, key, lambda record: record.fields.setdefault("marks", {}).update(marks),
+                small=self._small(key),
+            )
 
     async def set_rewrites(self, key: ConversationKey, rewrites: Mapping[int, str]) -> None:
         if rewrites:
@@ -678,14 +699,14 @@ class DiskStore:
         found = {seq: self._rows.get(rewrite_key(key, seq)) for seq in seqs}
         return {seq: content for seq, content in found.items() if content is not None}
 
-    def _update_record(self, key: ConversationKey, change: Callable[[Record], Any], *, snapshot: bool = True) -> Any:
+    def _update_record(self, key: ConversationKey, change: Callable[[Record], Any]) -> Any:
         """Apply `change` to the conversation record (creating it if new); returns what `change` returns."""
         with self._rows.transact():
             record = self._load(key)
             if record is None:
                 record = self._register(key, Record.new(now()))
             result = change(record)
-            self._save(key, record, snapshot=snapshot)
+            self._save(key, record)
             return result
 
     async def add_summary(self, key: ConversationKey, summary: Summary) -> Summary:
@@ -1091,6 +1112,21 @@ def _drop_anchor(anchors: dict[int, list[int]], seq: int, message_id: int) -> No
 
 def _index_entry(scope: str, entry: Any) -> ConversationKey:
     return ConversationKey(*entry) if scope == ALL_TENANTS else ConversationKey(scope, entry)
+
+
+def _rough_chars(value: Any, depth: int = 0) -> int:
+    """The characters of a message's strings, three levels down (a content part's image URL is
+    two): enough to tell a small write from a big one without walking a deep one, which is
+    judged big."""
+    if isinstance(value, str):
+        return len(value)
+    if depth > 3:
+        return INLINE_CHARS + 1
+    if isinstance(value, dict):
+        return sum(_rough_chars(v, depth + 1) for v in value.values())
+    if isinstance(value, list):
+        return sum(_rough_chars(v, depth + 1) for v in value)
+    return 8  # a number, a bool, None
 
 
 def _count_call(record: Record, limit: int | None = None) -> int | None:
