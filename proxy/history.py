@@ -110,8 +110,12 @@ def plan_appended(raws: list[Raw], hashes: list[str]) -> TurnPlan:
     return TurnPlan(new=raws, new_hashes=hashes, upstream=raws, upstream_hashes=hashes, branch=False)
 
 
-def is_fresh_start(codec: Codec, raws: list[Raw], hashes: list[str]) -> bool:
-    """Whether a request is an agent starting over: its system prompt and its task, nothing else."""
-    items = codec.items(raws, [None] * len(raws), hashes)
-    rest = items[leading_system_count(items) :]
-    return len(rest) == 1 and rest[0].role is Role.USER
+def is_fresh_start(codec: Codec, raws: list[Raw]) -> bool:
+    """Whether a request is an agent starting over: its system prompt and its task, nothing else.
+    Asked of every request with a derived id, so it reads items only up to the first that is no
+    system prompt (an item's role is its own: no neighbour changes it), not the whole transcript."""
+    for i in range(len(raws)):
+        role = codec.items(raws[i : i + 1], [None], [None])[0].role
+        if role is not Role.SYSTEM:
+            return role is Role.USER and i == len(raws) - 1
+    return False

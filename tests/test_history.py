@@ -167,3 +167,26 @@ def test_the_canonical_hash_is_the_same_bytes_as_before_orjson():
     for message in messages:
         blob = json.dumps(_canonical_as_first_written(message), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         assert message_hash(message) == hashlib.sha256(blob.encode()).hexdigest()[:32], message
+
+
+def test_a_fresh_start_is_system_items_then_one_user_item_read_no_further():
+    from proxy.dialects.chat import ChatDialect
+    from proxy.dialects.messages import MessagesDialect
+    from proxy.history import is_fresh_start
+
+    chat = ChatDialect().codec
+    task = {"role": "user", "content": "fix issue 7"}
+    assert is_fresh_start(chat, [SYSTEM, task])
+    assert is_fresh_start(chat, [SYSTEM, {"role": "developer", "content": "and be brief"}, task])
+    assert is_fresh_start(chat, [task])
+    assert not is_fresh_start(chat, [SYSTEM])
+    assert not is_fresh_start(chat, [])
+    assert not is_fresh_start(chat, [SYSTEM, {"role": "assistant", "content": "hi"}])
+    # Asked of every request with a derived id: it stops at the first item that is no system
+    # prompt, so what comes after it is never read (an item there that no codec could read is
+    # not even looked at: a long transcript costs what its first items cost).
+    assert not is_fresh_start(chat, [SYSTEM, task, {"role": "assistant", "content": "on it"}, 42])
+    messages = MessagesDialect().codec  # a tool result's user message is no task
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]}
+    assert not is_fresh_start(messages, [result])
+    assert is_fresh_start(messages, [{"role": "user", "content": "fix issue 7"}])

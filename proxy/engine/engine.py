@@ -197,7 +197,7 @@ class Engine:
             return base if n == 1 else ConversationKey(base.tenant, f"{base.id}.{n}")
 
         latest = first if runs == 1 else await self.store.get(run(runs))
-        if is_fresh_start(codec, raws, [None] * len(raws)):  # by roles: a system prompt and a task
+        if is_fresh_start(codec, raws):  # by roles: a system prompt and a task
             hashes = [codec.hash(r) for r in raws]
             if latest is not None and len(latest.live) > len(raws) and latest.live_hashes[: len(raws)] == hashes:
                 if not dry_run:  # a count (count_tokens) writes nothing
