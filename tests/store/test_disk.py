@@ -357,6 +357,27 @@ def test_a_write_is_held_until_it_ends_and_nothing_of_one_that_raises_is_stored(
     table.close()
 
 
+def test_a_row_written_again_is_updated_where_it_stands(tmp_path: Path):
+    """A turn rewrites its conversation's record: in place (its rowid kept), not deleted and
+    inserted anew at the table's end, which touched two leaves, the key index and the freelist."""
+    table = Rows(open_cache(str(tmp_path / "db")))
+    con = table.connection
+
+    def rowid(key: str) -> int:
+        return con.execute(f"SELECT rowid FROM {TABLE} WHERE key = ?", (key,)).fetchone()[0]
+
+    table.set("record", {"turn": 1})
+    table.set("other", b"x" * 5000)
+    first = rowid("record")
+    with table.transact():
+        table.set("record", {"turn": 2, "more": "y" * 5000})  # bigger now: overflow pages of its own
+        table.set("new", [1])
+    assert rowid("record") == first and table.get("record") == {"turn": 2, "more": "y" * 5000}
+    table.set("record", b"raw bytes")
+    assert rowid("record") == first and table.get("record") == b"raw bytes" and table.get("new") == [1]
+    table.close()
+
+
 async def test_a_store_whose_rows_diskcache_kept_moves_them_into_the_table_and_reads_on(tmp_path: Path, reopen):
     """Stores written before the rows table kept every row through diskcache's Cache.set."""
     store = DiskStore(tmp_path / "store")

@@ -33,7 +33,11 @@ log = logging.getLogger("proxy.store.disk")
 
 TABLE = "context_proxy_rows"
 _GET = f"SELECT value, raw FROM {TABLE} WHERE key = ?"
-_SET = f"INSERT OR REPLACE INTO {TABLE} (key, value, raw) VALUES "
+_SET = f"INSERT INTO {TABLE} (key, value, raw) VALUES "
+# An existing row is updated where it stands (its rowid and its index entry kept): INSERT OR
+# REPLACE deletes it and inserts it anew at the table's end, which touched both leaves, the
+# key's index and the freelist, each page of them a WAL frame and then a checkpoint's write.
+_UPSERT = " ON CONFLICT (key) DO UPDATE SET value = excluded.value, raw = excluded.raw"
 _DELETE = f"DELETE FROM {TABLE} WHERE key IN "
 _KEYS = f"SELECT key FROM {TABLE} ORDER BY key"
 PROTOCOL = pickle.HIGHEST_PROTOCOL
@@ -120,7 +124,7 @@ class Rows:
         sets = [(key, *row) for key, row in held.items() if row is not _GONE]
         gone = [key for key, row in held.items() if row is _GONE]
         statements = [
-            *(_SET + ",".join(["(?, ?, ?)"] * len(chunk)) for chunk in _chunks(sets)),
+            *(_SET + ",".join(["(?, ?, ?)"] * len(chunk)) + _UPSERT for chunk in _chunks(sets)),
             *(_DELETE + "(" + ",".join(["?"] * len(chunk)) + ")" for chunk in _chunks(gone)),
         ]
         values = [*([v for row in chunk for v in row] for chunk in _chunks(sets)), *_chunks(gone)]
