@@ -231,10 +231,10 @@ async def test_a_thread_of_its_own_copies_the_writes_into_the_database(reopen, t
     empty = database.stat().st_size
     turns = 3 * EVERY_WRITES // 2  # two writes each
     for i in range(turns):
-        await turn(store, A, [secrets.token_hex(15_000)])  # 30 KB that no page can share
+        await turn(store, A, [secrets.token_hex(5_000)])  # 10 KB that no page can share
     # The store thread's connection checkpoints only past the backstop, far above what was written
     # (by itself, the WAL would hold it all and the database file stay as it was)...
-    written = turns * 30_000
+    written = turns * 10_000
     assert written < BACKSTOP_PAGES * 4096 // 4
     autocheckpoint = await store._run(lambda: store._rows.connection.execute("PRAGMA wal_autocheckpoint").fetchone()[0])
     assert autocheckpoint == BACKSTOP_PAGES

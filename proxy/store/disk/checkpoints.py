@@ -2,9 +2,9 @@
 
 In WAL mode a commit appends the pages it changed to the -wal file, and the connection whose
 commit takes the WAL past 1,000 pages (SQLite's default) copies them back into the database
-then and there, two fsyncs included, before the commit returns. A turn's two writes add ~20
-pages each on the bench's agent (the record, its index chunk, the new messages), so every ~50th
-turn waited 5-9 ms for a checkpoint: that was the proxy's p99.
+then and there, two fsyncs included, before the commit returns. A turn's two writes add ~11
+pages on the bench's agent (the record with its newest index chunk, the new messages, the turn
+record), so every ~90th turn would wait 5-9 ms for a checkpoint: that was the proxy's p99.
 
 Here a thread with a connection of its own runs a PASSIVE checkpoint every `every` writes. It
 copies frames already committed while the store thread goes on appending new ones: no turn
@@ -24,7 +24,11 @@ from ...scheduling import run_behind_the_loop
 
 log = logging.getLogger("proxy.store.disk")
 
-EVERY_WRITES = 32  # the bench's agent: ~1.3 MB of WAL between checkpoints
+# The bench's agent: ~5 MB of WAL between checkpoints. A checkpoint copies each page once however
+# often it was written since the last: the conversation's record and the B-trees' upper pages are
+# rewritten every turn, so fewer checkpoints copy fewer pages (32: 0.41 ms of CPU a later turn in
+# bench/store_turn.py --api, 128: 0.37).
+EVERY_WRITES = 128
 # Pages (4 KB) past which the writer checkpoints by itself: the WAL's bound on disk, should this
 # thread fall behind or fail. Measured on the bench's agent: that is every ~200 turns, and copies
 # what this thread left (a few writes' pages), not 1,000 pages.
