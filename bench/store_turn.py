@@ -3,8 +3,9 @@
     python -m bench.store_turn [--src /path/to/before] [--src .] [--messages 200 2000]
                                [--turns 200] [--firsts 20] [--rounds 3] [--api] [--profile]
 
-A turn writes twice (proxy/turns.py): `append` of its new items as pending before it forwards
-them, then `finish_turn` (their statuses, the reply, the turn record) once the upstream answered.
+A turn writes twice (proxy/turns.py): `stage` of its new items as pending before it forwards
+them (`append` in trees before it), then `finish_turn` (their statuses, the reply, the turn
+record) once the upstream answered: one commit, where the store held the staged items for it.
 Two scenarios, each in a fresh store in a process of its own per tree (its `proxy` package first
 on the path), the trees taking turns round by round so drift on a busy machine hits them alike:
 
@@ -118,8 +119,12 @@ def _worker(scenario: str, n: int, count: int, *, api: bool, profile: bool) -> d
                 return loop.run_until_complete(getattr(store, name)(*args, **kwargs))
             return store._written(getattr(store, f"_{name}"), *args, *kwargs.values())
 
+        # A turn's items as the engine writes them: staged for its end where the store can (trees
+        # before `stage` appended them).
+        first_write = "stage" if hasattr(store, "stage") else "append"
+
         def turn(key: ConversationKey, items: list[tuple[dict, str]], reply: tuple[dict, str], calls: int) -> None:
-            seqs = call("append", key, [i for i, _ in items], [h for _, h in items], PENDING)
+            seqs = call(first_write, key, [i for i, _ in items], [h for _, h in items], PENDING)
             record: Any = {"created_at": time.time(), "model": "m", "sent_seqs": list(range(1, seqs[-1] + 1)), "tokens_sent": 9000}
             if api and TurnRecord is not None:  # the public method takes it typed (trees before: a dict)
                 record = TurnRecord(**record)

@@ -21,7 +21,7 @@ from .transcript import Codec, Item, Raw, Role, leading_system_count
 
 @dataclass(slots=True)
 class TurnPlan:
-    new: list[Raw]  # to persist before forwarding
+    new: list[Raw]  # to persist (staged before forwarding, durable before the reply's first byte)
     new_hashes: list[str]
     upstream: list[Raw]  # the transcript to send (before the pipeline rewrites it)
     # Stored seqs of `upstream` minus its new tail (which gets seqs when written); None = not stored.

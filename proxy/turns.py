@@ -1,8 +1,12 @@
 """The store side of one turn: its new items go in as pending, then end live or failed.
 
 Two writes on a turn's path, each under the conversation's lock but never across the upstream
-call: the new items before anything is forwarded, and the end (statuses, the reply, the turn's
-record, its upstream calls, first-forwarded marks and the cuts its stages moved) in one step.
+call: the new items, staged before anything is forwarded (their seqs given, seen by every read)
+and durable before the first byte of a streamed reply goes to the client (`durable`, whose
+commit overlaps the upstream call), and the end
+(statuses, the reply, the turn's record, its upstream calls, first-forwarded marks and the cuts
+its stages moved) in one step. A reply that comes whole (JSON, a refusal) is stored with the
+items in one commit: the store writes staged items with the conversation's next write.
 
 Every write of a turn runs as its own task, chained after the previous one and shielded from
 the request's cancellation: a client that hangs up mid-turn cannot leave a write half done, and
@@ -24,10 +28,11 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from .errors import ProxyError
 from .history import TurnPlan
 from .identity import ConversationKey
 from .request_limits import off_loop
-from .store import FAILED, INCOMPLETE, INTERNAL, LIVE, LIVE_ORDER_MARK, PENDING, SUPERSEDED, TurnStore
+from .store import FAILED, INCOMPLETE, INTERNAL, LIVE, LIVE_ORDER_MARK, PENDING, SUPERSEDED, StoreUnavailable, TurnStore
 from .transcript import Codec, Raw
 
 if TYPE_CHECKING:
@@ -63,6 +68,8 @@ class TurnWriter:
         self.adopted = adopted or []  # seqs of its new items that a turn in flight wrote already
         self.contended = False  # another turn of the conversation was in flight beside it
         self.pending: list[int] = []
+        self.lost: ProxyError | None = None  # the store failed to make the staged items durable
+        self._durable: Awaitable[Any] | None = None
         # What went upstream, kept with the turn once it ends: set once the prompt is built.
         self.report: TurnReport | None = None
         self.ended: tuple[str, str] | None = None  # (the turn's items' status, the reply's) once stored
@@ -93,12 +100,27 @@ class TurnWriter:
             n = len(self.adopted)
             written = []
             if len(self.plan.new) > n:
-                written = await self.store.append(self.key, self.plan.new[n:], self.plan.new_hashes[n:], PENDING)
+                written = await self.store.stage(self.key, self.plan.new[n:], self.plan.new_hashes[n:], PENDING)
             self.pending = [*self.adopted, *written]
             if self.parts is not None:
                 await self.parts.keep(self.store, self.key)
 
         await self._then(step)
+
+    def durable(self) -> Awaitable[Any]:
+        """Make the turn's new items durable: started as its request is forwarded (the commit
+        overlaps the upstream call) and awaited before the first byte of its reply goes to the
+        client. A store failure is kept in `lost` (the turn's end raises it), never raised here."""
+        if self._durable is None:
+
+            async def step() -> None:
+                try:
+                    await self.store.flush(self.key)
+                except ProxyError as exc:
+                    self.lost = exc
+
+            self._durable = self._then(step)
+        return self._durable
 
     async def internal(self, raws: list[Raw], hashes: list[str]) -> None:
         """A read-back round the proxy answered itself: kept in the trajectory, never live."""
@@ -117,6 +139,8 @@ class TurnWriter:
         await self._then(lambda: self._end(FAILED, reply, INCOMPLETE))
 
     async def _end(self, status: str, reply: list[Raw], reply_status: str) -> None:
+        if self.lost is not None:  # its items never reached the store: nothing to end there
+            raise self.lost
         hashes = await off_loop(sum(_size(raw) for raw in reply), lambda: [self.codec.hash(raw) for raw in reply])
         marks = dict(self.report.marks) if self.report is not None else {}
         async with self.store.lock(self.key):
@@ -141,10 +165,14 @@ class TurnWriter:
                 if newer:
                     marks = {}  # the cuts of a prompt that is no longer the conversation's
             record = self.report.record(status, self.pending) if self.report is not None else None
-            await self.store.finish_turn(
-                self.key, changes, list(zip(reply, hashes, strict=True)), reply_status, record,
-                llm_calls=self.llm_calls, forwarded=self.forwarded, marks=marks or None,
-            )
+            try:
+                await self.store.finish_turn(
+                    self.key, changes, list(zip(reply, hashes, strict=True)), reply_status, record,
+                    llm_calls=self.llm_calls, forwarded=self.forwarded, marks=marks or None,
+                )
+            except KeyError as exc:  # its items are gone: the conversation deleted meanwhile, or
+                # staged items a failing store dropped unwritten; the reply still goes out, saying so
+                raise StoreUnavailable("This turn's messages are no longer in the store: its reply was not kept.") from exc
         self.ended = (status, reply_status)
 
     async def settled(self) -> None:

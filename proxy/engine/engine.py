@@ -28,7 +28,7 @@ import orjson
 from ..compaction import CompactionJob
 from ..compaction.runner import CompactionRunner
 from ..config import Settings
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, ProxyError
 from ..history import TurnPlan, is_fresh_start, plan_anchored, plan_appended, plan_full_history, plan_proxy_history
 from ..identity import ConversationKey, derived_conversation_id, thread_conversation_id, thread_token
 from ..marks import Marks
@@ -351,7 +351,10 @@ class Engine:
         try:
             await writer.settled()
             if report.marks and writer.ended is None:  # a cut moved, and no end of the turn kept it
-                await self.store.set_marks(key, report.marks)
+                try:
+                    await self.store.set_marks(key, report.marks)
+                except ProxyError as exc:  # the store failed the turn's end too: its reply said so
+                    log.warning("marks not kept: %s", exc.message, extra={"conversation": str(key)})
             ended_well = writer.ended == (LIVE, LIVE) and report.stream_error is None
             # Another turn ran beside it: the next one can't build on this one's prompt.
             prompt.done(turn, report, ended_well and not writer.contended)

@@ -151,6 +151,8 @@ class Exchange:
         headers = self.trace.upstream_call(
             self.turn.headers, self.items, self.internal, (self.report.tokens_sent or 0) + self.internal_tokens
         )
+        if self.streaming:  # its items must be durable before the first byte: committed meanwhile
+            self.writer.durable()
         self._call_started = time.perf_counter()
         reply = await self.upstream.call(self.dialect.name, body, headers, self.query)
         self.trace.upstream_replied(reply.status)
@@ -261,8 +263,16 @@ class Exchange:
         dialect's StreamRelay for what is held back while the proxy's calls are recognised)."""
         relay = self.dialect.relay(self.anchor)
         broken: ProxyError | None = None
+        headers = self._headers(reply)
+        await self.writer.durable()  # the turn's new items, before the reply's first byte
+        if self.writer.lost is not None:
+            # The upstream has answered (the reply is paid for): it still goes to the client,
+            # saying it was not kept; so does the stream's end (the turn's end raises it again).
+            self.metrics.store_failures.inc()
+            log.error("turn not stored: %s", self.writer.lost.message, extra={"conversation": str(self.turn.key)})
+            headers["X-Context-Store-Error"] = self.writer.lost.message
         try:
-            await self.sink.open(reply.status, self._headers(reply))
+            await self.sink.open(reply.status, headers)
             while True:
                 filtering = bool(self.tools)
                 end = await self._stream_round(reply, relay, self.ours if filtering else frozenset())

@@ -23,7 +23,8 @@ from ..marks import RUNS_MARK, THREAD_MARK
 from ..messages import Message
 from ..titles import title_from_task
 
-# Written before forwarding; becomes live when the upstream accepts the request, failed otherwise.
+# Staged before forwarding, durable before the reply's first byte; becomes live when the upstream
+# accepts the request, failed otherwise.
 PENDING = "pending"
 LIVE = "live"
 SUPERSEDED = "superseded"  # the client diverged (edited or regenerated) after this point
@@ -557,6 +558,16 @@ class TurnStore(Protocol):
     async def append(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
         """Append messages (creating the conversation if new); returns their sequence numbers."""
 
+    async def stage(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
+        """`append`, but durable only with the conversation's next write (a turn's end: one commit
+        for the turn) or `flush(key)`, whichever comes first; seen at once by every read here. A
+        backend may write them at once (Redis does, the embedded store does for a conversation it
+        does not hold in memory, a large write, or a disk short of room). Lost if the process
+        dies first, or with a write of this store that fails meanwhile: the turn's end then fails."""
+
+    async def flush(self, key: ConversationKey) -> None:
+        """Make what `stage` held of the conversation durable now (before a reply's first byte)."""
+
     async def set_statuses(self, key: ConversationKey, changes: Mapping[int, str]) -> None:
         """Change the status of messages by seq, in one atomic step."""
 
@@ -579,8 +590,8 @@ class TurnStore(Protocol):
         conversation, a failed one also listing it among the failed (`list_conversations(failed=True)`).
         The turn's `llm_calls` are counted (as `count_llm_call` would, one by one) and its
         `forwarded` marks recorded (as `mark_forwarded` would), and the named `marks` its stages
-        moved set (as `set_marks` would): so a turn writes twice, its new items before it forwards
-        them and this. Returns the seq of the reply's first item (None
+        moved set (as `set_marks` would): so a turn writes its new items (staged: see `stage`) and
+        this, one commit where they waited for it. Returns the seq of the reply's first item (None
         without a reply)."""
 
     async def response_owner(self, tenant: str, response_id: str) -> tuple[str, int] | None:

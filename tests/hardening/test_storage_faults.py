@@ -143,12 +143,21 @@ def _mounted_device(mount: Path) -> str:
 
 
 def test_a_disk_gone_read_only_is_a_503_and_reads_still_work(make_proxy, upstream, ext4_disk):
+    """A disk gone read-only under the open store: said by the first turn that writes, every
+    later one refused before anything is forwarded, and what is stored is still read."""
     proxy = make_proxy(data_dir=ext4_disk / "data")
     http = httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth)
     assert turn(http, "ro", "before").status_code == 200
     kept = live(http, "ro")
     forwarded = len(upstream.chat_requests())
     turn_read_only(ext4_disk)
+    # Nothing has written since: the turn's items wait for its end (issue 31), which finds the
+    # disk read-only; the reply, paid for, still goes to the client, saying it was not kept.
+    answered = turn(http, "ro", "while read-only")
+    assert answered.status_code == 200 and answered.json()["choices"][0]["message"]["content"], answered.text
+    assert answered.headers["X-Context-Store-Error"] == "The conversation store is read-only: nothing was stored."
+    # From then on the store knows: a turn is refused before anything is forwarded.
+    forwarded = len(upstream.chat_requests())
     refused = turn(http, "ro", "while read-only")
     assert refused.status_code == 503, refused.text
     assert refused.json()["error"]["code"] == "store_read_only"
@@ -204,34 +213,51 @@ def test_store_files_are_private(make_proxy, tmp_path):
 
 
 def test_turns_a_sigkill_cut_short_are_marked_failed_at_start(processes, upstream):
-    """Issue 12: turns cut by a SIGKILL stayed `pending` in the trajectory forever."""
+    """Issue 12: turns cut by a SIGKILL stayed `pending` in the trajectory forever. Issue 31: a
+    turn's new items are durable before its reply's first byte, not before it is forwarded; so a
+    turn cut while its upstream still thinks leaves nothing (its client got nothing, and sends it
+    again), and one cut mid-stream is marked failed at the next start."""
     (first,) = processes()
     http = httpx.Client(base_url=f"http://127.0.0.1:{first.port}", auth=first.admin_auth, timeout=30)
-    assert turn(http, "cut", "the task").status_code == 200
-    hang = Reply.hang()
-    upstream.enqueue(hang)
+    for cid in ("thinking", "streaming"):
+        assert turn(http, cid, "the task").status_code == 200
     transcript = [
         {"role": "user", "content": "the task"},
         {"role": "assistant", "content": "reply to: the task"},
         {"role": "user", "content": "never answered"},
     ]
+    hang = Reply.hang()
+    upstream.enqueue(hang)
 
-    def cut_short() -> None:
+    def ask(cid: str, stream: bool, first_byte: threading.Event | None = None, hold: threading.Event | None = None) -> None:
         with contextlib.suppress(httpx.HTTPError), httpx.Client(base_url=http.base_url, timeout=30) as other:
-            body = {"model": "gpt-4o-mini", "messages": transcript}
-            other.post("/v1/chat/completions", json=body, headers={**AUTH, "X-Conversation-ID": "cut"})
+            body = {"model": "gpt-4o-mini", "messages": transcript, "stream": stream}
+            with other.stream("POST", "/v1/chat/completions", json=body, headers={**AUTH, "X-Conversation-ID": cid}) as r:
+                for _ in r.iter_bytes():
+                    if first_byte is not None:
+                        first_byte.set()
+                        hold.wait(30)  # the client stays: the turn is cut by the kill, not by it
+                        return
 
-    threading.Thread(target=cut_short, daemon=True).start()
-    assert hang.reached.wait(10)  # its new message is written (pending) before it is forwarded
-    statuses = [m["status"] for m in http.get("/v1/conversations/cut/trajectory").json()["data"]]
+    threading.Thread(target=ask, args=("thinking", False), daemon=True).start()
+    assert hang.reached.wait(10)  # forwarded: its new message staged, read as pending
+    statuses = [m["status"] for m in http.get("/v1/conversations/thinking/trajectory").json()["data"]]
     assert statuses == ["live", "live", "pending"]
+    paused, first_byte, hold = Reply.text("a long answer", pause_after_chunks=2), threading.Event(), threading.Event()
+    upstream.enqueue(paused)
+    threading.Thread(target=ask, args=("streaming", True, first_byte, hold), daemon=True).start()
+    assert first_byte.wait(10)  # its client has the reply's first bytes: its new message is durable
     kill_process(first)
     hang.release()
+    paused.release()
+    hold.set()
     (second,) = processes()
     with httpx.Client(base_url=f"http://127.0.0.1:{second.port}", auth=second.admin_auth, timeout=30) as http2:
-        statuses = [m["status"] for m in http2.get("/v1/conversations/cut/trajectory").json()["data"]]
+        statuses = [m["status"] for m in http2.get("/v1/conversations/thinking/trajectory").json()["data"]]
+        assert statuses == ["live", "live"]
+        statuses = [m["status"] for m in http2.get("/v1/conversations/streaming/trajectory").json()["data"]]
         assert statuses == ["live", "live", "failed"]
-        assert [m["content"] for m in live(http2, "cut")] == ["the task", "reply to: the task"]
+        assert [m["content"] for m in live(http2, "streaming")] == ["the task", "reply to: the task"]
     assert "interrupted turns marked failed" in second.log_path.read_text()
 
 

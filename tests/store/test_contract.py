@@ -618,6 +618,27 @@ async def test_pending_messages_of_a_turn_still_running_are_left_alone(store):
     assert await store.fail_pending() == 1
 
 
+async def test_staged_items_are_read_at_once_and_end_with_the_turn(store):
+    await add(store, A, ["task"])  # a later turn: the conversation exists
+    new = msgs("observation")
+    seqs = await store.stage(A, new, [message_hash(m) for m in new], PENDING)
+    assert seqs == [2]
+    # Every read sees them as the turn goes on (a second turn plans after them, /ui shows them).
+    assert (await store.get(A)).next_seq == 3
+    assert [(m.message["content"], m.status) for m in await store.messages(A, live_only=False)] == [
+        ("task", LIVE), ("observation", PENDING),
+    ]
+    reply = {"role": "assistant", "content": "done"}
+    assert await store.finish_turn(A, {2: LIVE}, [(reply, message_hash(reply))], LIVE, TurnRecord(tokens_sent=7)) == 3
+    assert [m.message["content"] for m in await store.messages(A, live_only=True)] == ["task", "observation", "done"]
+    await store.flush(A)  # nothing left to write: a no-op
+    more = msgs("next")
+    await store.stage(A, more, [message_hash(m) for m in more], PENDING)
+    await store.flush(A)  # durable before a reply's first byte: a crash now leaves it pending
+    assert await store.fail_pending() == 1
+    assert [(m.message["content"], m.status) for m in await store.messages(A, live_only=False)][-1] == ("next", FAILED)
+
+
 async def test_a_deleted_conversation_leaves_nothing_pending(store):
     await add(store, A, ["cut"], PENDING)
     assert await store.delete(A)

@@ -126,6 +126,52 @@ async def test_a_first_turn_is_one_batch_and_each_later_turn_one_more(reopen):
     assert stored[200].message == msg("ok", "assistant") and stored[201].message == msg("later 0")
 
 
+async def test_a_later_turn_whose_items_wait_for_its_end_is_one_commit(reopen):
+    store = await reopen()
+    await turn(store, A, ["task"])
+    new, answer = msg("observation"), msg("done", "assistant")
+    commits = store._rows.commits
+    seqs = await store.stage(A, [new], [message_hash(new)], PENDING)
+    assert store._rows.commits == commits  # nothing written yet...
+    assert [m.status for m in await store.messages(A, live_only=False)][-1] == PENDING  # ... but read
+    await store.finish_turn(A, dict.fromkeys(seqs, LIVE), [(answer, message_hash(answer))], LIVE,
+                            TurnRecord(created_at=1.0, sent_seqs=seqs), llm_calls=1, forwarded=dict.fromkeys(seqs, 1))
+    assert store._rows.commits == commits + 1  # the items, the reply, the record and the turn: at once
+    assert len(rows(store, "batch", A)) == 2  # the reply joined its items' batch: written once
+    reopened = await reopen()
+    assert [(m.message, m.status) for m in await reopened.messages(A, live_only=False)][2:] == [(new, LIVE), (answer, LIVE)]
+
+
+async def test_staged_items_a_crash_cut_short_are_gone_and_flushed_ones_marked_failed(tmp_path: Path):
+    store = DiskStore(tmp_path / "store")
+    await turn(store, A, ["task"])
+    await turn(store, B, ["task"])
+    cut = msg("forwarded, no byte of its reply sent")
+    await store.stage(A, [cut], [message_hash(cut)], PENDING)
+    streaming = msg("its reply's first byte sent")
+    await store.stage(B, [streaming], [message_hash(streaming)], PENDING)
+    await store.flush(B)
+    # The process dies here (the store is never closed): what was durable is what a new one reads.
+    after = DiskStore(tmp_path / "store")
+    assert await after.fail_pending() == 1
+    assert [m.message for m in await after.messages(A, live_only=False)] == [msg("task"), msg("ok", "assistant")]
+    assert [(m.message, m.status) for m in await after.messages(B, live_only=False)][-1] == (streaming, FAILED)
+    await after.close()
+    await store.close()  # its threads end (what it held is written then: too late to matter here)
+
+
+async def test_a_store_failure_drops_what_waited_and_the_turns_end_says_so(reopen):
+    store = await reopen()
+    await turn(store, A, ["task"])
+    waiting = msg("observation")
+    seqs = await store.stage(A, [waiting], [message_hash(waiting)], PENDING)
+    with pytest.raises(KeyError):  # another write fails (here: a seq that is not there)
+        await store.set_statuses(B, {99: LIVE})
+    with pytest.raises(KeyError):  # the staged items went with what the failed write held
+        await store.finish_turn(A, dict.fromkeys(seqs, LIVE), [], LIVE, None)
+    assert [m.message for m in await store.messages(A, live_only=False)] == [msg("task"), msg("ok", "assistant")]
+
+
 async def test_the_record_holds_the_newest_index_chunk_and_older_ones_have_rows(reopen):
     store = await reopen()
     for i in range(INDEX_CHUNK * 2):  # two items a turn: four chunks' worth

@@ -57,6 +57,7 @@ class Rows:
         self._on_connect: Callable[[sqlite3.Connection], None] | None = None
         # The write under way (the store's calls only, one at a time: the one writer): key -> (value, raw) or _GONE.
         self._held: dict[str, Any] | None = None
+        self.commits = 0  # writes made, each one transaction (what a turn costs the disk, for tests)
         self._con.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} "
                          "(key TEXT PRIMARY KEY, value BLOB NOT NULL, raw INTEGER NOT NULL)")
         self._move_cache_rows()
@@ -129,6 +130,7 @@ class Rows:
         ]
         values = [*([v for row in chunk for v in row] for chunk in _chunks(sets)), *_chunks(gone)]
         con = self._con
+        self.commits += bool(statements)
         if len(statements) == 1:
             con.execute(statements[0], values[0])  # its own transaction
         elif statements:

@@ -12,8 +12,15 @@ recent conversation records in memory: `get()`, called on every turn, usually ne
 
 Nothing is ever evicted or culled: this is a database, not a cache.
 
-Layout: one row per key; a conversation's rows are named by its tenant and id. A turn's two
-writes cost what the turn adds, whatever the conversation holds:
+A later turn's new items are staged (`stage`): added to the conversation's record held in
+memory, read by every call from then on, and written with the record's next write — its turn's
+end, when its reply came whole, so the turn is one commit — or by `flush`, before a streamed
+reply's first byte. A conversation not held in memory, a large write, or a disk short of room
+(STAGE_ROOM) writes them at once; a failing write drops what was staged (the turns' ends then
+fail, their replies still go out).
+
+Layout: one row per key; a conversation's rows are named by its tenant and id. A turn's writes
+cost what the turn adds, whatever the conversation holds:
 - conv: the conversation record: its small fields (times, counters, marks, what the list shows,
   the seqs still pending) and the newest chunk of its index.
 - chunk n: the index of seqs [n * INDEX_CHUNK, (n + 1) * INDEX_CHUNK): the live ones with their
@@ -131,6 +138,10 @@ T = TypeVar("T")
 # a commit of a few KB costs less than the hop's two wake-ups.
 INLINE_ITEMS = 4
 INLINE_CHARS = 32_000
+# A turn's new items wait for its end's write (`stage`) only with this much room on the disk, on a
+# store whose last write worked: short of it they are written at once, so that a full or read-only
+# disk is still a 507/503 before anything is forwarded (the WAL grows ~6 MB between checkpoints).
+STAGE_ROOM = 16 * MB
 MAX_SNAPSHOTS = 1024  # conversation records kept in memory (the active ones)
 MAX_RECORDS = 256  # of those, the stored form kept for the next write (with their whole index)
 # Index pages kept as last written (the store thread's): registering a conversation rewrote the
@@ -169,6 +180,9 @@ class DiskStore:
         # only): a turn's write updates it instead of reading it again. Safe because this process
         # is the store's only writer.
         self._records: Held[Record] = Held(MAX_RECORDS)
+        # Records holding items a turn staged (`stage`), not yet written: kept here, out of
+        # `_records`' reach (a record pushed out would take them along), until their next write.
+        self._staged: dict[ConversationKey, Record] = {}
         self._pages: OrderedDict[str, dict[int, Any]] = OrderedDict()  # index pages as last written (the store's calls)
         self._tenants: set[str] | None = None  # the TENANTS row as last written (the store's calls)
         self._pending = PendingFlags(self._rows)
@@ -211,8 +225,11 @@ class DiskStore:
             result = fn(*args)
         except BaseException:
             # The transaction was rolled back, but what is held in memory may have been changed in it.
+            # Staged items go too: never written, they are lost with the store's failure, which the
+            # turns that staged them are told of at their end (a failing store fails them all).
             self._snapshots.clear()
             self._records.clear()
+            self._staged.clear()
             self._pages.clear()
             self._tenants = None
             self._pending.forget()
@@ -227,7 +244,7 @@ class DiskStore:
         thread (`_run`): its record held in memory (no index to read back) and a few messages of
         a few KB (a turn's reply, its new observation; not a first turn's transcript). A hint
         read without the store's lock: at worst a write that could have hopped runs in place."""
-        if self._records.get(key) is None or len(messages) > INLINE_ITEMS:
+        if (key not in self._staged and self._records.get(key) is None) or len(messages) > INLINE_ITEMS:
             return False
         return sum(map(_rough_chars, messages)) <= INLINE_CHARS
 
@@ -256,7 +273,7 @@ class DiskStore:
     def _load(self, key: ConversationKey) -> Record | None:
         """The conversation's record: as held in memory, else read with its index (and not kept:
         only a write keeps a record, so reading many does not push out the active ones)."""
-        held = self._records.get(key)
+        held = self._staged.get(key) or self._records.get(key)
         if held is not None:
             return held
         row = self._rows.get(conv_key(key))
@@ -266,7 +283,7 @@ class DiskStore:
 
     def _fields(self, key: ConversationKey) -> dict[str, Any] | None:
         """The record's small fields alone (counters, order): no index chunk read."""
-        held = self._records.get(key)
+        held = self._staged.get(key) or self._records.get(key)
         return held.fields if held is not None else self._rows.get(conv_key(key))
 
     def _save(self, key: ConversationKey, record: Record) -> None:
@@ -291,6 +308,7 @@ class DiskStore:
         self._rows.set(conv_key(key), record.row())
         self._pending.saw(key, bool(fields["pending"]))
         record.saved()
+        self._staged.pop(key, None)
         self._snapshot(key, record)
         self._records.put(key, record, record.entries)
 
@@ -376,6 +394,7 @@ class DiskStore:
             self._rows.delete(conv_key(key))
             self._snapshots.pop(key)
             self._records.pop(key)
+            self._staged.pop(key, None)
             self._pending.drop([key])
             scopes = (key.tenant, ALL_TENANTS)
             if fields.get("failures"):
@@ -407,6 +426,44 @@ class DiskStore:
 
     def _append(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
         return self._update_record(key, lambda record: self._add_messages(record, messages, hashes, status))
+
+    async def stage(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
+        # Held in memory when the conversation's record is (a later turn's few items), and the disk
+        # has room; else written now, as `append`.
+        if not self._small(key, messages) or not self._room():
+            return await self.append(key, messages, hashes, status)
+        check_statuses(status)
+        return await self._write(self._stage, key, messages, hashes, status, small=True)
+
+    def _stage(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
+        record = self._staged.get(key) or self._records.get(key)
+        if record is None:  # pushed out of memory since `_small` looked: written now
+            return self._append(key, messages, hashes, status)
+        seqs = self._add_messages(record, messages, hashes, status)
+        self._staged[key] = record
+        self._snapshot(key, record)
+        return seqs
+
+    async def flush(self, key: ConversationKey) -> None:
+        if key in self._staged:
+            await self._write(self._flush, key, small=True)
+
+    def _flush(self, key: ConversationKey) -> None:
+        with self._rows.transact():
+            record = self._staged.get(key)
+            if record is not None:
+                self._save(key, record)
+
+    def _room(self) -> bool:
+        """Whether the disk has room to wait with a write (STAGE_ROOM free, writable, the last write
+        worked): a statvfs, microseconds."""
+        if self._health.failure is not None:
+            return False
+        try:
+            fs = os.statvfs(self._path)
+        except OSError:
+            return False
+        return not fs.f_flag & os.ST_RDONLY and fs.f_bavail * fs.f_frsize >= STAGE_ROOM
 
     def _add_messages(self, record: Record, messages: list[Message], hashes: list[str], status: str) -> list[int]:
         """Add messages after the last one, in memory (`_save` writes them): a batch of their own,
@@ -1086,6 +1143,11 @@ class DiskStore:
         self._thread.shutdown()
 
     def _close(self) -> None:
+        try:  # turns still in flight: their items written pending (the next start marks them failed)
+            for key in list(self._staged):
+                self._flush(key)
+        except (sqlite3.Error, OSError, diskcache.Timeout) as exc:
+            log.warning("store: items of turns in flight not kept at stop", extra={"error": str(exc)})
         self._checkpoints.close()  # before the cache's connection: the last to close checkpoints everything
         try:  # a clean stop leaves flags only where messages are pending: the next start reads no more
             if self._pending.any_settled:

@@ -1,6 +1,6 @@
 """The store's own thread: its calls run there one after another, and the event loop waits on each.
 
-A turn makes two such calls on its path (its items before forwarding, its end after), so the
+A turn makes up to two such calls on its path (its items, staged, then its end), so the
 hop's own cost counts: concurrent.futures' executor makes a work item, a future with its
 condition, and hands the result back through asyncio's future chaining (~34 µs of CPU a hop on
 one core, measured); a plain queue and a callback on the loop take half that. A call whose

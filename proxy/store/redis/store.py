@@ -525,6 +525,14 @@ class RedisStore:
         first = await self._append(keys=self._keys(key), args=self._args(key, status, *pairs, stamp=stamp))
         return list(range(first, first + len(messages)))
 
+    async def stage(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
+        # Written at once: replicas share the conversation, so nothing waits in one's memory (one
+        # round trip, as a turn's end is).
+        return await self.append(key, messages, hashes, status)
+
+    async def flush(self, key: ConversationKey) -> None:
+        return None  # `stage` wrote it
+
     @_guarded
     async def set_statuses(self, key: ConversationKey, changes: Mapping[int, str]) -> None:
         check_statuses(*changes.values())
