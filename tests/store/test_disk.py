@@ -18,6 +18,7 @@ from proxy.identity import ConversationKey
 from proxy.messages import message_hash
 from proxy.store import FAILED, LIVE, PENDING, SUPERSEDED, Summary, TurnRecord
 from proxy.store.disk import BATCH_MAX, INDEX_CHUNK, SETTLED_FLAGS, DiskStore, open_cache
+from proxy.store.disk.records import CHUNK_BEFORE
 from proxy.store.disk.checkpoints import BACKSTOP_PAGES, EVERY_WRITES
 from proxy.store.disk.rows import PER_STATEMENT, TABLE, Rows
 from proxy.transfer import read_dump
@@ -172,22 +173,34 @@ async def test_a_store_failure_drops_what_waited_and_the_turns_end_says_so(reope
     assert [m.message for m in await store.messages(A, live_only=False)] == [msg("task"), msg("ok", "assistant")]
 
 
-async def test_the_record_holds_the_newest_index_chunk_and_older_ones_have_rows(reopen):
+@pytest.mark.parametrize("chunk", [INDEX_CHUNK, CHUNK_BEFORE])
+async def test_the_record_holds_the_newest_index_chunk_and_older_ones_have_rows(reopen, chunk):
     store = await reopen()
-    for i in range(INDEX_CHUNK * 2):  # two items a turn: four chunks' worth
+    await turn(store, A, ["step 0"])
+    if chunk == CHUNK_BEFORE:  # a record as written before its chunk size was kept in it: read and go on so
+        held = store._records.get(A)
+        del held.fields["chunk"]
+        held.chunk = CHUNK_BEFORE
+    for i in range(1, chunk * 2):  # two items a turn: four chunks' worth
         await turn(store, A, [f"step {i}"])
     await store.set_statuses(A, {3: SUPERSEDED, 4: SUPERSEDED})  # an old chunk changes too
     before = await store.get(A)
     row = store._rows.get(f"conv\0{A.tenant}\0{A.id}")
     tail = row["tail"]
-    assert tail == (before.next_seq - 1) // INDEX_CHUNK
-    assert all(seq // INDEX_CHUNK == tail for seq, _ in row["index"]["live"])  # the tail alone, not the index
+    assert row.get("chunk", CHUNK_BEFORE) == chunk
+    assert tail == (before.next_seq - 1) // chunk
+    assert all(seq // chunk == tail for seq, _ in row["index"]["live"])  # the tail alone, not the index
     assert len(rows(store, "chunk", A)) == tail
-    assert len(pickle.dumps(row)) < 20_000  # bounded by the chunk, whatever the conversation holds
+    # Bounded by the chunk, whatever the conversation holds (a new record's: a turn rewrites ~1 KB).
+    assert len(pickle.dumps(row)) < (2_000 if chunk == INDEX_CHUNK else 20_000)
     store = await reopen()  # read back from the chunks
     after = await store.get(A)
     assert after == before and after.live[:3] == [(1, before.live[0][1]), (2, before.live[1][1]), (5, before.live[2][1])]
     assert after.first_forwarded == {seq: 1 for seq in range(1, before.next_seq, 2)}
+    await turn(store, A, ["and on"])  # goes on in the chunks it was written in
+    store = await reopen()
+    live = await store.messages(A, live_only=True)
+    assert len(live) == len(after.live) + 2 and [m.message for m in live[-2:]] == [msg("and on"), msg("ok", "assistant")]
 
 
 async def test_a_write_bigger_than_a_batch_is_split_and_read_back_in_order(reopen):

@@ -17,7 +17,11 @@ from ..base import (
     Conversation,
 )
 
-INDEX_CHUNK = 128  # seqs per index chunk: a save pickles the newest chunk's entries, not the index
+# Seqs per index chunk: a save pickles the newest chunk's entries, not the index. It rides in the
+# record, rewritten every turn: 32 seqs keep that row ~1 KB on an agent's turn (128 made it 3.6 KB,
+# more than the turn's own items), and a chunk closes (a row of its own) every ~16 turns.
+INDEX_CHUNK = 32
+CHUNK_BEFORE = 128  # of a record written before its size was kept in it (`chunk`): kept as it was
 BATCH_MAX = 256  # messages per batch row: a bigger write (an import) is split
 INLINE_PART = 8192  # bytes of a write's pickled messages kept in its batch row; more get a row of their own
 LAYOUT = 2  # records with index chunks and batches; one without `layout` is read as written before
@@ -98,13 +102,14 @@ class Record:
     """A conversation's record as the store thread holds it: its small fields as stored, its
     whole index in memory (each part in seq order: a turn's additions go at the end, nothing is
     sorted), and what the write under way changed (index chunks, batches) for `_save` to write.
-    The index is stored in chunks of INDEX_CHUNK seqs (`chunk_row`): a save writes the chunks
-    that changed, usually the newest alone."""
+    The index is stored in chunks of `chunk` seqs (`chunk_row`; INDEX_CHUNK for a new record, as
+    its `chunk` field says): a save writes the chunks that changed, usually the newest alone."""
 
-    __slots__ = ("fields", "_live", "_forwarded", "_rewritten", "_starts", "changed", "unsaved", "pending_batch", "_frozen")
+    __slots__ = ("fields", "chunk", "_live", "_forwarded", "_rewritten", "_starts", "changed", "unsaved", "pending_batch", "_frozen")
 
     def __init__(self, fields: dict[str, Any]) -> None:
         self.fields = fields
+        self.chunk: int = fields.get("chunk", CHUNK_BEFORE)
         self._live: list[tuple[int, str]] = []  # (seq, hash) of the live messages
         self._forwarded: dict[int, int] = {}  # seq -> llm_calls when first forwarded
         self._rewritten: set[int] = set()  # seqs with a stored rewrite
@@ -122,6 +127,7 @@ class Record:
             "inbox": 0, "inbox_open": [], "inbox_at": {}, "pending": [],
             "legacy": 1,  # no seq is in a row of its own
             "tail": 0,  # the index chunk the record holds: the one of next_seq - 1
+            "chunk": INDEX_CHUNK,  # seqs per index chunk
         })
 
     @classmethod
@@ -143,13 +149,14 @@ class Record:
     def _written_before(cls, fields: dict[str, Any]) -> Record:
         """A record of the layout before chunks and batches: its whole index was in it, every
         message so far in a `msg` row of its own. Its next save writes the index as chunks."""
+        fields["chunk"] = INDEX_CHUNK  # its index is written in chunks for the first time
         record = cls(fields)
         record._live = [tuple(entry) for entry in fields.pop("live")]
         record._forwarded = dict(fields.pop("first_forwarded", {}))
         record._rewritten = set(fields.pop("rewritten", ()))
         for name, empty in (("inbox", 0), ("inbox_open", []), ("inbox_at", {}), ("pending", [])):
             fields.setdefault(name, empty)  # records written before the inbox have none of it
-        fields.update(layout=LAYOUT, legacy=fields["next_seq"], tail=(fields["next_seq"] - 1) // INDEX_CHUNK)
+        fields.update(layout=LAYOUT, legacy=fields["next_seq"], tail=(fields["next_seq"] - 1) // record.chunk)
         record.changed.update(range(fields["tail"] + 1))
         return record
 
@@ -162,7 +169,7 @@ class Record:
 
     def chunk_row(self, number: int) -> dict[str, Any]:
         """Index chunk `number` as stored: the entries of its seqs."""
-        low, high = number * INDEX_CHUNK, (number + 1) * INDEX_CHUNK
+        low, high = number * self.chunk, (number + 1) * self.chunk
         seqs = range(low, min(high, self.fields["next_seq"]))
         live, starts = self._live, self._starts
         return {
@@ -226,7 +233,7 @@ class Record:
 
     def new_batch(self, first: int) -> None:
         self._starts.append(first)  # after every batch so far
-        self.changed.add(first // INDEX_CHUNK)
+        self.changed.add(first // self.chunk)
 
     def extend_live(self, first: int, hashes: list[str]) -> None:
         """Messages first, first + 1, ... are live: after every live seq."""
@@ -245,7 +252,7 @@ class Record:
                 at = bisect.bisect_left(live, (entry[0],))
                 if at == len(live) or live[at][0] != entry[0]:
                     live.insert(at, entry)
-        self.changed.update({seq // INDEX_CHUNK for seq, _ in entries})
+        self.changed.update({seq // self.chunk for seq, _ in entries})
 
     def drop_live(self, seqs: list[int]) -> None:
         """Take these seqs out of the live index (those that are in it)."""
@@ -254,22 +261,22 @@ class Record:
             at = bisect.bisect_left(live, (seq,))
             if at < len(live) and live[at][0] == seq:
                 del live[at]
-                self.changed.add(seq // INDEX_CHUNK)
+                self.changed.add(seq // self.chunk)
 
     def forward(self, marks: Mapping[int, int]) -> None:
         self._forwarded.update(marks)
-        self.changed.update({seq // INDEX_CHUNK for seq in marks})
+        self.changed.update({seq // self.chunk for seq in marks})
 
     def rewrote(self, seqs: Iterable[int]) -> None:
         for seq in seqs:
             self._rewritten.add(seq)
-            self.changed.add(seq // INDEX_CHUNK)
+            self.changed.add(seq // self.chunk)
         self._frozen = None
 
     def touch(self, first: int, end: int) -> None:
         """The index chunks of seqs first ... end - 1 changed."""
         if end > first:
-            self.changed.update(range(first // INDEX_CHUNK, (end - 1) // INDEX_CHUNK + 1))
+            self.changed.update(range(first // self.chunk, (end - 1) // self.chunk + 1))
 
 
 def snapshot_of(key: ConversationKey, record: Record) -> Conversation:

@@ -23,7 +23,8 @@ Layout: one row per key; a conversation's rows are named by its tenant and id. A
 cost what the turn adds, whatever the conversation holds:
 - conv: the conversation record: its small fields (times, counters, marks, what the list shows,
   the seqs still pending) and the newest chunk of its index.
-- chunk n: the index of seqs [n * INDEX_CHUNK, (n + 1) * INDEX_CHUNK): the live ones with their
+- chunk n: the index of seqs [n * INDEX_CHUNK, (n + 1) * INDEX_CHUNK) (CHUNK_BEFORE in a record
+  written before its size was kept in it): the live ones with their
   hashes, first-forwarded marks, rewritten seqs, and the batches that start there. The newest
   chunk rides in the record; an older one has a row of its own, rewritten only when one of its
   messages changes. The store thread holds recent conversations' whole index in memory.
@@ -125,7 +126,7 @@ from .keys import (
     turn_key,
 )
 from .pending import PendingFlags
-from .records import BATCH_MAX, INDEX_CHUNK, Batch, Record, snapshot_of
+from .records import BATCH_MAX, Batch, Record, snapshot_of
 from .rows import Rows
 from .worker import StoreThread
 
@@ -298,7 +299,7 @@ class DiskStore:
             batch.unwritten.clear()
             legacy = batch.legacy is not None
             self._rows.set(msg_key(key, batch.first) if legacy else batch_key(key, batch.first), batch.row())
-        tail = (fields["next_seq"] - 1) // INDEX_CHUNK
+        tail = (fields["next_seq"] - 1) // record.chunk
         if tail != fields["tail"]:
             record.changed.add(fields["tail"])  # the chunk the record held: a row of its own from now on
             fields["tail"] = tail
