@@ -9,7 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,3 +126,29 @@ def derived_conversation_id(tenant: str, basis: Any) -> str:
     system prompt and the first user message)."""
     blob = json.dumps([tenant, *basis], sort_keys=True, ensure_ascii=False)
     return "auto-" + hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+class DerivedIds:
+    """`derived_conversation_id`, remembered for recent runs: every turn of an unmodified agent
+    repeats its run's basis (system prompt, task: KBs to dump and hash, ~3% of a later turn).
+    Looked up by what the caller says names the run (its request's fingerprint), and used only
+    if the basis kept there equals this one: a comparison at C speed, usually of the very same
+    objects (a body the BodyCache extended shares them), so a shared name costs a hash, never a
+    wrong id. Bounded by `max_entries` runs, least recently used out first."""
+
+    def __init__(self, max_entries: int = 256) -> None:
+        self.max_entries = max_entries
+        self._ids: OrderedDict[Any, tuple[Any, str]] = OrderedDict()
+
+    def of(self, tenant: str, basis: Any, run: Hashable) -> str:
+        key = (tenant, run)
+        held = self._ids.get(key)
+        if held is not None and held[0] == basis:
+            self._ids.move_to_end(key)
+            return held[1]
+        derived = derived_conversation_id(tenant, basis)
+        self._ids[key] = (basis, derived)
+        self._ids.move_to_end(key)
+        if len(self._ids) > self.max_entries:
+            self._ids.popitem(last=False)
+        return derived

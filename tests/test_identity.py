@@ -122,3 +122,22 @@ def test_a_new_run_of_the_same_agent_and_task_is_a_new_conversation(proxy, upstr
     third_id, _ = turn(task)
     assert third_id == f"{first_id}.3"
     assert len(live_messages(http, first_id)) == 7 and len(live_messages(http, second_id)) == 5
+
+
+def test_derived_ids_remembered_per_run_are_the_ids_their_basis_hashes_to():
+    from proxy.identity import DerivedIds, derived_conversation_id
+
+    ids = DerivedIds(max_entries=2)
+    system, task = ["You fix bugs."], "fix issue 7"
+    first = ids.of("tenant", [system, task], run=("fingerprint", 1))
+    assert first == derived_conversation_id("tenant", [system, task])
+    assert ids.of("tenant", [system, task], run=("fingerprint", 1)) == first  # a later turn of the run
+    # The same name with another basis (two runs whose requests start alike) is hashed, not taken.
+    other = ids.of("tenant", [system, "fix issue 8"], run=("fingerprint", 1))
+    assert other == derived_conversation_id("tenant", [system, "fix issue 8"]) != first
+    assert ids.of("another tenant", [system, task], run=("fingerprint", 1)) == derived_conversation_id(
+        "another tenant", [system, task]
+    ) != first
+    for n in range(5):  # bounded: the oldest runs go
+        ids.of("tenant", [system, f"task {n}"], run=("fingerprint", n + 10))
+    assert len(ids._ids) == 2

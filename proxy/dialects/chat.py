@@ -106,15 +106,20 @@ class ChatDialect(NoAnchor, JSONBody):
 
     def identity_basis(self, body: dict[str, Any], raws: Sequence[Raw]) -> Any:
         # Runs before the messages are validated: skip non-dicts. The leading system prompt only:
-        # later system notes don't rename a run.
-        dicts = [m for m in raws if isinstance(m, dict)]
-        system = []
-        for m in dicts:
-            if m.get("role") not in SYSTEM_ROLES:
-                break
-            system.append(m.get("content"))
-        first_user = next((m.get("content") for m in dicts if m.get("role") == "user"), None)
-        return [system, first_user]
+        # later system notes don't rename a run. Read up to the first user message, not further.
+        system: list[Any] = []
+        leading = True
+        for m in raws:
+            if not isinstance(m, dict):
+                continue
+            role = m.get("role")
+            if leading and role in SYSTEM_ROLES:
+                system.append(m.get("content"))
+                continue
+            leading = False
+            if role == "user":
+                return [system, m.get("content")]
+        return [system, None]
 
     def reply_reserve(self, body: dict[str, Any]) -> int:
         return max(token_limit(body.get("max_completion_tokens")), token_limit(body.get("max_tokens")))

@@ -66,13 +66,19 @@ class ResponsesDialect(JSONBody):
         return self.session_hint(headers) or session_conversation_id(body.get("prompt_cache_key"))
 
     def identity_basis(self, body: dict[str, Any], raws: Sequence[Raw]) -> Any:
-        items = [r for r in raws if isinstance(r, dict)]
-        system = []
-        for raw in items:  # the leading system prompt only
-            if item_type(raw) != "message" or raw.get("role") not in ("system", "developer"):
+        system: list[Any] = []
+        leading, first_user = True, None
+        for raw in raws:  # the leading system prompt only, and up to the first user message
+            if not isinstance(raw, dict):
+                continue
+            message = item_type(raw) == "message"
+            if leading and message and raw.get("role") in ("system", "developer"):
+                system.append(raw.get("content"))
+                continue
+            leading = False
+            if message and raw.get("role") == "user":
+                first_user = raw.get("content")
                 break
-            system.append(raw.get("content"))
-        first_user = next((r.get("content") for r in items if item_type(r) == "message" and r.get("role") == "user"), None)
         return ["responses", body.get("instructions"), system, first_user]
 
     def reply_reserve(self, body: dict[str, Any]) -> int:

@@ -30,7 +30,7 @@ from ..compaction.runner import CompactionRunner
 from ..config import Settings
 from ..errors import InvalidRequest, ProxyError
 from ..history import TurnPlan, is_fresh_start, plan_anchored, plan_appended, plan_full_history, plan_proxy_history
-from ..identity import ConversationKey, derived_conversation_id, thread_conversation_id, thread_token
+from ..identity import ConversationKey, DerivedIds, derived_conversation_id, thread_conversation_id, thread_token
 from ..marks import Marks
 from ..metrics import Metrics
 from ..pipeline import Pipeline, Turn
@@ -116,6 +116,7 @@ class Engine:
         self.fastpath = FastPath(metrics, enabled=settings.server.fast_path, max_bytes=cache // 4)
         self.bodies = BodyCache(cache, enabled=settings.server.fast_path, on_evict=self.fastpath.let_go)
         self.request_parts = RequestParts()  # what each conversation's last turn sent besides its transcript
+        self.derived_ids = DerivedIds()  # each run's derived id, not hashed again on its every turn
         # Turns past their reply, still writing (the client may already hold the whole response),
         # with their conversation: its next turn waits for those writes, never for an upstream.
         self._ending: dict[asyncio.Future[None], ConversationKey] = {}
@@ -160,8 +161,10 @@ class Engine:
                 code="conversation_id_required",
             )
         raws = dialect.transcript(request.body)
-        base = ConversationKey(tenant, derived_conversation_id(tenant, dialect.identity_basis(request.body, raws)))
-        return await self._run_of(base, request, raws, dry_run)
+        basis = dialect.identity_basis(request.body, raws)
+        run = request.parsed.key if request.parsed is not None else None  # its run's BodyCache key
+        derived = self.derived_ids.of(tenant, basis, run) if run is not None else derived_conversation_id(tenant, basis)
+        return await self._run_of(ConversationKey(tenant, derived), request, raws, dry_run)
 
     async def _thread_of(self, family: ConversationKey, request: ParsedRequest, claim: bool) -> ConversationKey:
         """Which thread of a client session a request belongs to. A session id names a family:
@@ -188,7 +191,10 @@ class Engine:
         while the latest run has moved on is a new run, `<id>.2`, `<id>.3`, ...: the old one stays
         intact. A request that continues an older run goes back to it."""
         first = await self.store.get(base)
-        if first is None or not all(isinstance(r, dict) for r in raws):
+        # Items the body repeats of the last request were checked with it (their hashes say so).
+        parsed = request.parsed
+        known = parsed.hashes if parsed is not None and parsed.entry is not None and parsed.entry.raws is raws else []
+        if first is None or not all(isinstance(r, dict) for r in raws[len(known):]):
             return base  # a new agent (or a malformed request: validation answers it)
         codec = request.dialect.codec
         runs = first.marks.get(RUNS_MARK, 1)
@@ -209,8 +215,6 @@ class Engine:
         # The run it shares the most history with (the newest of equals): runs of a deterministic
         # agent can share their first turns, so the longest match decides. Items the body repeats
         # of the previous request have their hashes already (see prefix.py).
-        parsed = request.parsed
-        known = parsed.hashes if parsed is not None and parsed.entry is not None and parsed.entry.raws is raws else []
         hashes = known + [codec.hash(r) for r in raws[len(known):]]
         best, best_shared = runs, _shared(latest.live_hashes if latest else [], hashes)
         for n in range(runs - 1, max(runs - MAX_RUNS_SEARCHED, 0), -1):
