@@ -3,11 +3,12 @@
     python -m bench.turn_cpu --proxy-src /path/to/before --proxy-src . [--traces] [--rounds 5]
         [--wire messages] [--at-turn 1000 --conversations 1 --requests 28] [--first]
         [--concurrency 16 --conversations 16] [--variant CONTEXT_PROXY_SERVER__FAST_PATH=false]
-        [--gap-ms 300]
+        [--gap-ms 300] [--derived]
 
 Each tree runs as `python -m proxy serve` with its own shipped config.yaml on the target core;
 one load generator (bench/loadgen.py) sends full-history later turns of the bench's 200-message
-agent transcript, one at a time (the seq phase of bench/run.py), in any wire format the bench
+agent transcript, one at a time (the seq phase of bench/run.py; each naming its conversation,
+or none with `--derived`), in any wire format the bench
 speaks (bench/wires.py); `--at-turn N` measures turns N+1... of a conversation that started
 empty instead (the scaling phase's, without its other targets in between); `--first` measures
 first turns instead: `--requests` new conversations, each storing the whole transcript;
@@ -75,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wire", choices=["chat", "messages", "responses"], default="chat")
     p.add_argument("--at-turn", type=int, default=0, help="measure from this turn of an empty conversation on")
     p.add_argument("--first", action="store_true", help="measure new conversations' first turns")
+    p.add_argument("--derived", action="store_true",
+                   help="the agents name no conversation (its id derived, as bench/run.py's main scenario); "
+                        "by default they name it (X-Conversation-ID)")
     args = p.parse_args(argv)
 
     client_cpus, target_cpus = cores()
@@ -121,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, proc in targets:
                 pool = f"r{r}-{proc.port}"
                 ids = [f"{pool}-{i}" for i in range(args.requests if args.first else args.conversations)]
-                lg(op="open", pool=pool, kind=kind, ids=ids, url=f"http://127.0.0.1:{proc.port}/v1")
+                lg(op="open", pool=pool, kind=kind, ids=ids, url=f"http://127.0.0.1:{proc.port}/v1", named=not args.derived)
                 if not args.first:
                     lg(op="run", pool=pool, requests=args.conversations * warm)  # first turns: the stored prefix exists
                 before = cpu_ns(proc.pid)
