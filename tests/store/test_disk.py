@@ -18,8 +18,8 @@ from proxy.identity import ConversationKey
 from proxy.messages import message_hash
 from proxy.store import FAILED, LIVE, PENDING, SUPERSEDED, Summary, TurnRecord
 from proxy.store.disk import BATCH_MAX, INDEX_CHUNK, SETTLED_FLAGS, DiskStore, open_cache
-from proxy.store.disk.records import CHUNK_BEFORE
 from proxy.store.disk.checkpoints import BACKSTOP_PAGES, EVERY_WRITES
+from proxy.store.disk.records import CHUNK_BEFORE
 from proxy.store.disk.rows import PER_STATEMENT, TABLE, Rows
 from proxy.transfer import read_dump
 from tests.support.harness import wait_until
