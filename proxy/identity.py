@@ -124,8 +124,13 @@ def family_of(conversation_id: str, is_thread: bool) -> str:
 def derived_conversation_id(tenant: str, basis: Any) -> str:
     """Stable per agent run: a hash of the tenant and the run's basis (its dialect's choice: the
     system prompt and the first user message)."""
-    blob = json.dumps([tenant, *basis], sort_keys=True, ensure_ascii=False)
-    return "auto-" + hashlib.sha256(blob.encode()).hexdigest()[:32]
+    return _derived(tenant, basis)[0]
+
+
+def _derived(tenant: str, basis: Any) -> tuple[str, int]:
+    """The derived id, and the size of what it hashed (what a remembered basis holds, about)."""
+    blob = json.dumps([tenant, *basis], sort_keys=True, ensure_ascii=False).encode()
+    return "auto-" + hashlib.sha256(blob).hexdigest()[:32], len(blob)
 
 
 class DerivedIds:
@@ -134,11 +139,13 @@ class DerivedIds:
     Looked up by what the caller says names the run (its request's fingerprint), and used only
     if the basis kept there equals this one: a comparison at C speed, usually of the very same
     objects (a body the BodyCache extended shares them), so a shared name costs a hash, never a
-    wrong id. Bounded by `max_entries` runs, least recently used out first."""
+    wrong id. Bounded by `max_entries` runs and `max_bytes` of the bases kept (they outlive the
+    bodies they came from), least recently used out first."""
 
-    def __init__(self, max_entries: int = 256) -> None:
-        self.max_entries = max_entries
-        self._ids: OrderedDict[Any, tuple[Any, str]] = OrderedDict()
+    def __init__(self, max_entries: int = 256, max_bytes: int = 2 * 2**20) -> None:
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self._ids: OrderedDict[Any, tuple[Any, str, int]] = OrderedDict()
+        self._bytes = 0
 
     def of(self, tenant: str, basis: Any, run: Hashable) -> str:
         key = (tenant, run)
@@ -146,9 +153,13 @@ class DerivedIds:
         if held is not None and held[0] == basis:
             self._ids.move_to_end(key)
             return held[1]
-        derived = derived_conversation_id(tenant, basis)
-        self._ids[key] = (basis, derived)
+        derived, size = _derived(tenant, basis)
+        if held is not None:
+            self._bytes -= held[2]
+        self._ids[key] = (basis, derived, size)
         self._ids.move_to_end(key)
-        if len(self._ids) > self.max_entries:
-            self._ids.popitem(last=False)
+        self._bytes += size
+        while len(self._ids) > self.max_entries or (self._bytes > self.max_bytes and len(self._ids) > 1):
+            _, (_, _, dropped) = self._ids.popitem(last=False)
+            self._bytes -= dropped
         return derived

@@ -141,3 +141,9 @@ def test_derived_ids_remembered_per_run_are_the_ids_their_basis_hashes_to():
     for n in range(5):  # bounded: the oldest runs go
         ids.of("tenant", [system, f"task {n}"], run=("fingerprint", n + 10))
     assert len(ids._ids) == 2
+    small = DerivedIds(max_bytes=10_000)  # and by the bases' size: they outlive their bodies
+    for n in range(5):
+        small.of("tenant", ["x" * 4_000, f"task {n}"], run=n)
+    assert len(small._ids) == 2 and small.of("tenant", ["x" * 4_000, "task 4"], run=4) == derived_conversation_id(
+        "tenant", ["x" * 4_000, "task 4"]
+    )
