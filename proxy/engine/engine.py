@@ -256,7 +256,6 @@ class Engine:
         else:  # the body cache holds this conversation: a snapshot would outlive its body there, in memory of its own
             self.prefixes.forget(key)
         model = dialect.model(body)
-        profile = request.profile
         await self.counter.ready(model)  # its tokenizer, on its first use, in a thread
 
         await self._ended(key)  # its previous turn's last writes (never an upstream call)
