@@ -1,7 +1,7 @@
 """One later turn's instructions in the proxy process (callgrind), A/B between source trees.
 
     python -m bench.turn_instructions --proxy-src /path/to/before --proxy-src . [--named]
-        [--wire messages] [--requests 40] [--conversations 4]
+        [--wire messages] [--requests 40] [--conversations 4] [--first]
 
 CPU time on a shared or virtual machine moves by 20-50% from one minute to the next (the same
 tree, the same turns: bench/turn_cpu.py's rounds show it), which hides a 5% change. The
@@ -10,7 +10,8 @@ config.yaml) under `valgrind --tool=callgrind`, every thread counted (the store'
 checkpoints'); the bench's growing agents (bench/workload.py, as bench/run.py's seq phase: no
 conversation header unless --named) send their first and a few later turns, the counters are
 zeroed (`callgrind_control --zero`), `--requests` later turns are sent one at a time, and the
-counters dumped: instructions per turn, the same within ~1% from run to run. Instructions are
+counters dumped: instructions per turn, the same within ~1% from run to run. `--first` counts
+new conversations' first turns instead (each storing the whole 200-message transcript). Instructions are
 not time (a cache miss costs no instruction, a syscall's kernel side is not counted): read them
 beside the CPU figures of bench/run.py, not instead. Slow (~50x): a few minutes per tree.
 """
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--conversations", type=int, default=4)
     p.add_argument("--named", action="store_true", help="the agents name their conversation (X-Conversation-ID)")
     p.add_argument("--wire", choices=["chat", "messages", "responses"], default="chat")
+    p.add_argument("--first", action="store_true", help="count new conversations' first turns")
     args = p.parse_args(argv)
 
     client_cpus, target_cpus = cores()
@@ -72,10 +74,16 @@ def main(argv: list[str] | None = None) -> int:
                         cpus=target_cpus).start()
             try:
                 proc.wait_ready(600)
-                pool = f"t{n}"
-                ids = [f"{pool}-{i}" for i in range(args.conversations)]
-                lg(op="open", pool=pool, kind="agent200", ids=ids, url=f"http://127.0.0.1:{port}/v1", named=args.named)
-                lg(op="run", pool=pool, requests=args.conversations * (1 + WARM_TURNS))  # first turns, then warm ones
+                url = f"http://127.0.0.1:{port}/v1"
+                warm, pool = f"w{n}", f"t{n}"
+                ids = [f"{warm}-{i}" for i in range(args.conversations)]
+                lg(op="open", pool=warm, kind="agent200", ids=ids, url=url, named=args.named)
+                lg(op="run", pool=warm, requests=args.conversations * (1 + WARM_TURNS))  # first turns, then warm ones
+                if args.first:  # a conversation each: every turn counted is its first
+                    lg(op="open", pool=pool, kind="agent200", ids=[f"{pool}-{i}" for i in range(args.requests)], url=url,
+                       named=args.named)
+                else:
+                    pool = warm
                 subprocess.run(["callgrind_control", "--zero", str(proc.pid)], check=True, capture_output=True)
                 result = lg(op="run", pool=pool, requests=args.requests)
                 if result["errors"]:
@@ -84,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
                 subprocess.run(["callgrind_control", "--dump", str(proc.pid)], check=True, capture_output=True)
                 dumps = sorted(set(tmp.glob(f"callgrind-{n}*")) - before)
                 lg(op="close", pool=pool)
+                if pool != warm:
+                    lg(op="close", pool=warm)
             finally:
                 proc.stop()
             results.append((proc.name, instructions(dumps[-1]) // result["sent"]))
@@ -92,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         lg.close()
         mock.stop()
     base = results[0][1]
-    print(f"| tree | instructions / later turn ({args.wire}, {'named' if args.named else 'derived id'}) | ratio |")
+    turn = "first turn" if args.first else "later turn"
+    print(f"| tree | instructions / {turn} ({args.wire}, {'named' if args.named else 'derived id'}) | ratio |")
     print("|------|------|------|")
     for name, count in results:
         print(f"| {name} | {count:,} | {count / base:.3f} |")
