@@ -33,7 +33,11 @@ class ChatRelay(OneMessageRelay):
     def begin_round(self, ours: frozenset[str]) -> None:
         self._parser = SSEParser()
         self._filter = CallFilter(ours) if ours else None
-        self._round = self._seen if self._filter is None else ReplyAssembler()
+        # A filtered round's reply and the client's view of it differ only from the first event the
+        # filter edits or holds: until then (a first round's text, most of a reply) one assembler
+        # serves both, and it is copied when such an event comes (`_part`).
+        self._round = self._seen if self._filter is None or self._seen.fresh else ReplyAssembler()
+        self._shared = self._filter is not None and self._round is self._seen
 
     def feed(self, chunk: bytes) -> bytes:
         if self._filter is None:  # the fast path: bytes out as they came in (but [DONE], held)
@@ -46,6 +50,12 @@ class ChatRelay(OneMessageRelay):
         out = []
         unchanged = True  # every event of the chunk goes to the client as it came
         for payload in self._parser.feed(chunk):
+            if self._shared:
+                if (plain := _untouched(payload)) is not None:  # the filter passes it as it came
+                    self._seen.feed_chunk(plain)
+                    out.append(b"data: " + payload + b"\n\n")
+                    continue
+                self._round, self._shared = self._seen.copy(), False  # they part here
             parsed = self._round.feed(payload)
             if payload == b"[DONE]":
                 unchanged = False
@@ -99,6 +109,23 @@ class ChatRelay(OneMessageRelay):
     @property
     def upstream_error(self) -> str | None:
         return self._seen.error
+
+
+def _untouched(payload: bytes) -> dict[str, Any] | None:
+    """The parsed chunk if `payload` is one `CallFilter.feed` passes as it came and that leaves a
+    reply unfinished (no tool-call delta, no finish, not [DONE]); else None."""
+    if payload == b"[DONE]":
+        return None
+    try:
+        chunk = orjson.loads(payload)
+    except ValueError:
+        return None
+    if not isinstance(chunk, dict):
+        return None
+    for choice in chunk.get("choices") or ():
+        if choice.get("finish_reason") or (choice.get("delta") or {}).get("tool_calls"):
+            return None
+    return chunk
 
 
 class CallFilter:

@@ -100,10 +100,11 @@ class EventSplitter:
         self._pieces: list[bytes] = []  # the unfinished event
 
     def feed(self, chunk: bytes) -> list[tuple[bytes, dict[str, Any] | None]]:
-        if b"\r" in chunk:  # CRLF line ends (the API sends LF): the same events, LF-ended
+        # find, not `in` (see SSEParser.feed: `in` builds and drops a TypeError per call)
+        if chunk.find(b"\r") >= 0:  # CRLF line ends (the API sends LF): the same events, LF-ended
             chunk = chunk.replace(b"\r", b"")
         if self._pieces:
-            ends_here = b"\n\n" in chunk or (chunk[:1] == b"\n" and self._pieces[-1][-1:] == b"\n")
+            ends_here = chunk.find(b"\n\n") >= 0 or (chunk[:1] == b"\n" and self._pieces[-1][-1:] == b"\n")
             self._pieces.append(chunk)
             if not ends_here:
                 return []

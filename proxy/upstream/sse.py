@@ -27,7 +27,9 @@ class SSEParser:
         self._pieces: list[bytes] = []  # the unfinished line
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        if b"\n" not in chunk:
+        # find, not `in`: bytes.__contains__ tries its argument as an int first, and builds (and
+        # drops) a TypeError every time: a chat stream calls this once per event.
+        if chunk.find(b"\n") < 0:
             if chunk:
                 self._pieces.append(chunk)
             return []
@@ -38,7 +40,7 @@ class SSEParser:
         *lines, rest = chunk.split(b"\n")
         if rest:
             self._pieces.append(rest)
-        return [line[5:].strip() for line in lines if line.startswith(b"data:")]
+        return [line[5:].strip() for line in lines if line[:5] == b"data:"]
 
 
 class ReplyAssembler:
@@ -103,6 +105,20 @@ class ReplyAssembler:
                 slot.arguments.append(fn["arguments"])
 
     @property
+    def fresh(self) -> bool:
+        """Nothing fed yet."""
+        return self.id is None and self.finish_reason is None and self.usage is None and self.error is None and not self.done and self.empty
+
+    def copy(self) -> ReplyAssembler:
+        """An assembler in this one's state, to be fed apart from it."""
+        other = ReplyAssembler()
+        other.content, other.refusal = list(self.content), list(self.refusal)
+        other.tool_calls = {index: pieces.copy() for index, pieces in self.tool_calls.items()}
+        other.id, other.finish_reason, other.done = self.id, self.finish_reason, self.done
+        other.usage, other.error = self.usage, self.error
+        return other
+
+    @property
     def complete(self) -> bool:
         return self.finish_reason is not None
 
@@ -128,6 +144,11 @@ class _CallPieces:
         self.id: str | None = None
         self.name: list[str] = []
         self.arguments: list[str] = []
+
+    def copy(self) -> _CallPieces:
+        other = _CallPieces()
+        other.id, other.name, other.arguments = self.id, list(self.name), list(self.arguments)
+        return other
 
     def call(self) -> dict[str, Any]:
         return {

@@ -134,6 +134,33 @@ def test_mixed_reply_gives_the_client_only_its_own_calls(proxy, upstream, http, 
     assert [c["function"]["name"] for c in stored["tool_calls"]] == ["run_build"]
 
 
+@pytest.mark.parametrize("theirs", [False, True])
+def test_text_streamed_before_our_call_reaches_the_client_once(proxy, upstream, http, theirs):
+    """The relay assembles a round's text once for the client's view and the reply until our call
+    comes: both still part there (the client's call renumbered, ours kept for the read round)."""
+    cid = f"text-first-{theirs}"
+    client = openai_client(proxy, headers={"X-Conversation-ID": cid})
+    client.chat.completions.create(model="m", messages=transcript(), tools=TOOLS)
+    ref = REF.search(sent_tool_message(upstream)["content"]).group(0)
+    history = transcript() + [{"role": "assistant", "content": "reply to: build it"}, {"role": "user", "content": "again"}]
+    calls = [read_call(ref, 0, 10), *([("run_build", '{"clean": true}')] if theirs else [])]
+    upstream.enqueue(Reply.tool_calls(calls, content="Let me look at the log first. "), Reply.text("It is fine."))
+    chunks = list(client.chat.completions.create(model="m", messages=history, tools=TOOLS, stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+    stored = live_messages(http, cid)[-1]
+    if theirs:  # no read round: the reply is the text and the client's call
+        assert text == "Let me look at the log first. "
+        assert {d.index for d in deltas} == {0} and "".join(d.function.name or "" for d in deltas) == "run_build"
+        assert stored["content"] == text and [c["function"]["name"] for c in stored["tool_calls"]] == ["run_build"]
+        assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
+    else:  # our call answered in a second round, whose text follows the first's
+        assert text == "Let me look at the log first. It is fine."
+        assert deltas == []
+        assert stored == {"role": "assistant", "content": text}
+        assert [m["role"] for m in upstream.chat_requests()[-1]["messages"][len(history):]] == ["assistant", "tool"]
+
+
 def test_read_rounds_are_bounded(make_proxy, upstream):
     proxy = make_proxy(truncation={"max_read_rounds": 2})
     client = openai_client(proxy)
