@@ -226,6 +226,7 @@ class Conversation:
     updated_at: float
     next_seq: int = 1
     # (seq, hash) of the live transcript in order: enough to dedupe a request without reading messages.
+    # A snapshot's lists and dicts are read-only: the embedded store shares them with its record.
     live: list[tuple[int, str]] = field(default_factory=list)
     llm_calls: int = 0  # upstream calls made for this conversation (the quota counts these)
     # seq -> llm_calls when that message was first forwarded: its quota figures never change after.

@@ -105,7 +105,10 @@ class Record:
     The index is stored in chunks of `chunk` seqs (`chunk_row`; INDEX_CHUNK for a new record, as
     its `chunk` field says): a save writes the chunks that changed, usually the newest alone."""
 
-    __slots__ = ("fields", "chunk", "_live", "_forwarded", "_rewritten", "_starts", "changed", "unsaved", "pending_batch", "_frozen")
+    __slots__ = (
+        "fields", "chunk", "_live", "_forwarded", "_rewritten", "_starts", "changed", "unsaved", "pending_batch", "_frozen",
+        "_lent",
+    )
 
     def __init__(self, fields: dict[str, Any]) -> None:
         self.fields = fields
@@ -118,6 +121,9 @@ class Record:
         self.unsaved: dict[int, Batch] = {}  # batches to write, by first seq
         self.pending_batch: Batch | None = None  # the newest batch holding pending items, as written
         self._frozen: frozenset[int] | None = None  # `_rewritten`, for snapshots, until it changes
+        # `_live` and `_forwarded` are lent to snapshots as they are, and copied by the next change
+        # (`_own`) instead: a turn copies each once, not at each of its two snapshots.
+        self._lent = False
 
     @classmethod
     def new(cls, stamp: float) -> Record:
@@ -160,8 +166,14 @@ class Record:
         record.changed.update(range(fields["tail"] + 1))
         return record
 
+    def _own(self) -> None:
+        """Before `_live` or `_forwarded` changes: copies of them if a snapshot holds them."""
+        if self._lent:
+            self._live, self._forwarded, self._lent = list(self._live), dict(self._forwarded), False
+
     def _take(self, chunk: dict[str, Any]) -> None:
         """Add a stored chunk's entries (chunks come in seq order)."""
+        self._own()
         self._live.extend(chunk["live"])
         self._forwarded.update(chunk["forwarded"])
         self._rewritten.update(chunk["rewritten"])
@@ -193,7 +205,9 @@ class Record:
     # -- the index -----------------------------------------------------------------------------
 
     def live(self) -> list[tuple[int, str]]:
-        return list(self._live)
+        """The live index, lent (for a snapshot): read it, never change it."""
+        self._lent = True
+        return self._live
 
     @property
     def entries(self) -> int:
@@ -207,7 +221,9 @@ class Record:
         return [seq for seq, _ in self._live[start:end]]
 
     def forwarded(self) -> dict[int, int]:
-        return dict(self._forwarded)
+        """The first-forwarded marks, lent as `live` is."""
+        self._lent = True
+        return self._forwarded
 
     def rewritten(self) -> frozenset[int]:
         if self._frozen is None:
@@ -237,14 +253,16 @@ class Record:
 
     def extend_live(self, first: int, hashes: list[str]) -> None:
         """Messages first, first + 1, ... are live: after every live seq."""
+        self._own()
         self._live.extend(zip(range(first, first + len(hashes)), hashes))
         self.touch(first, first + len(hashes))
 
     def add_live(self, entries: list[tuple[int, str]]) -> None:
         """Put (seq, hash) entries, ascending, in the live index (those there already stay)."""
-        live = self._live
         if not entries:
             return
+        self._own()
+        live = self._live
         if not live or live[-1][0] < entries[0][0]:  # the usual case: a turn's items, after every live one
             live.extend(entries)
         else:
@@ -256,6 +274,9 @@ class Record:
 
     def drop_live(self, seqs: list[int]) -> None:
         """Take these seqs out of the live index (those that are in it)."""
+        if not seqs:
+            return
+        self._own()
         live = self._live
         for seq in seqs:
             at = bisect.bisect_left(live, (seq,))
@@ -264,6 +285,7 @@ class Record:
                 self.changed.add(seq // self.chunk)
 
     def forward(self, marks: Mapping[int, int]) -> None:
+        self._own()
         self._forwarded.update(marks)
         self.changed.update({seq // self.chunk for seq in marks})
 
