@@ -31,6 +31,9 @@ class TurnPlan:
     # The request names the whole live branch it continues (full history, an anchor): live items
     # outside it are superseded when it ends well. Proxy history and unknown anchors only add.
     branch: bool = True
+    # The conversation's live index it was planned against (full history), when `known_seqs` and
+    # `supersede` are all of it: a turn that ends with the same index need not read it again.
+    planned_on: list[tuple[int, str]] | None = None
 
     def items(self, codec: Codec, new_seqs: Sequence[int]) -> list[Item]:
         """`upstream` as items with their seqs and hashes, once the new ones have their seqs."""
@@ -56,6 +59,7 @@ def plan_full_history(raws: list[Raw], hashes: list[str], conversation: Conversa
         known_seqs=list(map(_first, live[:same])),
         supersede=list(map(_first, live[same:])),
         upstream_hashes=hashes,
+        planned_on=live,
     )
 
 

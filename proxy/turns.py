@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from .errors import ProxyError
@@ -145,23 +146,23 @@ class TurnWriter:
         marks = dict(self.report.marks) if self.report is not None else {}
         async with self.store.lock(self.key):
             conversation = await self.store.get(self.key)
-            live = {seq for seq, _ in conversation.live} if conversation is not None else set()
+            live = _Live(conversation.live if conversation is not None else [], self.plan.planned_on)
             # Only a request that names its whole branch competes for the live transcript; proxy
             # history's new items are added whatever else ended meanwhile.
             newer = self.plan.branch and conversation is not None and conversation.marks.get(LIVE_ORDER_MARK, 0) > self.order
             if status == LIVE and not newer:
                 changes = dict.fromkeys(self.pending, LIVE)
                 changes |= dict.fromkeys(self.plan.supersede, SUPERSEDED)
-                if self.plan.branch:  # live items its request left out: another turn's, accepted meanwhile
+                if self.plan.branch and not live.as_planned:  # live items its request left out: another turn's, accepted meanwhile
                     mine = {*self.plan.known_seqs, *self.pending}
-                    changes |= {seq: SUPERSEDED for seq in live - mine - set(self.plan.supersede)}
+                    changes |= {seq: SUPERSEDED for seq in live.seqs - mine - set(self.plan.supersede)}
                 marks[LIVE_ORDER_MARK] = self.order
                 if self.report is not None:  # the marks the turn leaves, as the next turn reads them
                     self.report.marks[LIVE_ORDER_MARK] = self.order
             else:
                 if status == LIVE:  # a newer turn took the live transcript meanwhile: this one is kept aside
                     status = reply_status = SUPERSEDED
-                changes = {seq: status for seq in self.pending if seq not in live}
+                changes = {seq: status for seq in self.pending if live.as_planned or seq not in live.seqs}
                 if newer:
                     marks = {}  # the cuts of a prompt that is no longer the conversation's
             record = self.report.record(status, self.pending) if self.report is not None else None
@@ -187,6 +188,25 @@ class TurnWriter:
                 cancelled = True
         if cancelled:
             raise asyncio.CancelledError
+
+
+class _Live:
+    """The live index a turn ends on. `as_planned`: the one it was planned on (full history), so
+    no item is live beyond what its request named or superseded, and none of its new items is
+    live yet: the usual turn, told without reading the index (it grows with the conversation)."""
+
+    def __init__(self, live: list[tuple[int, str]], planned_on: list[tuple[int, str]] | None) -> None:
+        # A snapshot's index is read-only (store/base.py): the embedded store lends the same list
+        # while it is unchanged; another store's equal copy is compared in C.
+        self.as_planned = planned_on is not None and (live is planned_on or live == planned_on)
+        self._live = live
+        self._seqs: set[int] | None = None
+
+    @property
+    def seqs(self) -> set[int]:
+        if self._seqs is None:
+            self._seqs = set(map(itemgetter(0), self._live))
+        return self._seqs
 
 
 def _size(raw: Raw) -> int:
