@@ -10,6 +10,11 @@ The CPU a streamed chunk costs is a small difference of two noisy times (bench/r
 left messages out, so the relay watches each event for the proxy's calls) send streamed turns of
 16 and of 256 events, `--repeats` of each, twice over in turns, each counted alone (zeroed, then
 dumped); the figure per event is (median at 256 - median at 16) / 240.
+
+A model spaces its tokens, so each event of a real stream is a read of its own (bench/run.py's
+mock sends them 0.5 ms apart): `--gap-ms` spaces them so (under callgrind the proxy is ~50x
+slower, so the gap must outlast that: 10 ms, with `--events 16 64` to keep turns short), and the
+figure then includes each read's own cost (the wake-up, the read, the write to the client).
 """
 
 from __future__ import annotations
@@ -26,7 +31,6 @@ from .run import PROXY_ENV, REPO, LoadGen
 from .turn_instructions import instructions
 from .workload import stream_model
 
-EVENTS = (16, 256)
 CONVERSATIONS = 3
 
 
@@ -41,18 +45,18 @@ def count_turn(proc: Proc, lg: LoadGen, pool: str, out: Path, events: int) -> in
     return instructions(sorted(set(out.parent.glob(f"{out.name}*")) - before)[-1])
 
 
-def measure(proc: Proc, lg: LoadGen, out: Path, repeats: int) -> dict[int, float]:
-    """Median instructions of a streamed turn at each of EVENTS events."""
+def measure(proc: Proc, lg: LoadGen, out: Path, repeats: int, events: tuple[int, int]) -> dict[int, float]:
+    """Median instructions of a streamed turn at each of `events` events."""
     url = f"http://127.0.0.1:{proc.port}/v1"
     pool = proc.name
     lg(op="open", pool=pool, kind="agent200", ids=[f"{pool}-{i}" for i in range(CONVERSATIONS)], url=url, named=False)
     lg(op="run", pool=pool, requests=2 * CONVERSATIONS)  # first turns, then a later one each
-    counts: dict[int, list[int]] = {n: [] for n in EVENTS}
-    for events in (*EVENTS, *EVENTS):
+    counts: dict[int, list[int]] = {n: [] for n in events}
+    for length in (*events, *events):
         # A turn that changes the model (the mock reads the event count from it) is no extension
         # of the last: each conversation takes one, unmeasured, before the counted ones.
-        lg(op="run", pool=pool, requests=CONVERSATIONS, stream=True, model=stream_model(events))
-        counts[events] += [count_turn(proc, lg, pool, out, events) for _ in range(repeats)]
+        lg(op="run", pool=pool, requests=CONVERSATIONS, stream=True, model=stream_model(length))
+        counts[length] += [count_turn(proc, lg, pool, out, length) for _ in range(repeats)]
     lg(op="close", pool=pool)
     return {n: statistics.median(c) for n, c in counts.items()}
 
@@ -61,13 +65,17 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--proxy-src", action="append", default=[], help="a source tree (repeat; default: this one)")
     p.add_argument("--repeats", type=int, default=6, help="counted turns of each length, twice over")
+    p.add_argument("--events", type=int, nargs=2, default=[16, 256], metavar=("LOW", "HIGH"), help="the two turn lengths")
+    p.add_argument("--gap-ms", type=float, default=0.0, help="the mock's pause between events (each then a read of its own)")
     args = p.parse_args(argv)
+    events = (args.events[0], args.events[1])
     client_cpus, target_cpus = cores()
     pin_self(client_cpus)
     tmp = Path(tempfile.mkdtemp(prefix="context-proxy-event-instructions-"))
     mock_port = free_port()
     mock_url = f"http://127.0.0.1:{mock_port}/v1"
-    mock = Proc("mock", [sys.executable, "-m", "bench.mock_upstream", "--port", str(mock_port)], mock_port, "/healthz",
+    mock = Proc("mock", [sys.executable, "-m", "bench.mock_upstream", "--port", str(mock_port), "--gap-ms", str(args.gap_ms)],
+                mock_port, "/healthz",
                 tmp / "mock.log", cwd=str(REPO), cpus=client_cpus).start()
     lg = LoadGen(client_cpus, tmp / "loadgen.log", wire="chat")
     callgrind = ["valgrind", "--tool=callgrind", "--dump-instr=no"]
@@ -86,14 +94,14 @@ def main(argv: list[str] | None = None) -> int:
                         tmp / f"{name}.log", env=env, cwd=str(cwd), cpus=target_cpus).start()
             try:
                 proc.wait_ready(600)
-                rows.append((name, measure(proc, lg, out, args.repeats)))
+                rows.append((name, measure(proc, lg, out, args.repeats, events)))
             finally:
                 proc.stop()
             print(f"{name}: {rows[-1][1]}", file=sys.stderr)
     finally:
         lg.close()
         mock.stop()
-    low, high = EVENTS
+    low, high = events
     forwarder = (rows[0][1][high] - rows[0][1][low]) / (high - low)
     print(f"| target | instructions / streamed turn of {low} events | of {high} | per event | beyond the forwarder's |")
     print("|---|---|---|---|---|")
