@@ -58,10 +58,12 @@ class ResponseSink:
     async def open(self, status: int, headers: Mapping[str, str]) -> None:
         self.response = web.StreamResponse(status=status, headers=headers)
         await self.response.prepare(self.request)
+        # Each streamed chunk is written by the response itself: no coroutine of ours around it
+        # (the method below, before `open`, says the response is not open yet).
+        self.write = self.response.write  # type: ignore[method-assign]
 
     async def write(self, data: bytes) -> None:
-        assert self.response is not None
-        await self.response.write(data)
+        raise RuntimeError("write before open")
 
     async def close(self) -> None:
         if self.response is not None:

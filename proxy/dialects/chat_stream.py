@@ -47,13 +47,13 @@ class ChatRelay(OneMessageRelay):
             if seen.done and self._done_held is None and (cut := chunk.find(DONE)) >= 0:
                 chunk, self._done_held = chunk[:cut], chunk[cut:]
             return chunk
-        out = []
+        out = []  # the payloads the client gets
         unchanged = True  # every event of the chunk goes to the client as it came
         for payload in self._parser.feed(chunk):
             if self._shared:
                 if (plain := _untouched(payload)) is not None:  # the filter passes it as it came
                     self._seen.feed_chunk(plain)
-                    out.append(b"data: " + payload + b"\n\n")
+                    out.append(payload)
                     continue
                 self._round, self._shared = self._seen.copy(), False  # they part here
             parsed = self._round.feed(payload)
@@ -68,12 +68,12 @@ class ChatRelay(OneMessageRelay):
                     self._seen.feed_chunk(parsed)
                 else:
                     self._seen.feed(kept)
-                out.append(b"data: " + kept + b"\n\n")
-        if unchanged and out and chunk.endswith(b"\n\n"):
+                out.append(kept)
+        if unchanged and out and chunk[-2:] == b"\n\n":
             # Whole events, all the client's: relayed as the upstream framed them, nothing re-encoded
             # or joined (a chunk ending mid-event is framed anew, so events never run together).
             return chunk
-        return b"".join(out)
+        return b"".join(b"data: " + payload + b"\n\n" for payload in out)
 
     def end_round(self) -> RoundEnd:
         self._usage = self._round.usage or self._usage

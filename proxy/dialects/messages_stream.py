@@ -110,18 +110,30 @@ class EventSplitter:
                 return []
             chunk = b"".join(self._pieces)
             self._pieces = []
-        *complete, rest = chunk.split(b"\n\n")
+        complete = chunk.split(b"\n\n")
+        rest = complete.pop()
         if rest:
             self._pieces.append(rest)
-        return [(event + b"\n\n", _payload(event)) for event in complete if event.strip()]
+        events = []  # a loop, not a comprehension: no function call per chunk (Python 3.11)
+        for event in complete:
+            if event.strip():
+                events.append((event + b"\n\n", _payload(event)))
+        return events
 
 
 def _payload(event: bytes) -> dict[str, Any] | None:
-    data = [line[5:].strip() for line in event.splitlines() if line.startswith(b"data:")]
-    if not data:
+    at = event.find(b"data:")
+    if at < 0:
         return None
+    if (at == 0 or event[at - 1] == 10) and event.find(b"\n", at) < 0:
+        data = event[at + 5 :]  # one data line, the event's last (Anthropic's "event: ...\ndata: {...}")
+    else:
+        lines = [line[5:].strip() for line in event.splitlines() if line.startswith(b"data:")]
+        if not lines:
+            return None
+        data = b"\n".join(lines)
     try:
-        parsed = orjson.loads(b"\n".join(data))
+        parsed = orjson.loads(data)
     except ValueError:
         log.warning("unparseable SSE event from upstream (%d bytes)", len(event))
         return None
@@ -254,10 +266,12 @@ class MessagesRelay(OneMessageRelay):
                 out.append(event)
             elif not self._ours:  # the fast path: as it came, but message_stop
                 self._seen.feed(payload)
-                if payload.get("type") == "message_stop":
+                kind = payload.get("type")
+                if kind == "message_stop":
                     self._stop_held = event
                 else:
-                    self._note_error(payload)
+                    if kind == "error":
+                        self._note_error(payload)
                     out.append(event)
             else:
                 self._round.feed(payload)

@@ -36,6 +36,12 @@ class EventSplitter:
         self._scanned = 0  # the buffer before this offset holds no event end: never scanned twice
 
     def feed(self, chunk: bytes) -> list[bytes]:
+        if not self._buffer and chunk[-2:] == b"\n\n" and chunk.find(b"\r") < 0:
+            # A stream's usual chunk: whole LF-ended events, nothing carried over. Split where the
+            # loop below would cut (each blank line, left to right), no copy into the buffer.
+            blocks = chunk.split(b"\n\n")
+            blocks.pop()
+            return [block + b"\n\n" for block in blocks]
         self._buffer += chunk
         blocks = []
         start = 0
@@ -65,6 +71,12 @@ def _event_end(buffer: bytearray, at: int) -> int:
 
 
 def event_data(block: bytes) -> bytes | None:
+    at = block.find(b"data:")
+    if at < 0:
+        return None
+    end = block.find(b"\n", at)
+    if (at == 0 or block[at - 1] == 10) and (end < 0 or not block[end:].strip()):
+        return block[at + 5 : end].strip() if end >= 0 else block[at + 5 :].strip()  # one data line, the event's last
     lines = [line[5:].strip() for line in block.splitlines() if line.startswith(b"data:")]
     return b"\n".join(lines) if lines else None
 
@@ -104,7 +116,10 @@ class ResponsesRelay:
         self._end: tuple[bytes, dict[str, Any]] | None = None
 
     def feed(self, chunk: bytes) -> bytes:
-        return b"".join(self._event(block) for block in self._splitter.feed(chunk))
+        blocks = self._splitter.feed(chunk)
+        if len(blocks) == 1:  # a model's stream: an event a read
+            return self._event(blocks[0])
+        return b"".join([self._event(block) for block in blocks])
 
     def end_round(self) -> RoundEnd:
         end = self._end[1] if self._end is not None else None

@@ -161,14 +161,25 @@ class HttpReply:
         """The body as it arrives; an event stream in whole lines only (the end of a line is held
         until its newline comes), so that a stream cut at a bound never leaves the client half an
         event for the error event to be glued to."""
-        meter, content = self._meter, self._response.content
+        meter, content, loop = self._meter, self._response.content, self._loop
         held: list[bytes] = []  # the start of an event-stream line whose newline is still to come
         with _upstream_errors(self._timeout_s, meter):
             meter.check_length(self._response.content_length, streamed=True)
-            while chunk := await self._next(content):
+            while True:
+                # `_next`, inline: a stream reads once an event, and a coroutine a read costs as
+                # much as the rest of this loop.
+                self._heard, self._reading = loop.time(), True
+                if self._silence_timer is None:
+                    self._silence_timer = loop.call_at(self._heard + self._timeout_s, self._check_silence)
+                try:
+                    chunk = await content.readany()
+                finally:
+                    self._heard, self._reading = loop.time(), False
+                if not chunk:
+                    break
                 meter.count(chunk, streamed=True)
-                if not meter.event_stream:
-                    yield chunk
+                if not meter.event_stream or (not held and chunk[-1:] == b"\n"):
+                    yield chunk  # not an event stream, or whole lines of one
                     continue
                 end = chunk.rfind(b"\n") + 1
                 if end == 0:

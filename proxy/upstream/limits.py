@@ -72,6 +72,8 @@ class ReplyMeter:
 
     def _count_lines(self, chunk: bytes) -> None:
         max_line = self.limits.max_line
+        if not self.line and len(chunk) <= max_line and chunk[-1:] == b"\n":
+            return  # whole lines, none too long (a stream's usual chunk: its events, no search)
         first = chunk.find(b"\n")
         if first < 0:
             self.line += len(chunk)

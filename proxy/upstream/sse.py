@@ -27,9 +27,10 @@ class SSEParser:
         self._pieces: list[bytes] = []  # the unfinished line
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        # find, not `in`: bytes.__contains__ tries its argument as an int first, and builds (and
-        # drops) a TypeError every time: a chat stream calls this once per event.
-        if chunk.find(b"\n") < 0:
+        # A stream's chunk is usually its events, whole: ended by a newline, no search needed.
+        # (find, not `in`: bytes.__contains__ tries its argument as an int first, and builds and
+        # drops a TypeError every time; a chat stream calls this once per event.)
+        if chunk[-1:] != b"\n" and chunk.find(b"\n") < 0:
             if chunk:
                 self._pieces.append(chunk)
             return []
@@ -37,10 +38,15 @@ class SSEParser:
             self._pieces.append(chunk)
             chunk = b"".join(self._pieces)
             self._pieces = []
-        *lines, rest = chunk.split(b"\n")
+        lines = chunk.split(b"\n")
+        rest = lines.pop()
         if rest:
             self._pieces.append(rest)
-        return [line[5:].strip() for line in lines if line[:5] == b"data:"]
+        payloads = []  # a loop, not a comprehension: no function call per chunk (Python 3.11)
+        for line in lines:
+            if line[:5] == b"data:":
+                payloads.append(line[5:].strip())
+        return payloads
 
 
 class ReplyAssembler:
@@ -83,13 +89,17 @@ class ReplyAssembler:
         for choice in chunk.get("choices") or ():
             if choice.get("index", 0) != 0:  # n > 1: we keep the first choice, like the transcript does
                 continue
-            self._delta(choice.get("delta") or {})
+            delta = choice.get("delta") or {}
+            content = delta.get("content")
+            if content:
+                self.content.append(content)
+            if len(delta) > (content is not None) + ("role" in delta):  # more than text (no call for most chunks)
+                self._delta(delta)
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
 
     def _delta(self, delta: dict[str, Any]) -> None:
-        if delta.get("content"):
-            self.content.append(delta["content"])
+        """What a delta adds besides its text: a refusal, tool-call pieces."""
         if delta.get("refusal"):
             self.refusal.append(delta["refusal"])
         for call in delta.get("tool_calls") or ():
