@@ -140,6 +140,9 @@ def _payload(event: bytes) -> dict[str, Any] | None:
     return parsed if isinstance(parsed, dict) else None
 
 
+# What the filter does with a content block as it starts (MessagesRelay._block_start).
+OURS, THEIRS, HOLD, SHOW = "ours", "theirs", "hold", "show"
+
 # The field of its block each text-like delta adds to.
 DELTA_FIELDS = {"text_delta": "text", "thinking_delta": "thinking", "signature_delta": "signature"}
 
@@ -210,6 +213,22 @@ class MessageAssembler:
             log.warning("a streamed tool input is not valid JSON (%d characters)", len(text))
 
     @property
+    def fresh(self) -> bool:
+        """Nothing fed yet."""
+        return not (self.started or self.blocks or self.stop_reason or self.usage or self.done)
+
+    def copy(self) -> MessageAssembler:
+        """An assembler in this one's state, to be fed apart from it."""
+        other = MessageAssembler()
+        other.id, other.stop_reason, other.usage, other.done, other.started = (
+            self.id, self.stop_reason, self.usage, self.done, self.started
+        )
+        other.blocks = {index: dict(block) for index, block in self.blocks.items()}
+        other._json = {index: list(parts) for index, parts in self._json.items()}
+        other._pieces = {key: list(pieces) for key, pieces in self._pieces.items()}
+        return other
+
+    @property
     def complete(self) -> bool:
         return self.stop_reason is not None
 
@@ -256,7 +275,11 @@ class MessagesRelay(OneMessageRelay):
         self._rounds += 1
         self._split = EventSplitter()
         self._ours = ours
-        self._round = self._seen if not ours else MessageAssembler()
+        # A round with our tools: its reply (in the upstream's indexes) and what the client sees
+        # differ only from the first block the filter drops, holds or renumbers; until then (a
+        # first round's text, most replies) one assembler serves both, copied where they part.
+        self._round = self._seen if not ours or self._seen.fresh else MessageAssembler()
+        self._shared = bool(ours) and self._round is self._seen
         self._new_round_state()
 
     def feed(self, chunk: bytes) -> bytes:
@@ -274,7 +297,10 @@ class MessagesRelay(OneMessageRelay):
                         self._note_error(payload)
                     out.append(event)
             else:
-                self._round.feed(payload)
+                if self._shared and self._parts_at(payload):
+                    self._round, self._shared = self._seen.copy(), False  # they part here
+                if not self._shared:  # shared: `_filter` feeds the client's view, the round's too
+                    self._round.feed(payload)
                 out.extend(self._filter(event, payload))
         return b"".join(out)
 
@@ -324,14 +350,14 @@ class MessagesRelay(OneMessageRelay):
                 return []
             return [self._show(payload, event)]
         if kind == "content_block_start" and isinstance(index, int):
-            block = payload.get("content_block") or {}
-            if block.get("type") == "tool_use" and block.get("name") in self._ours:
+            start = self._block_start(payload)
+            if start is OURS:
                 self._our_blocks.add(index)
                 return []
-            if block.get("type") == "tool_use":  # the client's call: this round is the last, nothing to hold
+            if start is THEIRS:  # the client's call: this round is the last, nothing to hold
                 self._theirs = True
                 return [*self._release_held(), self._show(payload, event)]
-            if self._holding or (block.get("type") in ("thinking", "redacted_thinking") and not self._theirs):
+            if start is HOLD:
                 self._holding = True
                 self._held[index] = [payload]
                 return []
@@ -351,6 +377,27 @@ class MessagesRelay(OneMessageRelay):
             return []
         self._note_error(payload)
         return [event]  # ping, error, and events this proxy does not know
+
+    def _block_start(self, payload: dict[str, Any]) -> str:
+        """What `_filter` does with a content_block_start: OURS (dropped), THEIRS (the client's
+        call, shown), HOLD (a thinking round's block, held), else SHOW."""
+        block = payload.get("content_block") or {}
+        if block.get("type") == "tool_use":
+            return OURS if block.get("name") in self._ours else THEIRS
+        if self._holding or (block.get("type") in ("thinking", "redacted_thinking") and not self._theirs):
+            return HOLD
+        return SHOW
+
+    def _parts_at(self, payload: dict[str, Any]) -> bool:
+        """Whether the client's view and the round's reply part at this event: it is shown under
+        another index, or starts a block that is dropped or held. (Until one is, no event is
+        dropped or held: each is fed to both alike, or to neither where an assembler ignores it.)"""
+        index = payload.get("index")
+        if not isinstance(index, int):
+            return False  # passed on as it came (an assembler ignores a block event without one)
+        if self._index.get(index, self._next_index) != index:
+            return True
+        return payload.get("type") == "content_block_start" and self._block_start(payload) in (OURS, HOLD)
 
     def _show(self, payload: dict[str, Any], event: bytes | None = None) -> bytes:
         """`payload` as the client sees it (its block renumbered), fed to what the client saw."""

@@ -241,6 +241,54 @@ def test_a_long_tool_result_is_shortened_and_read_back_out_of_the_clients_sight(
     assert statuses.count("internal") == 2
 
 
+@pytest.mark.parametrize("theirs", [False, True])
+def test_text_streamed_before_our_call_reaches_the_client_once(
+    proxy: ProxyServer, upstream: FakeUpstream, http: httpx.Client, theirs: bool
+) -> None:
+    """The relay assembles a round's blocks once for the client's view and the round's reply
+    until one of them differs (our tool_use starts): both still part there, the read round gets
+    the round's whole reply, the client its text once and its own call renumbered."""
+    cid = f"text-first-{theirs}"
+
+    def model(body: dict[str, Any]) -> Reply:
+        last = json.dumps(body["messages"][-1]["content"])
+        if "FAILED at step 00900" in last:  # our read answered
+            return Reply.text("It is a linker error.")
+        if "read_tool_output" in last:  # the shortened build log
+            ref = last.split('ref \\"', 1)[1].split('\\"', 1)[0]
+            read = ("read_tool_output", json.dumps({"ref": ref, "offset": len(BUILD_LOG) - 200, "length": 200}))
+            return Reply.tool_calls([read, *([("run_build", "{}")] if theirs else [])], content="Let me look at the log first. ")
+        return Reply.tool_calls([("run_build", "{}")])
+
+    upstream.responder = model
+    client = claude_client(proxy, headers={"X-Conversation-ID": cid})
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Why does the build fail?"}]
+    first = client.messages.create(model=MODEL, max_tokens=4096, tools=[BUILD], messages=messages)
+    messages += [as_params(first), results(first, BUILD_LOG)]
+    body = {"model": MODEL, "max_tokens": 4096, "tools": [BUILD], "messages": messages, "stream": True}
+    response = httpx.post(proxy.url + "/v1/messages", json=body, headers={**HEADERS, "X-Conversation-ID": cid}, timeout=30)
+    assert response.status_code == 200, response.text
+    events = sse_events(response.text)
+    starts = [data for name, data in events if name == "content_block_start"]
+    text = "".join(data["delta"]["text"] for name, data in events
+                   if name == "content_block_delta" and data["delta"]["type"] == "text_delta")
+    stored = live_messages(http, cid)[-1]
+    assert "read_tool_output" not in response.text
+    if theirs:  # no read round: the reply is the text and the client's call
+        assert [(s["index"], s["content_block"]["type"]) for s in starts] == [(0, "text"), (1, "tool_use")]
+        assert starts[1]["content_block"]["name"] == "run_build"
+        assert text == "Let me look at the log first. "
+        assert [b["type"] for b in stored["content"]] == ["text", "tool_use"] and stored["content"][0]["text"] == text
+        assert len(upstream.messages_requests()) == 2
+    else:  # our call answered in a second round, whose text follows the first's
+        assert [(s["index"], s["content_block"]["type"]) for s in starts] == [(0, "text"), (1, "text")]
+        assert text == "Let me look at the log first. It is a linker error."
+        assert [b.get("text") for b in stored["content"]] == ["Let me look at the log first. ", "It is a linker error."]
+        read_round = upstream.messages_requests()[-1]["messages"]
+        assert block_types(upstream.messages_requests()[-1])[-2:] == [("assistant", ["text", "tool_use"]), ("user", ["tool_result"])]
+        assert read_round[-2]["content"][0]["text"] == "Let me look at the log first. "
+
+
 def _signature(events: list[tuple[str, dict[str, Any]]]) -> str:
     return "".join(
         data["delta"]["signature"] for name, data in events
