@@ -1,6 +1,7 @@
 """A streamed event's instructions in the proxy process (callgrind), beside the bare forwarder's.
 
     python -m bench.event_instructions [--proxy-src /path/to/before] [--proxy-src .] [--repeats 6]
+        [--wire messages] [--events 16 64 --gap-ms 10]
 
 The CPU a streamed chunk costs is a small difference of two noisy times (bench/run.py: turns of
 256 events minus turns of 16, over 240); instructions are stable. Each target runs under
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=6, help="counted turns of each length, twice over")
     p.add_argument("--events", type=int, nargs=2, default=[16, 256], metavar=("LOW", "HIGH"), help="the two turn lengths")
     p.add_argument("--gap-ms", type=float, default=0.0, help="the mock's pause between events (each then a read of its own)")
+    p.add_argument("--wire", choices=["chat", "messages", "responses"], default="chat")
     args = p.parse_args(argv)
     events = (args.events[0], args.events[1])
     client_cpus, target_cpus = cores()
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     mock = Proc("mock", [sys.executable, "-m", "bench.mock_upstream", "--port", str(mock_port), "--gap-ms", str(args.gap_ms)],
                 mock_port, "/healthz",
                 tmp / "mock.log", cwd=str(REPO), cpus=client_cpus).start()
-    lg = LoadGen(client_cpus, tmp / "loadgen.log", wire="chat")
+    lg = LoadGen(client_cpus, tmp / "loadgen.log", wire=args.wire)
     callgrind = ["valgrind", "--tool=callgrind", "--dump-instr=no"]
     rows: list[tuple[str, dict[int, float]]] = []
     try:
@@ -85,7 +87,12 @@ def main(argv: list[str] | None = None) -> int:
         targets = [("forwarder", [sys.executable, "-m", "bench.forwarder", "--upstream", mock_url], None, REPO, "/v1/models")]
         for n, src in enumerate(args.proxy_src or ["."]):
             root = Path(src).resolve()
-            env = {"CONTEXT_PROXY_UPSTREAM__BASE_URL": mock_url, "CONTEXT_PROXY_STORAGE__PATH": str(tmp / f"store-{n}"), **PROXY_ENV}
+            env = {
+                "CONTEXT_PROXY_UPSTREAM__BASE_URL": mock_url,
+                **({"CONTEXT_PROXY_UPSTREAM__ANTHROPIC_BASE_URL": mock_url.removesuffix("/v1")} if args.wire == "messages" else {}),
+                "CONTEXT_PROXY_STORAGE__PATH": str(tmp / f"store-{n}"),
+                **PROXY_ENV,
+            }
             targets.append((f"{root.name or root}-{n}", [sys.executable, "-m", "proxy", "serve", "--config", str(root / "config.yaml")],
                             env, root, "/healthz"))
         for name, argv_, env, cwd, health in targets:
@@ -103,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         mock.stop()
     low, high = events
     forwarder = (rows[0][1][high] - rows[0][1][low]) / (high - low)
-    print(f"| target | instructions / streamed turn of {low} events | of {high} | per event | beyond the forwarder's |")
+    print(f"| target ({args.wire}{f', {args.gap_ms:g} ms apart' if args.gap_ms else ''}) | instructions / streamed turn of {low} events "
+          f"| of {high} | per event | beyond the forwarder's |")
     print("|---|---|---|---|---|")
     for name, medians in rows:
         per_event = (medians[high] - medians[low]) / (high - low)
