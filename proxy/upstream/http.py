@@ -92,7 +92,7 @@ class HttpReply:
     """UpstreamReply over an aiohttp response, read within its ReplyMeter's bounds.
 
     Silence (`timeout_s` with nothing read while a read waits) is watched by one timer that moves
-    only when it fires: a read notes the time it starts and ends, where aiohttp's `sock_read`
+    only when it fires: a read notes when it starts and that it waits, where aiohttp's `sock_read`
     would move a timer on every socket read (~10% of a streamed chunk's cost). Time the reader
     spends elsewhere (writing to a slow client) is no silence of the upstream's."""
 
@@ -107,7 +107,7 @@ class HttpReply:
         # One timer for the whole reply, not one per chunk: when it fires, the next read raises.
         self._deadline_timer = None if meter.deadline is None else loop.call_at(meter.deadline, self._expire)
         self._reading = False
-        self._heard = loop.time()  # when the last read started or ended
+        self._heard = loop.time()  # when the read under way started
         self._silence_timer: asyncio.TimerHandle | None = None  # armed by the first read
 
     def _expire(self) -> None:
@@ -132,7 +132,7 @@ class HttpReply:
         try:
             return await content.readany()
         finally:
-            self._heard, self._reading = self._loop.time(), False
+            self._reading = False  # `_heard` is read only while a read waits: its end need not be timed
 
     def _stop_watching(self) -> None:
         if self._silence_timer is not None:
@@ -174,7 +174,7 @@ class HttpReply:
                 try:
                     chunk = await content.readany()
                 finally:
-                    self._heard, self._reading = loop.time(), False
+                    self._reading = False
                 if not chunk:
                     break
                 meter.count(chunk, streamed=True)

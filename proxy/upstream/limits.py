@@ -67,13 +67,12 @@ class ReplyMeter:
         bound = self.limits.max_stream_bytes if streamed else self.limits.max_bytes
         if bound is not None and self.received > bound:
             raise self._too_large(bound)
-        if self.event_stream:
+        # Whole lines, none too long: a stream's usual chunk (its events), counted without a search.
+        if self.event_stream and (self.line or len(chunk) > self.limits.max_line or chunk[-1:] != b"\n"):
             self._count_lines(chunk)
 
     def _count_lines(self, chunk: bytes) -> None:
         max_line = self.limits.max_line
-        if not self.line and len(chunk) <= max_line and chunk[-1:] == b"\n":
-            return  # whole lines, none too long (a stream's usual chunk: its events, no search)
         first = chunk.find(b"\n")
         if first < 0:
             self.line += len(chunk)
