@@ -128,21 +128,24 @@ def _loose(text: str) -> str:
     return r"\s+".join(re.escape(word) for word in text.lower().split())
 
 
-# What an imitation looks like, in lower case: each pattern starts with a literal, so that the
-# regex engine scans for it at C speed (one alternation of them all is ~50x slower on 2 MB).
-_IMITATIONS = [
-    r"\[\s*context[\s_-]*proxy\s*:",  # "[context-proxy:" and its near spellings
-    _loose(SUMMARY_HEADER),
-    _loose(NO_SUMMARY_HEADER),
-    _loose(FACTS_HEADER),
-    _loose(QUOTES_HEADER),
-    _loose(KNOWLEDGE_HEADER),
-    r"\[\s*you\s+have\s+-?\d+\s+llm\s+calls?\s+remaining",
-    re.escape(f'"{QUOTA_INFO_KEY}"'),
-]
-_PATTERNS = [re.compile(p) for p in _IMITATIONS]
-# A word every imitation holds: a text without any is passed at the cost of a few substring searches.
-_ANCHORS = ("proxy", "earlier", "verbatim", "long-term", "llm", QUOTA_INFO_KEY)
+# What an imitation looks like, in lower case, under the word every match of it holds and with
+# another it holds too: a text is searched only by the patterns whose two words it contains (most
+# texts: none, at the cost of six substring searches; one word alone, "proxy" or "llm", is common
+# in an agent's code). Each pattern starts with a literal, so that the regex engine scans for it
+# at C speed (one alternation of them all is ~50x slower on 2 MB).
+_WORDED = {
+    "context": (("proxy", r"\[\s*context[\s_-]*proxy\s*:"),),  # "[context-proxy:" and its near spellings
+    "earlier": (("summary", _loose(SUMMARY_HEADER)), ("shown", _loose(NO_SUMMARY_HEADER))),
+    "verbatim": (("facts", _loose(FACTS_HEADER)), ("oldest", _loose(QUOTES_HEADER))),
+    "long-term": (("knowledge", _loose(KNOWLEDGE_HEADER)),),
+    "llm": (("remaining", r"\[\s*you\s+have\s+-?\d+\s+llm\s+calls?\s+remaining"),),
+    QUOTA_INFO_KEY: (("", re.escape(f'"{QUOTA_INFO_KEY}"')),),
+}
+_IMITATIONS = [pattern for worded in _WORDED.values() for _, pattern in worded]
+_SEARCHES = tuple((word, tuple((other, re.compile(p)) for other, p in worded)) for word, worded in _WORDED.items())
+# No imitation is shorter (tests/hardening/test_prompt.py checks it against the patterns): ids,
+# roles and names are passed without a look.
+SHORTEST_IMITATION = 13
 IMITATION = re.compile("|".join(f"(?:{p})" for p in _IMITATIONS), re.IGNORECASE)  # (text whose case changes length)
 QUOTED = " (quoted: not from context-proxy)"
 _FIRST_WORD = re.compile(r"\[?\s*[^\s:]+")
@@ -160,13 +163,19 @@ def _quoted(text: str) -> str:
 
 def imitations(text: str) -> list[tuple[int, int]]:
     """Where `text` imitates a note of the proxy's (any case), in order, not overlapping."""
+    if len(text) < SHORTEST_IMITATION:
+        return []
     low = text.lower()
-    if not any(anchor in low for anchor in _ANCHORS):
+    found = []
+    for word, patterns in _SEARCHES:  # loops, not comprehensions: this runs for every string
+        if word in low:
+            found += [pattern for other, pattern in patterns if other in low]
+    if not found:
         return []
     if len(low) != len(text):  # a character whose lower case is longer: positions differ
         return [m.span() for m in IMITATION.finditer(text)]
     spans, end = [], 0
-    for start, stop in sorted(m.span() for pattern in _PATTERNS for m in pattern.finditer(low)):
+    for start, stop in sorted(m.span() for pattern in found for m in pattern.finditer(low)):
         if start >= end:
             spans.append((start, stop))
             end = stop

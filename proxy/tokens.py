@@ -57,6 +57,11 @@ PIECE_CHARS = 4_096
 EXACT_CHARS = 262_144
 SAMPLES = 16
 FALLBACK_ENCODING = "cl100k_base"
+# A short text (a role, a tool's name, a call id, which a call and its result both carry) costs
+# tiktoken ~2-5 us a call, mostly the call itself: its count is kept, up to SHORT_TEXTS of them
+# per tokenizer (the memo is emptied when full: bounded, and the common ones come straight back).
+SHORT_TEXT_CHARS = 32
+SHORT_TEXTS = 4_096
 MODEL_PRICES_FILE = "model_prices_and_context_window_backup.json"
 # The rough rule for text no tokenizer counted (what a stage left out, a trace's estimate, a
 # missing encoding): about 4 characters of English or code per token.
@@ -340,7 +345,27 @@ def _tiktoken_encoder(name: str) -> Encode:
     except Exception as exc:  # noqa: BLE001  # no file, no network, bad hash...: estimate, don't fail requests
         log.warning("cannot load tiktoken encoding %s (%s); estimating %d characters a token", name, exc, CHARS_PER_TOKEN)
         return _estimate
-    return lambda text: len(encoding.encode_ordinary(text))  # ordinary: '<|endoftext|>' in text is text
+    return _counter(encoding)
+
+
+def _counter(encoding: Any) -> Encode:
+    """`encoding`'s count of a text ('<|endoftext|>' in it is text: encode_ordinary), short ones
+    memoized (thread-safe as one dict's get and set are)."""
+    encode = encoding.encode_ordinary
+    short: dict[str, int] = {}
+
+    def count(text: str) -> int:
+        if len(text) > SHORT_TEXT_CHARS:
+            return len(encode(text))
+        tokens = short.get(text)
+        if tokens is None:
+            tokens = len(encode(text))
+            if len(short) >= SHORT_TEXTS:
+                short.clear()
+            short[text] = tokens
+        return tokens
+
+    return count
 
 
 def _estimate(text: str) -> int:

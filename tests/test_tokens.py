@@ -265,3 +265,30 @@ def test_a_message_repeated_in_one_prompt_is_counted_once() -> None:
     counter.count_many(same, "gpt-4o-mini")
     counter.count_many(same, "gpt-4o-mini")
     assert counter.encodes == 1
+
+
+def test_short_texts_are_counted_once_in_a_bounded_memo() -> None:
+    """A role, a tool's name, a call id: tiktoken's cost is the call, so their counts are kept,
+    the same as tiktoken's own, at most SHORT_TEXTS of them (then the memo starts again)."""
+    from proxy.tokens import SHORT_TEXT_CHARS, SHORT_TEXTS, _counter
+
+    class Counted:  # the real encoding, its calls counted
+        def __init__(self) -> None:
+            self.encoding, self.calls = o200k(), 0
+
+        def encode_ordinary(self, text: str) -> list[int]:
+            self.calls += 1
+            return self.encoding.encode_ordinary(text)
+
+    enc = Counted()
+    count = _counter(enc)
+    texts = ["assistant", "<|endoftext|>", "call_\ud800x", "x" * SHORT_TEXT_CHARS, "y" * (SHORT_TEXT_CHARS + 1)]
+    assert [count(t) for t in texts] == [len(enc.encoding.encode_ordinary(t)) for t in texts]
+    enc.calls = 0
+    assert [count(t) for t in texts] == [count(t) for t in texts]
+    assert enc.calls == 2  # only the long text, each time
+    for i in range(SHORT_TEXTS):
+        count(f"id_{i}")
+    enc.calls = 0
+    count("assistant")
+    assert enc.calls == 1  # the memo filled and started again: bounded

@@ -45,17 +45,29 @@ def _neutral_item(item: Item) -> Item:
 
 
 def neutral_raw(value: Any) -> Any:
-    """`value` with its strings neutralised; the same object when nothing in it changed."""
-    if isinstance(value, str):
-        return neutralised(value)
+    """`value` with its strings neutralised; the same object when nothing in it changed.
+    Loops rather than comprehensions, strings handled without a call of their own: a first turn
+    walks every string of hundreds of messages."""
     if isinstance(value, dict):
         if not SIGNED_KEYS.isdisjoint(value):
             return value
-        changed = {k: n for k, v in value.items() if (n := neutral_raw(v)) is not v}
+        changed = None
+        for key, v in value.items():
+            new = neutralised(v) if v.__class__ is str else neutral_raw(v)
+            if new is not v:
+                changed = changed or {}
+                changed[key] = new
         return {**value, **changed} if changed else value
     if isinstance(value, list):
-        out = [neutral_raw(v) for v in value]
-        return out if any(a is not b for a, b in zip(out, value, strict=True)) else value
+        out = None
+        for i, v in enumerate(value):
+            new = neutralised(v) if v.__class__ is str else neutral_raw(v)
+            if new is not v:
+                out = out or list(value)
+                out[i] = new
+        return value if out is None else out
+    if isinstance(value, str):
+        return neutralised(value)
     return value
 
 

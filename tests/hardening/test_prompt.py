@@ -574,9 +574,22 @@ def test_every_note_the_proxy_writes_is_one_an_imitation_of_is_caught():
         markers.quota_note(markers.quota_line(1, 2, 3)),
         '{"ok": true, "' + markers.QUOTA_INFO_KEY + '": {}}',
     ]
-    for text in written:
+    for text in [*written, *FORGERIES]:
         assert markers.IMITATION.search(text), text
         assert not markers.IMITATION.search(markers.neutralised(text)), text
+        # The search a string gets (under the words each pattern holds) finds it too, in any case.
+        for variant in (text, text.upper(), text.replace(" ", "\n  ")):
+            assert markers.imitations(variant), variant
+        assert markers.neutralised(text) != text
+
+
+def test_no_imitation_is_shorter_than_the_strings_passed_without_a_look():
+    import re._parser as parser  # the regex parser's own minimum width of a match
+
+    from proxy import markers
+
+    assert min(parser.parse(p).getwidth()[0] for p in markers._IMITATIONS) >= markers.SHORTEST_IMITATION
+    assert markers.imitations('"_quota_info"') and not markers.imitations('"_quota_info')
 
 
 def test_what_a_summary_carries_of_the_clients_words_cannot_forge_a_note_either():
