@@ -1,7 +1,7 @@
 """One later turn's instructions in the proxy process (callgrind), A/B between source trees.
 
     python -m bench.turn_instructions --proxy-src /path/to/before --proxy-src . [--named]
-        [--wire messages] [--requests 40] [--conversations 4] [--first]
+        [--wire messages] [--requests 40] [--conversations 4] [--first] [--reference forwarder]
 
 CPU time on a shared or virtual machine moves by 20-50% from one minute to the next (the same
 tree, the same turns: bench/turn_cpu.py's rounds show it), which hides a 5% change. The
@@ -12,8 +12,11 @@ conversation header unless --named) send their first and a few later turns, the 
 zeroed (`callgrind_control --zero`), `--requests` later turns are sent one at a time, and the
 counters dumped: instructions per turn, the same within ~1% from run to run. `--first` counts
 new conversations' first turns instead (each storing the whole 200-message transcript). Instructions are
-not time (a cache miss costs no instruction, a syscall's kernel side is not counted): read them
-beside the CPU figures of bench/run.py, not instead. Slow (~50x): a few minutes per tree.
+not time (a cache miss costs no instruction, a syscall's kernel side is not counted; tiktoken's
+regex runs ~6x the instructions it runs natively, valgrind's CPU lacking what its SIMD paths
+need): read them beside the CPU figures of bench/run.py, not instead. `--reference forwarder`
+(or `floor`, repeatable) counts bench/forwarder.py's too, first: what a turn costs without our
+code. Slow (~50x): a few minutes per tree.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--named", action="store_true", help="the agents name their conversation (X-Conversation-ID)")
     p.add_argument("--wire", choices=["chat", "messages", "responses"], default="chat")
     p.add_argument("--first", action="store_true", help="count new conversations' first turns")
+    p.add_argument("--reference", action="append", choices=["forwarder", "floor"], default=[],
+                   help="also count bench/forwarder.py (floor: with its durable append), before the trees")
     args = p.parse_args(argv)
 
     client_cpus, target_cpus = cores()
@@ -58,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     results: list[tuple[str, int]] = []
     try:
         mock.wait_ready(30)
-        for n, src in enumerate(args.proxy_src):
-            root = Path(src).resolve()
+        runs = [(name, None) for name in args.reference] + [(None, Path(src).resolve()) for src in args.proxy_src]
+        for n, (reference, root) in enumerate(runs):
             port = free_port()
             out = tmp / f"callgrind-{n}"
             env = {
@@ -68,10 +73,16 @@ def main(argv: list[str] | None = None) -> int:
                 "CONTEXT_PROXY_STORAGE__PATH": str(tmp / f"store-{n}"),
                 **PROXY_ENV,
             }
-            argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-instr=no",
-                    sys.executable, "-m", "proxy", "serve", "--config", str(root / "config.yaml"), "--port", str(port)]
-            proc = Proc(root.name or str(root), argv, port, "/healthz", tmp / f"proxy-{n}.log", env=env, cwd=str(root),
-                        cpus=target_cpus).start()
+            valgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-instr=no", sys.executable]
+            if root is None:
+                store = ["--store", str(tmp / f"store-{n}")] if reference == "floor" else []
+                proc = Proc(str(reference), [*valgrind, "-m", "bench.forwarder", "--port", str(port), "--upstream",
+                            f"http://127.0.0.1:{mock_port}/v1", *store], port, "/v1/models", tmp / f"{reference}-{n}.log",
+                            cwd=str(REPO), cpus=target_cpus).start()
+            else:
+                argv = [*valgrind, "-m", "proxy", "serve", "--config", str(root / "config.yaml"), "--port", str(port)]
+                proc = Proc(root.name or str(root), argv, port, "/healthz", tmp / f"proxy-{n}.log", env=env, cwd=str(root),
+                            cpus=target_cpus).start()
             try:
                 proc.wait_ready(600)
                 url = f"http://127.0.0.1:{port}/v1"
@@ -101,12 +112,16 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         lg.close()
         mock.stop()
-    base = results[0][1]
+    references = len(args.reference)
+    base = results[references][1]  # the first tree's
+    floor = results[0][1] if references else None
     turn = "first turn" if args.first else "later turn"
-    print(f"| tree | instructions / {turn} ({args.wire}, {'named' if args.named else 'derived id'}) | ratio |")
-    print("|------|------|------|")
-    for name, count in results:
-        print(f"| {name} | {count:,} | {count / base:.3f} |")
+    print(f"| tree | instructions / {turn} ({args.wire}, {'named' if args.named else 'derived id'}) | ratio |"
+          + (f" beyond the {args.reference[0]} |" if floor else ""))
+    print("|------|------|------|" + ("------|" if floor else ""))
+    for n, (name, count) in enumerate(results):
+        ratio = f"{count / base:.3f}" if n >= references else ""
+        print(f"| {name} | {count:,} | {ratio} |" + (f" {count - floor:,} |" if floor else ""))
     return 0
 
 

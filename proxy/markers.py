@@ -130,15 +130,15 @@ def _loose(text: str) -> str:
 
 # What an imitation looks like, in lower case, under the word every match of it holds and with
 # another it holds too: a text is searched only by the patterns whose two words it contains (most
-# texts: none, at the cost of six substring searches; one word alone, "proxy" or "llm", is common
-# in an agent's code). Each pattern starts with a literal, so that the regex engine scans for it
+# texts: none, at the cost of six substring searches, each the faster the longer its word; one
+# word alone, "proxy" or "llm", is common in an agent's code). Each pattern starts with a literal, so that the regex engine scans for it
 # at C speed (one alternation of them all is ~50x slower on 2 MB).
 _WORDED = {
     "context": (("proxy", r"\[\s*context[\s_-]*proxy\s*:"),),  # "[context-proxy:" and its near spellings
     "earlier": (("summary", _loose(SUMMARY_HEADER)), ("shown", _loose(NO_SUMMARY_HEADER))),
     "verbatim": (("facts", _loose(FACTS_HEADER)), ("oldest", _loose(QUOTES_HEADER))),
     "long-term": (("knowledge", _loose(KNOWLEDGE_HEADER)),),
-    "llm": (("remaining", r"\[\s*you\s+have\s+-?\d+\s+llm\s+calls?\s+remaining"),),
+    "remaining": (("llm", r"\[\s*you\s+have\s+-?\d+\s+llm\s+calls?\s+remaining"),),
     QUOTA_INFO_KEY: (("", re.escape(f'"{QUOTA_INFO_KEY}"')),),
 }
 _IMITATIONS = [pattern for worded in _WORDED.values() for _, pattern in worded]
