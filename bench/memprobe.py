@@ -273,6 +273,12 @@ def caches(app: Any) -> dict[str, Any]:
         known = set(seen)  # what the BodyCache holds is not the memos'
         out["FastPath's parts (MB, beyond the BodyCache)"] = {name: deep_mb(roots, set(known)) for name, roots in parts.items()}
         add("FastPath memos (items, stage runs, upstream bodies)", len(fast._memos), fast._held / MB, [fast._memos, fast._keys])
+    parts_held = getattr(engine, "request_parts", None)
+    if parts_held is not None:
+        add("RequestParts (system prompts and tools)", len(parts_held._last), parts_held.held / MB, [parts_held._last, parts_held._values])
+    metrics = get("METRICS")
+    if metrics is not None:
+        add("Metrics' active conversations", len(metrics._last_seen), None, [metrics._last_seen])
     counter = get("COUNTER")
     if counter is not None:
         add("TokenCounter counts", len(counter._cache), None, [counter._cache])

@@ -8,6 +8,7 @@ quota rejections and how many conversations are active.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -15,6 +16,9 @@ from .identity import ConversationKey
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 ACTIVE_WINDOW_S = 15 * 60  # a conversation is active if it had a request in the last 15 minutes
+# Conversations the active gauge tells apart (~100 bytes each): past it, it says at least this many.
+# A client may name a new conversation on every request; no scrape may come for hours.
+MAX_ACTIVE_TRACKED = 100_000
 
 
 class Metrics:
@@ -77,16 +81,26 @@ class Metrics:
             "context_proxy_trajectory_write_failures", "Trajectory files not written (storage.trajectory_dir)", registry=r
         )
         self.active = Gauge("context_proxy_active_conversations", f"Conversations with a request in the last {ACTIVE_WINDOW_S}s", registry=r)
-        self._last_seen: dict[ConversationKey, float] = {}
+        # The hash of each recently seen conversation's key -> when last seen, the least recent first.
+        self._last_seen: OrderedDict[int, float] = OrderedDict()
 
     def saw(self, key: ConversationKey) -> None:
-        self._last_seen[key] = time.monotonic()
+        now = time.monotonic()
+        seen = self._last_seen
+        seen[hash(key)] = now
+        seen.move_to_end(hash(key))
+        self._let_go(seen, now)
 
     def _refresh_active(self) -> None:
-        cutoff = time.monotonic() - ACTIVE_WINDOW_S
-        for key in [k for k, t in self._last_seen.items() if t < cutoff]:
-            del self._last_seen[key]
+        self._let_go(self._last_seen, time.monotonic())
         self.active.set(len(self._last_seen))
+
+    @staticmethod
+    def _let_go(seen: OrderedDict[int, float], now: float) -> None:
+        """Who went quiet, and the least recently seen past MAX_ACTIVE_TRACKED: amortised O(1) a turn."""
+        cutoff = now - ACTIVE_WINDOW_S
+        while seen and (len(seen) > MAX_ACTIVE_TRACKED or next(iter(seen.values())) < cutoff):
+            seen.popitem(last=False)
 
     def render(self) -> bytes:
         self._refresh_active()

@@ -41,7 +41,9 @@ TOOLS_KEY = "tools"
 KINDS_OF = {SYSTEM_PART: (str, list, dict), TOOLS_PART: list}  # what is kept (anything else: the upstream's to refuse)
 MAX_REMEMBERED = 4096  # conversations whose last parts' hashes are held (~200 bytes each)
 # Memory for the values of those parts, to compare the next turn's with instead of hashing them
-# (a Claude Code tools list is ~60 KB of JSON): the least recently used conversation's go first.
+# (a Claude Code tools list is ~60 KB of JSON): each value held once however many conversations
+# sent it (an agent's sessions share their system prompt and tools), the least recently used
+# conversation's let go first.
 MAX_VALUE_BYTES = 8 * 2**20
 
 
@@ -93,12 +95,21 @@ class PartsToKeep:
 class _Last:
     """What a conversation's last turn sent: the hashes, held with the conversation's creation time
     and the turn count it will have after that turn; and the parts with their values, to compare
-    the next turn's with (kept within the memory budget: else none)."""
+    the next turn's with (those within the memory budget; shared with every conversation that
+    sent the same)."""
 
     mark: tuple[float, int]
     hashes: tuple[str, ...]
     values: tuple[RequestPart, ...] = ()
-    size: int = 0  # the memory `values` take (an estimate: PARSED bytes per byte of their JSON)
+
+
+@dataclass(slots=True)
+class _Held:
+    """A part's value held to compare with, for `users` conversations."""
+
+    part: RequestPart
+    size: int  # the memory its value takes (an estimate: PARSED bytes per byte of its JSON)
+    users: int = 0
 
 
 class RequestParts:
@@ -106,11 +117,14 @@ class RequestParts:
 
     A conversation made again (deleted, imported), or one another replica ran a turn of
     meanwhile, is asked of the store again rather than trusted. Bounded: MAX_REMEMBERED
-    conversations, and `max_bytes` of the values kept to compare with."""
+    conversations, and `max_bytes` of the values kept to compare with, each value once by its
+    hash (10,000 conversations of one agent hold one copy of its tools, not 10,000: the memory
+    would grow with the conversations up to the budget, ~20 MB resident for 8 MB believed)."""
 
     def __init__(self, max_entries: int = MAX_REMEMBERED, max_bytes: int = MAX_VALUE_BYTES) -> None:
         self.max_entries, self.max_bytes = max_entries, max_bytes
         self._last: OrderedDict[ConversationKey, _Last] = OrderedDict()
+        self._values: dict[str, _Held] = {}  # hash -> the value held for the conversations that sent it
         self._held = 0
 
     def sent(self, key: ConversationKey, dialect: str, body: Mapping[str, Any], parsed: ParsedBody | None) -> list[RequestPart]:
@@ -135,21 +149,35 @@ class RequestParts:
 
     def remember(self, key: ConversationKey, mark: tuple[float, int], parts: Sequence[RequestPart]) -> None:
         """`parts` are what the conversation's turn that will leave it at `mark` sent, kept."""
-        hashes = tuple(p.hash for p in parts)
         old = self._last.pop(key, None)
+        values = tuple(held for held in map(self._hold, parts) if held is not None)
         if old is not None:
-            self._held -= old.size
-        if old is not None and old.hashes == hashes:
-            size = old.size  # the same parts: sized when they were new
-        else:  # new parts (rare: a turn that changed them): measured once
-            size = sum(len(part_json(p.value)) for p in parts) * PARSED
-        keep = size <= self.max_bytes // 8  # one huge tools list must not push out everyone else's
-        entry = _Last(mark, hashes, tuple(parts) if keep else (), size if keep else 0)
-        self._last[key] = entry
-        self._held += entry.size
+            self._release(old)  # after holding the new ones: the same parts are not sized again
+        self._last[key] = _Last(mark, tuple(p.hash for p in parts), values)
         while self._held > self.max_bytes or len(self._last) > self.max_entries:
             _, evicted = self._last.popitem(last=False)
-            self._held -= evicted.size
+            self._release(evicted)
+
+    def _hold(self, part: RequestPart) -> RequestPart | None:
+        """The value held for `part`'s hash (this one when it is new), one more conversation using
+        it; None when it is too big to hold (one huge tools list must not push out everyone else's)."""
+        held = self._values.get(part.hash)
+        if held is None:
+            size = len(part_json(part.value)) * PARSED  # measured once per value, not per turn
+            if size > self.max_bytes // 8:
+                return None
+            held = self._values[part.hash] = _Held(part, size)
+            self._held += size
+        held.users += 1
+        return held.part
+
+    def _release(self, last: _Last) -> None:
+        for part in last.values:
+            held = self._values[part.hash]
+            held.users -= 1
+            if not held.users:
+                del self._values[part.hash]
+                self._held -= held.size
 
     @property
     def held(self) -> int:

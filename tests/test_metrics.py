@@ -11,6 +11,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.identity import ConversationKey
+from proxy.metrics import MAX_ACTIVE_TRACKED, Metrics
 from tests.conftest import ALICE, openai_client
 from tests.fakes.fake_upstream import Reply
 from tests.fakes.responders import by_kind, is_summary_request
@@ -204,3 +206,15 @@ def test_a_stream_its_client_leaves_at_its_end_still_compacts_after_it(make_prox
     assert not any(is_summary_request(b) for b in upstream.chat_requests())
     _streamed_turn(proxy, upstream, "left-then-compacted", history, leave_at_finish=True)  # two since the task: due
     wait_until(lambda: any(is_summary_request(b) for b in upstream.chat_requests()), what="a summary asked for")
+
+
+def test_the_active_gauge_holds_a_bounded_memory_of_conversations_between_scrapes():
+    """A client may name a new conversation on every request and nobody scrape for hours: what the
+    gauge remembers stays at MAX_ACTIVE_TRACKED, and a conversation seen again counts once."""
+    metrics = Metrics()
+    for n in range(MAX_ACTIVE_TRACKED + 500):
+        metrics.saw(ConversationKey("t", f"c{n}"))
+    metrics.saw(ConversationKey("t", f"c{MAX_ACTIVE_TRACKED + 499}"))
+    families = {f.name: f for f in text_string_to_metric_families(metrics.render().decode())}
+    assert families["context_proxy_active_conversations"].samples[0].value == MAX_ACTIVE_TRACKED
+    assert len(metrics._last_seen) == MAX_ACTIVE_TRACKED

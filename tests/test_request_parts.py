@@ -16,10 +16,10 @@ import httpx
 import pytest
 
 from proxy.identity import ConversationKey, tenant_of
-from proxy.prefix import BodyCache
+from proxy.prefix import PARSED, BodyCache
 from proxy.request_parts import RequestParts, sent_parts
 from proxy.state import ENGINE, TRAJECTORIES
-from proxy.store import Conversation, RequestPart, part_hash
+from proxy.store import Conversation, RequestPart, part_hash, part_json
 from tests.conftest import ALICE, MakeProxy, admin_get, openai_client
 from tests.fakes.fake_upstream import FakeUpstream, Reply
 from tests.support.claude_agent import ClaudeAgent
@@ -282,3 +282,24 @@ def test_claude_codes_own_system_prompt_and_tools_are_in_its_record(
     assert len(parts) == len(distinct)  # each kept once
     assert (shown["system"], shown["tools"]) == (sent[-1]["system"], sent[-1]["tools"])
     assert any(t["name"] == "Bash" for t in shown["tools"])
+
+
+def test_conversations_that_send_the_same_parts_hold_one_copy_of_them() -> None:
+    """An agent's sessions share their system prompt and tools: 1,000 conversations of it hold its
+    tools once (each body its own objects), all still compare with them, and the value goes when
+    the last conversation using it moves on."""
+    remembered = RequestParts(max_entries=10_000, max_bytes=800_000)
+    tools = [{"name": f"tool_{i}", "description": "x" * 200, "strict": True} for i in range(20)]
+    one = len(part_json(tools)) * PARSED
+    for n in range(1_000):
+        own = json.loads(json.dumps(tools))
+        remembered.remember(ConversationKey("t", f"c{n}"), (1.0, 1), [RequestPart("tools", part_hash(own), own)])
+    assert remembered.held == one  # once: 1,000 copies would be 12 times the budget
+    body = {"tools": json.loads(json.dumps(tools))}
+    for n in (0, 999):
+        (part,) = remembered.sent(ConversationKey("t", f"c{n}"), "chat", body, None)
+        assert part.hash == part_hash(tools) and part.value is body["tools"]  # compared, its own value
+    other = [{"name": "only_tool"}]
+    for n in range(1_000):
+        remembered.remember(ConversationKey("t", f"c{n}"), (1.0, 2), [RequestPart("tools", part_hash(other), other)])
+    assert remembered.held == len(part_json(other)) * PARSED  # the first tools let go
