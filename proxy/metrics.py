@@ -80,15 +80,19 @@ class Metrics:
         self.trajectory_failures = Counter(
             "context_proxy_trajectory_write_failures", "Trajectory files not written (storage.trajectory_dir)", registry=r
         )
-        self.active = Gauge("context_proxy_active_conversations", f"Conversations with a request in the last {ACTIVE_WINDOW_S}s", registry=r)
+        self.active = Gauge(
+            "context_proxy_active_conversations",
+            f"Conversations with a request in the last {ACTIVE_WINDOW_S}s (at most {MAX_ACTIVE_TRACKED:,} told apart)",
+            registry=r,
+        )
         # The hash of each recently seen conversation's key -> when last seen, the least recent first.
         self._last_seen: OrderedDict[int, float] = OrderedDict()
 
     def saw(self, key: ConversationKey) -> None:
         now = time.monotonic()
-        seen = self._last_seen
-        seen[hash(key)] = now
-        seen.move_to_end(hash(key))
+        seen, named = self._last_seen, hash(key)
+        seen[named] = now
+        seen.move_to_end(named)
         self._let_go(seen, now)
 
     def _refresh_active(self) -> None:
