@@ -26,6 +26,7 @@ TOKEN_FILE = "admin-token"
 PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
 TOKEN_BYTES = 32  # of randomness: 43 URL-safe characters
 MAX_TOKEN_CHARS = 1000
+NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK}  # os.link refused by the filesystem
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,21 +60,39 @@ def known_admin_token(settings: Settings) -> AdminToken | None:
 
 def new_admin_token(settings: Settings) -> AdminToken:
     """A token made now and kept in the store folder (or the one another process of this store
-    made meanwhile). Raises ConfigError when it can't be kept."""
+    made meanwhile). Raises ConfigError when it can't be kept.
+
+    The file appears whole or not at all: written under a name of this process's own, then
+    hard-linked to its place (which, like O_EXCL, fails if anything is there, a symlink too).
+    Created empty and written after, a replica starting at the same moment read it empty and
+    refused to start."""
     folder = settings.storage.path
     path = folder / TOKEN_FILE
     try:
         folder.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
         value = secrets.token_urlsafe(TOKEN_BYTES)
+        draft = folder / f".{TOKEN_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, PRIVATE_FILE)
+            _write_new(draft, value)
+            try:
+                os.link(draft, path, follow_symlinks=False)
+            except OSError as exc:
+                if exc.errno not in NO_HARD_LINKS:
+                    raise
+                _write_new(path, value)  # a filesystem without hard links: made, then written
         except FileExistsError:  # another process of this store made it meanwhile: theirs it is
             return AdminToken(_read(path), path)
-        with os.fdopen(fd, "w") as out:
-            out.write(value + "\n")
+        finally:
+            draft.unlink(missing_ok=True)
         return AdminToken(value, path)
     except OSError as exc:
         raise ConfigError(f"admin token: cannot keep it in {path}: {exc.strerror or exc}") from exc
+
+
+def _write_new(path: Path, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, PRIVATE_FILE)
+    with os.fdopen(fd, "w") as out:
+        out.write(value + "\n")
 
 
 def _read(path: Path) -> str:

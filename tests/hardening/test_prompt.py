@@ -145,6 +145,36 @@ def test_a_token_file_another_user_could_read_or_plant_stops_start_up(tmp_path, 
     assert line.startswith("context-proxy: admin token: ") and "admin-token" in line, line
 
 
+def test_replicas_starting_together_on_a_new_store_folder_all_take_one_whole_token(tmp_path):
+    """Each process makes the token or reads the one another made: the file appears whole, never
+    empty (created, then written, it was read empty by a replica starting at the same moment)."""
+    import threading
+
+    from proxy.admin_token import known_admin_token, new_admin_token
+    from proxy.config import load_settings
+
+    for round_ in range(40):
+        settings = load_settings(storage={"path": str(tmp_path / f"data-{round_}")})
+        start, tokens, errors = threading.Barrier(8), [], []
+
+        def start_up() -> None:
+            start.wait()
+            try:
+                tokens.append((known_admin_token(settings) or new_admin_token(settings)).value)
+            except Exception as exc:  # noqa: BLE001  # what a replica's start-up would die of
+                errors.append(exc)
+
+        threads = [threading.Thread(target=start_up) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors and len(set(tokens)) == 1 and len(tokens) == 8, errors
+        folder = settings.storage.path
+        assert [p.name for p in folder.iterdir()] == ["admin-token"]  # no draft left behind
+        assert (folder / "admin-token").read_text().strip() == tokens[0]
+
+
 # -- 3. writes into a prompt need the owner; the agent edits no knowledge unless allowed --------
 
 
