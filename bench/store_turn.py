@@ -109,6 +109,11 @@ def _worker(scenario: str, n: int, count: int, *, api: bool, profile: bool) -> d
         from proxy.store import TurnRecord
     except ImportError:  # a tree from before it
         TurnRecord = None
+    # Where the tree's records keep runs (proxy/seqruns.py), through its store's own import: an
+    # editable install would find `proxy.seqruns` in the installed tree for a tree without it.
+    from proxy.store import base as store_base
+
+    SeqRuns = getattr(store_base, "SeqRuns", None)
 
     with tempfile.TemporaryDirectory() as folder:
         store = DiskStore(Path(folder) / "store")
@@ -123,9 +128,15 @@ def _worker(scenario: str, n: int, count: int, *, api: bool, profile: bool) -> d
         # before `stage` appended them).
         first_write = "stage" if hasattr(store, "stage") else "append"
 
-        def turn(key: ConversationKey, items: list[tuple[dict, str]], reply: tuple[dict, str], calls: int) -> None:
+        def sent(last: int) -> Any:
+            """The record's seqs sent, 1..last, as the engine hands them (made before the clock: the
+            engine's work): runs where the tree keeps them (proxy/seqruns.py), a list before."""
+            return SeqRuns.from_runs([1, last]) if SeqRuns is not None else list(range(1, last + 1))
+
+        def turn(key: ConversationKey, items: list[tuple[dict, str]], reply: tuple[dict, str], calls: int, sent_seqs: Any) -> None:
             seqs = call(first_write, key, [i for i, _ in items], [h for _, h in items], PENDING)
-            record: Any = {"created_at": time.time(), "model": "m", "sent_seqs": list(range(1, seqs[-1] + 1)), "tokens_sent": 9000}
+            record: Any = {"created_at": time.time(), "model": "m", "sent_seqs": sent_seqs, "tokens_sent": 9000}
+            assert len(sent_seqs) == seqs[-1]  # the prompt sends the whole conversation
             if api and TurnRecord is not None:  # the public method takes it typed (trees before: a dict)
                 record = TurnRecord(**record)
             call("finish_turn", key, dict.fromkeys(seqs, LIVE), [reply], LIVE, record,
@@ -141,23 +152,23 @@ def _worker(scenario: str, n: int, count: int, *, api: bool, profile: bool) -> d
 
         # Items and hashes are made before the clock starts: only the store's work is measured.
         if scenario == "first":
-            firsts = [first_items(n) for _ in range(count)]
+            firsts = [(*first_items(n), sent(n)) for _ in range(count)]
 
             def measured() -> None:
-                for c, (items, reply) in enumerate(firsts):
-                    turn(ConversationKey("t" * 24, f"first-{c}"), items, reply, 1)
+                for c, (items, reply, sent_seqs) in enumerate(firsts):
+                    turn(ConversationKey("t" * 24, f"first-{c}"), items, reply, 1, sent_seqs)
         else:
             key = ConversationKey("t" * 24, "later")
-            turn(key, *first_items(min(n, FIRST_TURN_MAX)), 1)
+            turn(key, *first_items(min(n, FIRST_TURN_MAX)), 1, sent(min(n, FIRST_TURN_MAX)))
             size, built = min(n, FIRST_TURN_MAX) + 1, 0
             while size < n:
-                turn(key, *later_items(built), built + 2)
+                turn(key, *later_items(built), built + 2, sent(size + 1))
                 size, built = size + 2, built + 1
-            laters = [later_items(i) for i in range(built, built + count)]
+            laters = [(*later_items(i), sent(size + 1 + 2 * j)) for j, i in enumerate(range(built, built + count))]
 
             def measured() -> None:
-                for i, (items, reply) in enumerate(laters, start=built):
-                    turn(key, items, reply, i + 2)
+                for i, (items, reply, sent_seqs) in enumerate(laters, start=built):
+                    turn(key, items, reply, i + 2, sent_seqs)
 
         _collect_as_serve_does()
         started = time.process_time()

@@ -6,6 +6,7 @@ bytes go upstream on every later turn and prompt caches keep hitting.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .config import QuotaSettings
@@ -38,7 +39,7 @@ class QuotaLedger:
 
     settings: QuotaSettings
     call_number: int
-    first_forwarded: dict[int, int]
+    first_forwarded: Mapping[int, int]  # the conversation's, read only (a snapshot's: not copied)
     new_marks: dict[int, int] = field(default_factory=dict)
 
     @property

@@ -31,7 +31,7 @@ from .identity import CONVERSATION_ID, ConversationKey
 from .markers import inbox_note
 from .messages import MAX_DEPTH, too_deep
 from .refs import RefSigner
-from .store import LIVE, Conversation, ConversationDump, InboxMessage, RequestPart, Store, StoredMessage, Summary
+from .store import LIVE, SEQ_LISTS, Conversation, ConversationDump, InboxMessage, RequestPart, Store, StoredMessage, Summary
 from .titles import MAX_TASK_CHARS, check_title
 
 FORMAT = "context-proxy.conversation"
@@ -117,7 +117,7 @@ def dump_from_json(doc: Any, settings: Settings) -> ConversationDump:
             _bounded(fields["text"], settings, "a summary's text")
             summaries.append(Summary.from_record(fields))
         llm_calls = _count(doc["llm_calls"])
-        turns = [_record(t, "a turn record") for t in _list(doc["turns"])]
+        turns = [_turn_record(t) for t in _list(doc["turns"])]
         conversation = Conversation(
             key,
             created_at=_time(doc["created_at"]),
@@ -269,6 +269,16 @@ def _record(value: Any, what: str) -> dict[str, Any]:
         _title(record["title"])
     if record.get("task") is not None and len(_str(record["task"])) > MAX_TASK_CHARS:
         raise InvalidExport(f"{what}'s task is longer than {MAX_TASK_CHARS} characters")
+    return record
+
+
+def _turn_record(value: Any) -> dict[str, Any]:
+    """A turn record: a `_record` whose seq lists are lists of seqs (never a store's own form of
+    them: proxy/seqruns.py)."""
+    record = _record(value, "a turn record")
+    for name in SEQ_LISTS:
+        if name in record and not (isinstance(record[name], list) and all(type(s) is int and s > 0 for s in record[name])):
+            raise InvalidExport(f"a turn record's {name!r} must be a list of message seqs")
     return record
 
 

@@ -416,7 +416,7 @@ class Engine:
         ledger = QuotaLedger(
             profile.quota,
             call_number=(conversation.llm_calls if conversation else 0) + 1,
-            first_forwarded=dict(conversation.first_forwarded) if conversation else {},
+            first_forwarded=conversation.first_forwarded if conversation else {},  # read only: no copy of every seq's
         )
         # The proxy's tools offered on every turn are sent with every call, like the client's own.
         standing_tools = [

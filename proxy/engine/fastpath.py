@@ -54,6 +54,7 @@ from ..metrics import Metrics
 from ..pipeline import Pipeline, StageRun, Turn
 from ..pipeline.base import NO_NOTES, apply_figures, figures_of
 from ..prefix import BodyEntry, ParsedBody
+from ..seqruns import SeqRuns
 from ..tools import standing
 from ..transcript import Item, unit_start
 from ..upstream import EncodedBody
@@ -158,7 +159,7 @@ class Memo:
     items: list[Item]  # the pipeline's input
     runs: list[StageRun]
     figures: dict[str, Any]  # the report's pipeline fields after the pipeline
-    sent_seqs: list[int]
+    sent_seqs: SeqRuns
     shortened: int
     shortened_item: Item | None  # one shortened item the prompt holds (the read tool's offer looks)
     wire: Wire | None
@@ -398,7 +399,7 @@ class FastTurn:
         # What the previous prompt sent of them goes too: it ended with them (the window sent its whole history).
         gone = memo.runs[-1].after[len(runs[-1].after) :]
         gone_seqs = [i.seq for i in gone if i.seq is not None]
-        if gone_seqs and base.sent_seqs[-len(gone_seqs) :] != gone_seqs:
+        if gone_seqs and base.sent_seqs.last(len(gone_seqs)) != gone_seqs:
             turn.runs = None  # the whole pipeline
             return None
         tail = await pipeline.extend_runs(turn, runs, new)
@@ -407,7 +408,7 @@ class FastTurn:
         self.owner.resent += 1
         held = base.shortened_item
         self._base = _Base(
-            base.sent_seqs[: len(base.sent_seqs) - len(gone_seqs)],
+            base.sent_seqs.without_last(len(gone_seqs)),
             base.shortened - sum(1 for i in gone if i.ref is not None and not i.masked),
             None if any(i is held for i in gone) else held,
             base.wire,  # its elements made of the items taken out are made again
@@ -427,12 +428,12 @@ class FastTurn:
             return items
         return [*([self._base.shortened_item] if self._base.shortened_item is not None else []), *self._tail]
 
-    def sent(self, items: list[Item]) -> tuple[list[int], int]:
+    def sent(self, items: list[Item]) -> tuple[SeqRuns, int]:
         """(the seqs the prompt sends, how many shortened outputs it holds), as the report wants them."""
         if self.taken and self._base is not None:
             tail = self._tail
             return (
-                [*self._base.sent_seqs, *(i.seq for i in tail if i.seq is not None)],
+                self._base.sent_seqs.plus(i.seq for i in tail if i.seq is not None),
                 self._base.shortened + sum(1 for i in tail if i.ref is not None and not i.masked),
             )
         return self.whole.sent(items)
@@ -529,7 +530,7 @@ class FastTurn:
 class _Base:
     """What this turn's prompt builds on: the previous prompt's (see Memo), less any items taken back out."""
 
-    sent_seqs: list[int]
+    sent_seqs: SeqRuns
     shortened: int
     shortened_item: Item | None
     wire: Wire | None

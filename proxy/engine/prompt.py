@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..dialects.base import Dialect, ToolSpec
 from ..history import TurnPlan
 from ..pipeline import Pipeline, Turn
+from ..seqruns import SeqRuns
 from ..transcript import Item
 from .report import TurnReport
 
@@ -31,7 +32,7 @@ class PromptBuilder(Protocol):
         under); `trace` is told of the pipeline's input."""
         ...
 
-    def sent(self, items: list[Item]) -> tuple[list[int], int]:
+    def sent(self, items: list[Item]) -> tuple[SeqRuns, int]:
         """(the seqs the prompt `items` sends, how many shortened outputs it holds), for the report."""
         ...
 
@@ -61,8 +62,8 @@ class WholePipeline:
         trace.transcript(stored)
         return await self.pipeline(turn, stored)
 
-    def sent(self, items: list[Item]) -> tuple[list[int], int]:
-        return [i.seq for i in items if i.seq is not None], sum(1 for i in items if i.ref is not None and not i.masked)
+    def sent(self, items: list[Item]) -> tuple[SeqRuns, int]:
+        return SeqRuns(i.seq for i in items if i.seq is not None), sum(1 for i in items if i.ref is not None and not i.masked)
 
     def offer_probe(self, items: list[Item]) -> list[Item]:
         return items

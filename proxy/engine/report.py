@@ -12,6 +12,7 @@ from typing import Any
 from ..errors import ProxyError
 from ..identity import ConversationKey
 from ..metrics import Metrics
+from ..seqruns import SeqRuns
 from ..store import SYSTEM_PART, TOOLS_PART, RequestPart, TurnRecord
 from ..tokens import estimated_tokens
 from ..usage import TokenUsage
@@ -33,7 +34,7 @@ class TurnReport:
     tokens_sent_total: int = 0  # every call of the turn together, read-back rounds included
     token_budget: int | None = None  # the most a prompt of this turn may hold (the window's limit)
     messages_left_out: int = 0
-    sent_seqs: list[int] = field(default_factory=list)
+    sent_seqs: SeqRuns = field(default_factory=SeqRuns)  # in prompt order
     shortened: int = 0  # tool outputs sent shortened (truncated or summarized)
     masked: int = 0  # older tool outputs sent as placeholders (compaction: mask)
     chars_saved: dict[str, int] = field(default_factory=dict)  # by stage

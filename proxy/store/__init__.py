@@ -16,6 +16,7 @@ from .base import (
     LIVE,
     PART_KINDS,
     PENDING,
+    SEQ_LISTS,
     SUPERSEDED,
     SYSTEM_PART,
     TOOLS_PART,
@@ -52,7 +53,7 @@ from .base import (
 
 __all__ = [
     "APPEND", "BEFORE", "FAILED", "INBOX_DELIVERED", "INBOX_DELIVERING", "INBOX_PENDING", "INCOMPLETE", "INTERNAL",
-    "LIVE", "LIVE_ORDER_MARK", "PENDING", "RUNS_MARK", "SUPERSEDED", "THREAD_MARK", "Conversation", "ConversationDump", "ConversationExists", "InboxFull",
+    "LIVE", "LIVE_ORDER_MARK", "PENDING", "RUNS_MARK", "SEQ_LISTS", "SUPERSEDED", "THREAD_MARK", "Conversation", "ConversationDump", "ConversationExists", "InboxFull",
     "InboxMessage", "KeyFact", "KnowledgeVersion", "QuotedMessage", "Store", "StoreError", "StoreFull", "StoreHealth",
     "StoreReadOnly", "StoreUnavailable", "StoredMessage", "Summary", "TurnFacts", "TurnRecord", "open_store",
     "AdminStore", "HistoryStore", "InboxStore", "KnowledgeStore", "LeaseStore", "StoreLifecycle", "SummaryStore", "TurnStore",

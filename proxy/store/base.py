@@ -21,6 +21,7 @@ from ..errors import ProxyError
 from ..identity import ConversationKey, family_of
 from ..marks import RUNS_MARK, THREAD_MARK
 from ..messages import Message
+from ..seqruns import SeqRuns
 from ..titles import title_from_task
 
 # Staged before forwarding, durable before the reply's first byte; becomes live when the upstream
@@ -494,8 +495,8 @@ class TurnRecord:
     format: str | None = None  # the dialect's name
     model: str | None = None
     client: str | None = None  # from the User-Agent
-    sent_seqs: list[int] = field(default_factory=list)
-    new_seqs: list[int] = field(default_factory=list)
+    sent_seqs: SeqRuns = field(default_factory=SeqRuns)  # in prompt order (a list given is made runs)
+    new_seqs: SeqRuns = field(default_factory=SeqRuns)
     tokens_sent: int | None = None
     tokens_sent_total: int = 0
     messages_left_out: int = 0
@@ -516,12 +517,49 @@ class TurnRecord:
     title: str | None = None  # X-Conversation-Title, kept only when given
     task: str | None = None  # the task's first words, on a conversation's first turns only
 
+    def __post_init__(self) -> None:
+        if type(self.sent_seqs) is not SeqRuns:
+            self.sent_seqs = SeqRuns(self.sent_seqs)
+        if type(self.new_seqs) is not SeqRuns:
+            self.new_seqs = SeqRuns(self.new_seqs)
+
     def row(self) -> dict[str, Any]:
-        row = dict(self.__dict__)  # shallow, as the engine's lists are (asdict deep-copies every seq: ms a turn)
+        """The record as exports and `Store.turn_records` give it: its seqs as lists."""
+        return turn_row_read(self.stored_row())
+
+    def stored_row(self) -> dict[str, Any]:
+        """The record as every backend keeps it: each seq list as `{"runs": [first, count, ...]}`
+        (the store adds `turn` and `reply_seq`). Shallow: `asdict` deep-copied every seq, ms a turn."""
+        row = dict(self.__dict__)
+        row["sent_seqs"], row["new_seqs"] = {"runs": self.sent_seqs.runs()}, {"runs": self.new_seqs.runs()}
         for optional in ("title", "task"):
             if not row[optional]:
                 del row[optional]
         return row
+
+
+SEQ_LISTS = ("sent_seqs", "new_seqs")  # a turn record's lists of seqs: kept as runs
+
+
+def imported_turn_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """An export's turn row (`row()`'s form, its seq lists checked: transfer.py) as backends keep
+    it (`stored_row()`'s)."""
+    stored = dict(row)
+    for name in SEQ_LISTS:
+        if isinstance(stored.get(name), list):
+            stored[name] = {"runs": SeqRuns(stored[name]).runs()}
+    return stored
+
+
+def turn_row_read(stored: Mapping[str, Any]) -> dict[str, Any]:
+    """A kept turn row in `row()`'s form: runs made lists again (a row kept before runs has its
+    lists, given as they are)."""
+    row = dict(stored)
+    for name in SEQ_LISTS:
+        value = row.get(name)
+        if isinstance(value, dict) and isinstance(value.get("runs"), list):
+            row[name] = list(SeqRuns.from_runs(value["runs"]))
+    return row
 
 
 @dataclass(frozen=True, slots=True)

@@ -393,6 +393,8 @@ def test_an_import_checks_every_part_as_the_api_does_and_writes_nothing_on_failu
             "id": 1, "content": "x" * 9000, "note": "n", "created_at": 1.0, "status": "pending",
             "seq": None, "placement": None, "turn": None, "delivered_at": None}])),
         "a message id that is a list": bad(lambda d: d["messages"][0].update(seq=[1])),
+        "a turn record's seqs that are no seqs": bad(lambda d: d["turns"][0].update(sent_seqs=[1, "2", None])),
+        "a turn record in the store's own form": bad(lambda d: d["turns"][0].update(sent_seqs={"runs": [1, 10**9]})),
     }
     paths = {}
     for n, (what, document) in enumerate(attacks.items()):
@@ -408,6 +410,8 @@ def test_an_import_checks_every_part_as_the_api_does_and_writes_nothing_on_failu
     assert "0 or more" in lines["negative llm_calls"] and "0 or more" in lines["a negative count in a turn record"]
     assert "nested too deeply" in lines["a message nested 150 deep"] and "nested too deeply" in lines["a file nested 200,000 deep"]
     assert "inbox.max_message_chars" in lines["an inbox message over inbox.max_message_chars"]
+    assert "'sent_seqs' must be a list of message seqs" in lines["a turn record's seqs that are no seqs"]
+    assert "'sent_seqs' must be a list of message seqs" in lines["a turn record in the store's own form"]
     # Nothing written: the store still has only its own conversation.
     proxy = make_proxy(data_dir=tmp_path / "disk", quota={"max_llm_calls": 50})
     with httpx.Client(base_url=proxy.url, timeout=30) as http:

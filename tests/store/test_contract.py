@@ -259,6 +259,16 @@ async def test_finish_turn_is_one_step_and_keeps_the_turn_record(store):
     assert await store.turn_records(B) == []
 
 
+async def test_a_turn_records_seq_lists_come_back_as_given(store):
+    sent = [1, *range(57, 2041), 3, 3, 2045]  # a window's prompt: the system prompt, the kept run, odd ones
+    await store.finish_turn(A, {}, [], LIVE, TurnRecord(sent_seqs=sent, new_seqs=[2041, 2042], tokens_sent=9))
+    await store.finish_turn(A, {}, [], LIVE, TurnRecord())
+    first, second = await store.turn_records(A)
+    assert (first["sent_seqs"], first["new_seqs"], first["tokens_sent"]) == (sent, [2041, 2042], 9)
+    assert (second["sent_seqs"], second["new_seqs"]) == ([], [])
+    assert list(first) == [*TurnRecord().row(), "turn", "reply_seq"]  # the row's own fields, in its order
+
+
 async def test_finish_turn_also_counts_the_turns_calls_and_keeps_its_first_forwarded_marks(store):
     """A turn's end is its second and last write: its upstream calls and forwarded marks go with it."""
     pending = await add(store, A, ["question", "tool output"], PENDING)

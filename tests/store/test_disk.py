@@ -476,3 +476,25 @@ async def test_a_turns_small_writes_run_in_place_and_big_ones_on_the_store_threa
     assert store._rows.connection.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == BACKSTOP_PAGES
     store = await reopen()
     assert [m.seq for m in await store.messages(A, live_only=False)] == list(range(1, 55))
+
+
+# -- turn records ------------------------------------------------------------------------------------
+
+
+async def test_a_turn_record_is_the_size_of_what_its_prompt_left_out_not_of_the_conversation(reopen):
+    store = await reopen()
+    for sent in ([1, 2], [1, *range(40, 2041)]):  # a short conversation's prompt; a long one's, windowed
+        await store.finish_turn(A, {}, [], LIVE, TurnRecord(created_at=1.0, sent_seqs=sent))
+    short, long = (len(pickle.dumps(store._rows.get(k))) for k in sorted(rows(store, "turn", A)))
+    assert long - short < 16  # two more ints, not two thousand
+    assert [len(r["sent_seqs"]) for r in await (await reopen()).turn_records(A)] == [2, 2002]
+
+
+async def test_turn_records_written_with_their_seq_lists_still_read(reopen):
+    store = await reopen()
+    await store.finish_turn(A, {}, [], LIVE, TurnRecord(created_at=1.0, sent_seqs=[1]))
+    (key,) = rows(store, "turn", A)
+    old = {**TurnRecord(created_at=1.0, sent_seqs=[1, 2, 5], new_seqs=[5]).row(), "turn": 1, "reply_seq": None}
+    with store._rows.transact():
+        store._rows.set(key, old)  # as a store wrote it before runs
+    assert await (await reopen()).turn_records(A) == [old]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 import uuid
@@ -287,3 +288,16 @@ async def test_a_redis_restart_while_idle_costs_no_request(own_server: RedisServ
 
 def summary(first: int, last: int) -> Summary:
     return Summary(text="s", first_seq=first, last_seq=last, strategy="turns", model="m", tokens_in=1, tokens_out=1)
+
+
+async def test_a_turn_record_is_kept_as_runs_of_seqs(replica: MakeReplica, redis_server: RedisServer):
+    prefix = f"cp-runs-{uuid.uuid4().hex[:8]}:"
+    store = replica(prefix=prefix)
+    await store.finish_turn(A, {}, [], LIVE, TurnRecord(sent_seqs=[1, *range(40, 2041)]))
+    raw = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        stored = json.loads(await raw.hget(f"{prefix}{{tenant-a/conv}}:turns", "1"))
+    finally:
+        await raw.aclose()
+    assert stored["record"]["sent_seqs"] == {"runs": [1, 1, 40, 2001]}
+    assert (await store.turn_records(A))[0]["sent_seqs"] == [1, *range(40, 2041)]

@@ -95,6 +95,8 @@ from ..base import (
     check_statuses,
     failed_health,
     now,
+    imported_turn_row,
+    turn_row_read,
 )
 from ..search import DEFAULT_HITS, HistoryIndexes, SearchHit
 from .checkpoints import Checkpointer
@@ -630,7 +632,7 @@ class DiskStore:
     ) -> int | None:
         check_statuses(*changes.values(), *([reply_status] if reply else []))
         return await self._write(
-            self._finish_turn, key, dict(changes), list(reply), reply_status, record.row() if record is not None else None,
+            self._finish_turn, key, dict(changes), list(reply), reply_status, record.stored_row() if record is not None else None,
             llm_calls, dict(forwarded or {}), dict(marks or {}), small=self._small(key, [m for m, _ in reply]),
         )
 
@@ -687,7 +689,7 @@ class DiskStore:
         fields = self._fields(key)
         last = fields["turns"] if fields else 0
         end = last if limit is None else min(last, after + limit)
-        return [r for t in range(after + 1, end + 1) if (r := self._rows.get(turn_key(key, t))) is not None]
+        return [turn_row_read(r) for t in range(after + 1, end + 1) if (r := self._rows.get(turn_key(key, t))) is not None]
 
     async def messages(
         self, key: ConversationKey, *, live_only: bool, after: int | None = None, limit: int | None = None
@@ -845,7 +847,7 @@ class DiskStore:
             for summary in dump.summaries:
                 self._rows.set(summary_key(key, summary.id), summary.to_record())
             for turn in dump.turns:
-                self._rows.set(turn_key(key, turn["turn"]), dict(turn))
+                self._rows.set(turn_key(key, turn["turn"]), imported_turn_row(turn))
             for response_id, seq in dump.responses.items():
                 self._rows.set(response_key(key.tenant, response_id), (key.id, seq))
             for n, part in enumerate(dump.parts, 1):

@@ -74,11 +74,11 @@ from typing import Any, ParamSpec, TypeVar
 
 import orjson
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry  # the asyncio one: redis-py 8 converts a sync Retry, warning each time
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.retry import Retry
 
 from ...identity import ConversationKey
 from ...messages import Message
@@ -108,6 +108,8 @@ from ..base import (
     check_statuses,
     failed_health,
     now,
+    imported_turn_row,
+    turn_row_read,
 )
 from ..search import DEFAULT_HITS, HistoryIndexes, SearchHit
 from . import lua
@@ -556,11 +558,11 @@ class RedisStore:
         marks: Mapping[str, int] | None = None,
     ) -> int | None:
         check_statuses(*changes.values(), *([reply_status] if reply else []))
-        record = turn.row() if turn is not None else None
+        record = turn.stored_row() if turn is not None else None
         stamp = now()
         items = [x for message, h in reply for x in (_turn_dumps({"t": stamp, "m": message}), h)]
         pairs = [x for seq, st in changes.items() for x in (seq, st)]
-        record_json = _turn_dumps(dict(record)) if record is not None else ""
+        record_json = _turn_dumps(record) if record is not None else ""
         response_id = str((record or {}).get("response_id") or "")
         facts = TurnFacts.of(record or {})
         fields = [x for name, value in facts.latest.items() for x in (name, value)]
@@ -690,7 +692,7 @@ class RedisStore:
             data = summary.to_record()
             args += [data.pop("id"), _dumps(data)]
         for record in dump.turns:
-            rest = {k: v for k, v in record.items() if k not in ("turn", "reply_seq")}
+            rest = imported_turn_row({k: v for k, v in record.items() if k not in ("turn", "reply_seq")})
             stored = {"turn": record["turn"], "reply_seq": record.get("reply_seq"), "record": rest}
             args += [record["turn"], _dumps(stored)]
         for name, value in meta.items():
@@ -914,7 +916,7 @@ def _missing_as_key_error(key: ConversationKey) -> Iterator[None]:
 
 def _turn_record(raw: str) -> dict[str, Any]:
     stored = json.loads(raw)
-    return {**stored["record"], "turn": stored["turn"], "reply_seq": stored["reply_seq"]}
+    return {**turn_row_read(stored["record"]), "turn": stored["turn"], "reply_seq": stored["reply_seq"]}
 
 
 def _stored(seq: int | str, body: str, h: str, status: str) -> StoredMessage:
