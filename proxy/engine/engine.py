@@ -160,7 +160,7 @@ class Engine:
                 "or a /c/<id>/v1 base URL)",
                 code="conversation_id_required",
             )
-        raws = dialect.transcript(request.body)
+        raws = request.transcript()
         basis = dialect.identity_basis(request.body, raws)
         run = request.parsed.key if request.parsed is not None else None  # its run's BodyCache key
         derived = self.derived_ids.of(tenant, basis, run) if run is not None else derived_conversation_id(tenant, basis)
@@ -172,7 +172,7 @@ class Engine:
         Claude Code subagent, a side request replaying the main transcript under other tools) is
         a conversation of its own, found again on its later turns. The first thread the session
         shows is its main one and keeps the session id; every other is `<session>:<token>`."""
-        raws = request.dialect.transcript(request.body)
+        raws = request.transcript()
         token = thread_token(request.dialect.thread_basis(request.body, raws))
         conversation = await self.store.get(family)
         main = conversation.marks.get(THREAD_MARK) if conversation is not None else None
@@ -240,8 +240,8 @@ class Engine:
     ) -> Outcome:
         dialect, codec, body, parsed = request.dialect, request.dialect.codec, request.body, request.parsed
         # Items identical to the last request's need no checking or hashing again (see prefix.py).
-        by_bytes = parsed is not None and parsed.entry is not None and parsed.entry.body is body
-        raws = parsed.entry.raws if by_bytes else dialect.transcript(body)  # type: ignore[union-attr]
+        by_bytes = request.from_cache
+        raws = request.transcript()
         # A body parsed whole (an edit; Claude Code's breakpoint moving to the newest message) still
         # shares its leading items with the last request: the prefix cache finds them by value.
         extended = by_bytes and parsed.reused > 0  # type: ignore[union-attr]

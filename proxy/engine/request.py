@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from ..config import Profile
 from ..dialects.base import Dialect
 from ..prefix import ParsedBody
+from ..transcript import Raw
 from .report import TurnReport
 
 
@@ -47,6 +48,19 @@ class ParsedRequest:
     parsed: ParsedBody | None = None  # how the body was read (what it reuses of the previous request)
     title: str | None = None  # X-Conversation-Title, checked
     client: str | None = None  # the client by its User-Agent ("Codex 0.171.0", ...)
+
+    @property
+    def from_cache(self) -> bool:
+        """Whether the body is the body cache's (prefix.py): its transcript's items read already."""
+        return self.parsed is not None and self.parsed.entry is not None and self.parsed.entry.body is self.body
+
+    def transcript(self) -> list[Raw]:
+        """The body's transcript items: the body cache's when the body came from it (Messages and
+        Gemini split only the messages a request added), else the dialect's reading of it whole
+        (~250 messages looked at one by one, every time it is asked)."""
+        if self.from_cache:
+            return self.parsed.entry.raws  # type: ignore[union-attr]
+        return self.dialect.transcript(self.body)
 
 
 @dataclass(slots=True)
