@@ -18,8 +18,8 @@ same ones naming their conversation (X-Conversation-ID; Claude Code's session he
   litellm     LiteLLM's proxy (its own venv), same mock
 
 Phases, per target and per repeat (targets interleaved within a repeat so drift hits all alike,
-their order rotated from one repeat to the next because the place matters too: `in_turn`;
-figures are medians over repeats):
+their order reversed and rotated from one repeat to the next because the place and the target
+before matter too: `measuring_order`; figures are medians over repeats):
   first   new conversations: the first request stores the whole 200-message transcript
   seq     one request at a time, later turns (stored prefix + the reply + a new tool result)
   paced   the same, each after a pause (an agent's turns come seconds apart, the model's and the
@@ -200,6 +200,25 @@ class Target:
     def named(self) -> bool:
         """Whether its agents name their conversation (else the proxy derives it)."""
         return self.name in NAMED_TARGETS
+
+
+def measuring_order(targets: list[Target], rep: int) -> list[Target]:
+    """`targets` in the order repeat `rep` measures them: `direct` (if first) first, the others
+    in their order on even repeats and the other way round on odd ones, rotated by one every two
+    repeats, so that over twice as many repeats as there are of them each takes each place, and
+    follows each of its two neighbours, as often. The place matters: the same tree run as proxy
+    and proxy-base took ~7% more CPU a later turn and ~20% a first turn as whichever came right
+    after `direct` (three runs of three repeats, in a fixed order; four unmeasured first turns
+    before each block did not change it). So does the target before: rotated only, proxy always
+    followed floor and proxy-base proxy-named, and whichever tree ran as proxy measured 10-25%
+    more CPU a later turn than the one run as proxy-base in four runs of five (the trees swapped
+    in one of them)."""
+    lead = [t for t in targets[:1] if t.name == "direct"]
+    rest = targets[len(lead):]
+    if rep % 2:
+        rest = rest[::-1]
+    shift = (rep // 2) % len(rest) if rest else 0
+    return [*lead, *rest[shift:], *rest[:shift]]
 
 
 class Bench:
@@ -448,17 +467,8 @@ class Bench:
             self.lg(op="close", pool=pool)
 
     def in_turn(self, rep: int) -> list[Target]:
-        """The targets in the order repeat `rep` measures them: `direct` first, the others rotated
-        by one a repeat, so that each takes each place as often over as many repeats as there are
-        of them. The place matters: the same tree run as proxy and proxy-base took ~7% more CPU a
-        later turn and ~20% a first turn as whichever came right after `direct` (three runs of
-        three repeats, in a fixed order; four unmeasured first turns before each block did not
-        change it)."""
-        targets = list(self.targets.values())
-        lead = [t for t in targets[:1] if t.name == "direct"]
-        rest = targets[len(lead):]
-        shift = rep % len(rest) if rest else 0
-        return [*lead, *rest[shift:], *rest[:shift]]
+        """The targets in the order repeat `rep` measures them (see `measuring_order`)."""
+        return measuring_order(list(self.targets.values()), rep)
 
     def comparison(self) -> None:
         for rep in range(self.s.repeats):

@@ -14,6 +14,7 @@ import json
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,17 @@ def test_memory_breakdown_smoke_and_the_caches_count_what_they_hold(tmp_path: Pa
         assert cache["entries"] > 0 and cache["real_mb"] > 0, name
         assert 0.75 < cache["believed_mb"] / cache["real_mb"] < 1.33, f"{name}: {cache}"
     assert "| mapping | resident MB |" in proc.stdout and "fast path taken" in proc.stdout
+
+
+def test_over_twice_as_many_repeats_as_targets_each_takes_each_place_after_each_neighbour() -> None:
+    from bench.run import Target, measuring_order
+
+    names = ["direct", "forwarder", "floor", "proxy", "proxy-named", "proxy-base", "litellm"]
+    targets = [Target(name) for name in names]
+    orders = [[t.name for t in measuring_order(targets, rep)] for rep in range(2 * (len(names) - 1))]
+    assert all(order[0] == "direct" and sorted(order) == sorted(names) for order in orders)
+    places = Counter((name, order.index(name)) for order in orders for name in order[1:])
+    assert set(places.values()) == {2}  # each place twice
+    after = Counter((order[i - 1], order[i]) for order in orders for i in range(2, len(order)))
+    assert after[("floor", "proxy")] == after[("proxy-named", "proxy")] == after[("proxy", "proxy-named")]
+    assert after[("floor", "proxy")] > 0 and after[("proxy-base", "proxy")] == 0  # neighbours only, both ways
