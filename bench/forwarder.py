@@ -1,6 +1,6 @@
 """The references: a bare aiohttp forwarder with no logic, and the same with a minimal durable append.
 
-`python -m bench.forwarder --port P --upstream http://127.0.0.1:M/v1 [--store DIR]`
+`python -m bench.forwarder --port P --upstream http://127.0.0.1:M/v1 [--store DIR [--count-tokens BUDGET]]`
 
 Any request goes to the upstream as it came (body read whole, headers minus hop-by-hop ones) and
 the reply comes back streamed, each read forwarded as it arrives. No JSON, no storage, no logging:
@@ -16,6 +16,14 @@ first reply, as context-proxy derives an unnamed run's key. Its new bytes are th
 previous request's length (the first request: all of it): no parsing, no checking, no tokens, no
 window. What context-proxy spends beyond this target is the price of what it does beyond keeping
 a turn's bytes.
+
+With `--count-tokens BUDGET` too (the bench's `floor-count` target) it also counts, exactly, the
+tokens of what is new, as a token-budgeted window must before it can place anything: tiktoken's
+`cl100k_base` (loaded directly, from the files litellm's wheel carries: offline), the request's new
+bytes as text, newest first in pieces of COUNT_PIECE characters until BUDGET tokens are counted (a
+first turn's 200 messages: the newest ~BUDGET tokens of them, as a window would; a later turn's
+new bytes: all of them). The count is kept in the request's row, on the writer thread. Nothing
+else: no parsing, no hashing, no window, no reply counted (it is counted next turn, resent).
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import os
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -39,22 +48,54 @@ SESSION = web.AppKey("session", aiohttp.ClientSession)
 CONVERSATION_HEADERS = ("X-Conversation-ID", "X-Claude-Code-Session-Id")  # what the bench's clients name theirs by
 REPLY_MARKER = b'"assistant"'  # the first reply's role in every wire format: what precedes it names a run
 REQUEST, REPLY = 0, 1  # the journal's row kinds
+COUNT_PIECE = 4096  # characters counted at a time, newest first (--count-tokens)
+
+
+def cl100k_counter() -> Callable[[str], int]:
+    """tiktoken's exact count for cl100k_base, from the encoding file litellm's wheel ships (no network)."""
+    if "TIKTOKEN_CACHE_DIR" not in os.environ:
+        import importlib.util
+
+        spec = importlib.util.find_spec("litellm")
+        if spec is not None and spec.origin is not None:
+            os.environ["TIKTOKEN_CACHE_DIR"] = str(Path(spec.origin).parent / "litellm_core_utils" / "tokenizers")
+    import tiktoken
+
+    encode = tiktoken.get_encoding("cl100k_base").encode_ordinary
+    return lambda text: len(encode(text))
+
+
+def newest_tokens(count: Callable[[str], int], text: str, budget: int) -> int:
+    """The tokens of `text` counted from its end, COUNT_PIECE characters at a time, until `budget`
+    are counted (all of it if it holds fewer)."""
+    tokens, end = 0, len(text)
+    while end > 0 and tokens < budget:
+        start = max(0, end - COUNT_PIECE)
+        tokens += count(text[start:end])
+        end = start
+    return tokens
 
 
 class Journal:
     """The minimal durable append (see the module docstring): one row per write, one writer thread."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, count_budget: int | None = None) -> None:
         path.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(path / "journal.sqlite3", isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.execute("CREATE TABLE IF NOT EXISTS appended (id INTEGER PRIMARY KEY, run BLOB NOT NULL, kind INTEGER NOT NULL, data BLOB NOT NULL)")
+        self.db.execute("CREATE TABLE IF NOT EXISTS appended "
+                        "(id INTEGER PRIMARY KEY, run BLOB NOT NULL, kind INTEGER NOT NULL, data BLOB NOT NULL, tokens INTEGER)")
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal")
+        self.count_budget = count_budget
+        self.count = cl100k_counter() if count_budget is not None else None  # loaded before the first request
         self.sizes: dict[bytes, int] = {}  # the previous request's length, per run (the bench's runs: bounded by them)
 
     def _insert(self, run: bytes, kind: int, data: bytes) -> None:
-        self.db.execute("INSERT INTO appended (run, kind, data) VALUES (?, ?, ?)", (run, kind, data))  # autocommit: one transaction
+        tokens = None
+        if kind == REQUEST and self.count is not None and self.count_budget is not None:
+            tokens = newest_tokens(self.count, data.decode(errors="replace"), self.count_budget)
+        self.db.execute("INSERT INTO appended (run, kind, data, tokens) VALUES (?, ?, ?, ?)", (run, kind, data, tokens))  # one transaction
 
     async def append(self, run: bytes, kind: int, data: bytes) -> None:
         await asyncio.get_running_loop().run_in_executor(self.writer, self._insert, run, kind, data)
@@ -82,9 +123,9 @@ def _headers(headers: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
 
 
-def build_app(upstream: str, store: Path | None = None) -> web.Application:
+def build_app(upstream: str, store: Path | None = None, count_budget: int | None = None) -> web.Application:
     base = upstream.rstrip("/")
-    journal = Journal(store) if store is not None else None
+    journal = Journal(store, count_budget) if store is not None else None
 
     async def forward(request: web.Request) -> web.StreamResponse:
         path = request.path_qs
@@ -137,8 +178,12 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", required=True, help="upstream base URL, e.g. http://127.0.0.1:9000/v1")
     parser.add_argument("--store", type=Path, help="also append each turn's new bytes and reply durably to a SQLite file here (the floor)")
+    parser.add_argument("--count-tokens", type=int, metavar="BUDGET",
+                        help="with --store: also count the new bytes' tokens exactly, newest first up to BUDGET (floor-count)")
     args = parser.parse_args()
-    web.run_app(build_app(args.upstream, args.store), host=args.host, port=args.port, access_log=None, print=None)
+    if args.count_tokens is not None and args.store is None:
+        parser.error("--count-tokens needs --store")
+    web.run_app(build_app(args.upstream, args.store, args.count_tokens), host=args.host, port=args.port, access_log=None, print=None)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,9 @@ same ones naming their conversation (X-Conversation-ID; Claude Code's session he
   floor       the same plus a minimal durable append of the same bytes, outside our code
               (`--store`: raw sqlite3, WAL, synchronous=NORMAL, one INSERT of the request's new
               bytes before forwarding and one of the reply before the response ends, on a thread)
+  floor-count the floor plus tiktoken's exact count of the request's new text, newest first up
+              to the shipped window's budget (`--count-tokens`): the least a token-budgeted
+              window must do before it can place anything
   proxy-off   context-proxy, shipped config.yaml, pipeline stages turned off by env vars
   proxy       context-proxy, shipped config.yaml (derived ids)
   proxy-named the same, its agents naming their conversation
@@ -80,7 +83,9 @@ MODELS_TABLE_ENV = {
     "BENCH_UNUSED_PROVIDER_KEY": "unused",
 }
 
-TARGETS = ["direct", "forwarder", "floor", "proxy-off", "proxy", "proxy-named", "proxy-models", "proxy-base", "litellm"]
+TARGETS = ["direct", "forwarder", "floor", "floor-count", "proxy-off", "proxy", "proxy-named", "proxy-models", "proxy-base", "litellm"]
+# floor-count's budget: the shipped window's (ContextSettings.history_token_limit's default).
+FLOOR_COUNT_BUDGET = 10_000
 # Whose agents name their conversation by a header; every other target's agents name none.
 NAMED_TARGETS = frozenset({"proxy-named"})
 
@@ -258,7 +263,7 @@ class Bench:
         if "direct" in self.targets:
             self.targets["direct"].url = mock_url
         starting: list[Target] = []
-        for name in ("forwarder", "floor", "proxy-off", "proxy", "proxy-named", "proxy-models", "proxy-base"):
+        for name in ("forwarder", "floor", "floor-count", "proxy-off", "proxy", "proxy-named", "proxy-models", "proxy-base"):
             if name in self.targets:
                 t = self.targets[name]
                 t.proc = self._make(name, mock_url)
@@ -290,8 +295,9 @@ class Bench:
     def _make(self, name: str, mock_url: str, runner: list[str] | None = None) -> Proc:
         """The forwarder, or context-proxy as `python -m proxy serve` (`runner` replaces `-m proxy`)."""
         port = free_port()
-        if name in ("forwarder", "floor"):
-            store = ["--store", str(self.tmp / "store-floor")] if name == "floor" else []
+        if name in ("forwarder", "floor", "floor-count"):
+            store = ["--store", str(self.tmp / f"store-{name}")] if name != "forwarder" else []
+            store += ["--count-tokens", str(FLOOR_COUNT_BUDGET)] if name == "floor-count" else []
             return Proc(name, [sys.executable, "-m", "bench.forwarder", "--port", str(port), "--upstream", mock_url, *store],
                         port, "/v1/models", self.logs / f"{name}.log", cwd=str(REPO), cpus=self.target_cpus)
         env = {

@@ -15,7 +15,7 @@ new conversations' first turns instead (each storing the whole 200-message trans
 not time (a cache miss costs no instruction, a syscall's kernel side is not counted; tiktoken's
 regex runs ~6x the instructions it runs natively, valgrind's CPU lacking what its SIMD paths
 need): read them beside the CPU figures of bench/run.py, not instead. `--reference forwarder`
-(or `floor`, repeatable) counts bench/forwarder.py's too, first: what a turn costs without our
+(or `floor`, `floor-count`, repeatable) counts bench/forwarder.py's too, first: what a turn costs without our
 code. Slow (~50x): a few minutes per tree.
 """
 
@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 from .procs import Proc, cores, free_port, pin_self
-from .run import PROXY_ENV, REPO, LoadGen
+from .run import FLOOR_COUNT_BUDGET, PROXY_ENV, REPO, LoadGen
 
 WARM_TURNS = 3  # later turns of each conversation before the count starts (caches, tokenizer, fast path)
 
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--named", action="store_true", help="the agents name their conversation (X-Conversation-ID)")
     p.add_argument("--wire", choices=["chat", "messages", "responses"], default="chat")
     p.add_argument("--first", action="store_true", help="count new conversations' first turns")
-    p.add_argument("--reference", action="append", choices=["forwarder", "floor"], default=[],
+    p.add_argument("--reference", action="append", choices=["forwarder", "floor", "floor-count"], default=[],
                    help="also count bench/forwarder.py (floor: with its durable append), before the trees")
     args = p.parse_args(argv)
 
@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             }
             valgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-instr=no", sys.executable]
             if root is None:
-                store = ["--store", str(tmp / f"store-{n}")] if reference == "floor" else []
+                store = ["--store", str(tmp / f"store-{n}")] if reference != "forwarder" else []
+                store += ["--count-tokens", str(FLOOR_COUNT_BUDGET)] if reference == "floor-count" else []
                 proc = Proc(str(reference), [*valgrind, "-m", "bench.forwarder", "--port", str(port), "--upstream",
                             f"http://127.0.0.1:{mock_port}/v1", *store], port, "/v1/models", tmp / f"{reference}-{n}.log",
                             cwd=str(REPO), cpus=target_cpus).start()

@@ -22,7 +22,7 @@ import pytest
 from bench.report import COLUMNS, WIRE_NAMES
 
 REPO = Path(__file__).resolve().parents[2]
-TARGETS = ["direct", "forwarder", "floor", "proxy-off", "proxy", "proxy-named", "proxy-models", "litellm"]
+TARGETS = ["direct", "forwarder", "floor", "floor-count", "proxy-off", "proxy", "proxy-named", "proxy-models", "litellm"]
 NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
 # What the direct row has no figure for: it has no process of its own between client and mock.
 DIRECT_BLANK = {"CPU ms/req", "stream CPU ms/req", "CPU ms/1st req", "ctx sw/req", "paced CPU ms/req", "CPU µs/chunk", "peak RSS MB"}
@@ -61,7 +61,7 @@ def test_bench_smoke_runs_every_target_and_prints_the_table(tmp_path: Path) -> N
     assert header == expected
     assert list(rows) == TARGETS
 
-    for target in ("direct", "forwarder", "floor", "proxy-off", "proxy", "proxy-named"):
+    for target in ("direct", "forwarder", "floor", "floor-count", "proxy-off", "proxy", "proxy-named"):
         for name, value in zip(header[1:], rows[target][1:]):
             if target == "direct" and name in DIRECT_BLANK:
                 assert value == "—", (target, name, value)
