@@ -3,7 +3,7 @@
     python -m bench.turn_cpu --proxy-src /path/to/before --proxy-src . [--traces] [--rounds 5]
         [--wire messages] [--at-turn 1000 --conversations 1 --requests 28] [--first]
         [--concurrency 16 --conversations 16] [--variant CONTEXT_PROXY_SERVER__FAST_PATH=false]
-        [--gap-ms 300] [--derived]
+        [--gap-ms 300] [--derived] [--stream 16 [--event-gap-ms 0.5]]
 
 Each tree runs as `python -m proxy serve` with its own shipped config.yaml on the target core;
 one load generator (bench/loadgen.py) sends full-history later turns of the bench's 200-message
@@ -18,6 +18,8 @@ the figure then includes what the process does while idle, the malloc trimmer's 
 trees take turns, round by round, so drift on a busy machine hits them alike. The figure is the
 proxy process's CPU (schedstat: on-CPU nanoseconds of every thread; utime+stime counts 10 ms
 ticks) per request: the median over rounds, and each round's ratio to the first tree.
+`--stream N` streams every measured reply as N events (and the warm turns before them: a client
+keeps to one), `--event-gap-ms` apart (bench/run.py's stream phase: 16 events, 0.5 ms).
 `--variant NAME=VALUE` adds the last tree again with that variable in its environment (a
 setting's A/B). `--traces` adds the last tree again with telemetry on, exporting to an OTLP/HTTP
 sink run here (it accepts and drops the spans), so the cost of tracing on shows beside it.
@@ -37,6 +39,7 @@ from aiohttp import web
 
 from .procs import Proc, cores, cpu_ns, free_port, pin_self
 from .run import PROXY_ENV, REPO, LoadGen
+from .workload import stream_model
 
 
 class OtlpSink:
@@ -73,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=1,
                    help="clients sending at once (the conc phase of bench/run.py: 16, one conversation each)")
     p.add_argument("--gap-ms", type=float, default=0, help="idle before each request (paced turns)")
+    p.add_argument("--stream", type=int, default=0, metavar="EVENTS", help="stream each reply as this many events")
+    p.add_argument("--event-gap-ms", type=float, default=0.5, help="with --stream: the mock's pause between events")
     p.add_argument("--wire", choices=["chat", "messages", "responses"], default="chat")
     p.add_argument("--at-turn", type=int, default=0, help="measure from this turn of an empty conversation on")
     p.add_argument("--first", action="store_true", help="measure new conversations' first turns")
@@ -86,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="context-proxy-turn-cpu-"))
     mock_port = free_port()
     procs: list[Proc] = []
-    mock = Proc("mock", [sys.executable, "-m", "bench.mock_upstream", "--port", str(mock_port)], mock_port, "/healthz",
+    gap = ["--gap-ms", str(args.event_gap_ms)] if args.stream else []
+    mock = Proc("mock", [sys.executable, "-m", "bench.mock_upstream", "--port", str(mock_port), *gap], mock_port, "/healthz",
                 tmp / "mock.log", cwd=str(REPO), cpus=client_cpus).start()
     procs.append(mock)
     sink = OtlpSink() if args.traces else None
@@ -116,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         targets.append((name, proc))
     lg = LoadGen(client_cpus, tmp / "loadgen.log", wire=args.wire)
     kind, warm = ("empty", args.at_turn) if args.at_turn else ("agent200", 1)
+    streamed = {"stream": True, "model": stream_model(args.stream)} if args.stream else {}
     per_request: dict[str, list[float]] = {name: [] for name, _ in targets}
     try:
         mock.wait_ready(30)
@@ -126,10 +133,11 @@ def main(argv: list[str] | None = None) -> int:
                 pool = f"r{r}-{proc.port}"
                 ids = [f"{pool}-{i}" for i in range(args.requests if args.first else args.conversations)]
                 lg(op="open", pool=pool, kind=kind, ids=ids, url=f"http://127.0.0.1:{proc.port}/v1", named=not args.derived)
-                if not args.first:
-                    lg(op="run", pool=pool, requests=args.conversations * warm)  # first turns: the stored prefix exists
+                if not args.first:  # first turns: the stored prefix exists
+                    lg(op="run", pool=pool, requests=args.conversations * warm, **streamed)
                 before = cpu_ns(proc.pid)
-                result = lg(op="run", pool=pool, requests=args.requests, concurrency=args.concurrency, gap_ms=args.gap_ms)
+                result = lg(op="run", pool=pool, requests=args.requests, concurrency=args.concurrency, gap_ms=args.gap_ms,
+                            **streamed)
                 per_request[name].append((cpu_ns(proc.pid) - before) / result["sent"] / 1e6)
                 lg(op="close", pool=pool)
                 if result["errors"]:
