@@ -61,7 +61,9 @@ def cl100k_counter() -> Callable[[str], int]:
             os.environ["TIKTOKEN_CACHE_DIR"] = str(Path(spec.origin).parent / "litellm_core_utils" / "tokenizers")
     import tiktoken
 
-    encode = tiktoken.get_encoding("cl100k_base").encode_ordinary
+    encoding = tiktoken.get_encoding("cl100k_base")
+    encoding._mergeable_ranks = {}  # its Python copy of the vocabulary (~20 MB): counting uses the Rust core's
+    encode = encoding.encode_ordinary
     return lambda text: len(encode(text))
 
 
