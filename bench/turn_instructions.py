@@ -2,6 +2,7 @@
 
     python -m bench.turn_instructions --proxy-src /path/to/before --proxy-src . [--named]
         [--wire messages] [--requests 40] [--conversations 4] [--first] [--reference forwarder]
+        [--env CONTEXT_PROXY_CONTEXT__WINDOW_REFILL=1]
 
 CPU time on a shared or virtual machine moves by 20-50% from one minute to the next (the same
 tree, the same turns: bench/turn_cpu.py's rounds show it), which hides a 5% change. The
@@ -16,7 +17,8 @@ not time (a cache miss costs no instruction, a syscall's kernel side is not coun
 regex runs ~6x the instructions it runs natively, valgrind's CPU lacking what its SIMD paths
 need): read them beside the CPU figures of bench/run.py, not instead. `--reference forwarder`
 (or `floor`, `floor-count`, repeatable) counts bench/forwarder.py's too, first: what a turn costs without our
-code. Slow (~50x): a few minutes per tree.
+code. `--env NAME=VALUE` sets a variable in every tree's environment (a setting that changes which path
+a turn takes: a window refilled whole cuts every turn). Slow (~50x): a few minutes per tree.
 """
 
 from __future__ import annotations
@@ -51,7 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--first", action="store_true", help="count new conversations' first turns")
     p.add_argument("--reference", action="append", choices=["forwarder", "floor", "floor-count"], default=[],
                    help="also count bench/forwarder.py (floor: with its durable append), before the trees")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="set in every tree's environment (repeatable)")
     args = p.parse_args(argv)
+    extra_env = dict(kv.split("=", 1) for kv in args.env)
 
     client_cpus, target_cpus = cores()
     pin_self(client_cpus)
@@ -72,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                 **({"CONTEXT_PROXY_UPSTREAM__ANTHROPIC_BASE_URL": f"http://127.0.0.1:{mock_port}"} if args.wire == "messages" else {}),
                 "CONTEXT_PROXY_STORAGE__PATH": str(tmp / f"store-{n}"),
                 **PROXY_ENV,
+                **extra_env,
             }
             valgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-instr=no", sys.executable]
             if root is None:

@@ -119,6 +119,12 @@ def is_instruction(item: Item) -> bool:
     return item.role is Role.SYSTEM and item.origin is None
 
 
+def instructions_in(items: Sequence[Item], start: int, end: int) -> list[int]:
+    """The indices from `start` to `end` of the items `is_instruction` names, in order: its rule
+    inline, without a call per item (the window scans a conversation's whole history with it)."""
+    return [i for i in range(start, end) if items[i].role is Role.SYSTEM and items[i].origin is None]
+
+
 def leading_system_count(items: Sequence[Item]) -> int:
     """How many items at the start are system/developer instructions."""
     for i, item in enumerate(items):

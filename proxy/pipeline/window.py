@@ -37,7 +37,7 @@ from ..compaction.render import render_summary
 from ..config import Settings
 from ..marks import RECALL_MARK, WINDOW_MARK
 from ..tokens import CHARS_PER_TOKEN
-from ..transcript import Item, Origin, Role, is_instruction, leading_system_count, unit_start, units
+from ..transcript import Item, Origin, Role, instructions_in, is_instruction, leading_system_count, unit_start, units
 from .base import NO_NOTES, Notes, StageRun, Stepped, Turn, passed_through
 
 MAX_PASSES = 4
@@ -57,22 +57,23 @@ class TokenWindow:
         # by the last pass, what that pass left out is quoted all the same (the prompt may then
         # pass the limit by the difference): a user message never goes without a trace.
         n_system = leading_system_count(items)
+        counted = _Counts(turn)
         summary = next((item for item in items[:n_system] if item.origin is Origin.SUMMARY), None)
-        summary_tokens = sum(await self._count(turn, [summary])) if summary is not None else 0
+        summary_tokens = sum(await counted([summary])) if summary is not None else 0
         quoted_tokens = 0  # what the window's quotes add to the summary's note
         quote_budget: int | None = None
         for done in range(1, MAX_PASSES + 1):
-            kept, tokens, budget, limit = await self._choose(turn, items, quoted_tokens)
+            kept, tokens, budget, limit = await self._choose(turn, items, quoted_tokens, counted)
             if quote_budget is None:
                 quote_budget = min(turn.profile.compaction.user_messages_chars, int(limit * QUOTE_SHARE * CHARS_PER_TOKEN))
             redone = self._keep_what_it_leaves_out(turn, items, kept, quote_budget)
             if redone is None:
                 break
             note = next((item for item in redone[: n_system + 1] if item.origin is Origin.SUMMARY), None)
-            note_tokens = sum(await self._count(turn, [note])) if note is not None else 0
+            note_tokens = sum(await counted([note])) if note is not None else 0
             quoted_tokens = max(note_tokens - summary_tokens, quoted_tokens)  # never less: it settles
             if done == MAX_PASSES:  # no pass chooses again: the window as it stands, with what is new in it
-                kept, tokens = await self._carried_over(turn, items, kept, tokens, redone)
+                kept, tokens = await self._carried_over(items, kept, tokens, redone, counted)
             items = redone
         else:
             turn.notes = NO_NOTES  # not settled: the next turn's window is the whole pipeline's
@@ -126,8 +127,9 @@ class TokenWindow:
         fewer = replace(stepped, history_tokens=stepped.history_tokens - tokens)
         return StageRun(shorter.before, shorter.after, Notes(stepped=fewer))
 
+    @staticmethod
     async def _carried_over(
-        self, turn: Turn, items: list[Item], kept: list[int], tokens: int, redone: list[Item]
+        items: list[Item], kept: list[int], tokens: int, redone: list[Item], counted: _Counts
     ) -> tuple[list[int], int]:
         """`kept` (indices into `items`) as indices into `redone`, with the items that are new in
         it (the note, the task pinned): the window as it stands if no later pass chooses again,
@@ -136,12 +138,12 @@ class TokenWindow:
         old = {id(item) for item in items}
         moved = sorted({position[id(items[i])] for i in kept if id(items[i]) in position}
                        | {i for i, item in enumerate(redone) if id(item) not in old})
-        before = sum(await self._count(turn, [items[i] for i in kept]))
-        after = sum(await self._count(turn, [redone[i] for i in moved]))
+        before = sum(await counted([items[i] for i in kept]))
+        after = sum(await counted([redone[i] for i in moved]))
         return moved, tokens - before + after
 
     async def _choose(
-        self, turn: Turn, items: list[Item], quoted_tokens: int, recall: bool = False
+        self, turn: Turn, items: list[Item], quoted_tokens: int, counted: _Counts, recall: bool = False
     ) -> tuple[list[int], int, int, int]:
         """(the indices of the items to send, the tokens they make, the budget of the prompt, the
         history limit before `quoted_tokens` of the window's own quotes are taken from it). With
@@ -150,7 +152,7 @@ class TokenWindow:
         head = n_system
         while head < len(items) and items[head].pinned:
             head += 1
-        head_counts = await self._count(turn, items[:head])
+        head_counts = await counted(items[:head])
         # The recall tools go with any prompt that something has left, and stay: their room is
         # kept once they may go (a window that cuts chooses again with it, so they never overflow it).
         recall = recall or _recall_goes(turn, items, range(len(items)))
@@ -160,8 +162,8 @@ class TokenWindow:
         # The client's instructions after the leading system items (Claude Code's environment
         # block after the task) are not history either: they count as those do, against the
         # model's window but not the history limit, so the window cuts nothing for their sake.
-        at = [i for i in range(n_system, len(items)) if is_instruction(items[i])]
-        instructions = dict(zip(at, await self._count(turn, [items[i] for i in at]), strict=True))
+        at = instructions_in(items, n_system, len(items))
+        instructions = dict(zip(at, await counted([items[i] for i in at]), strict=True))
         limit = effective_limit(
             max(turn.profile.context.history_token_limit - fixed - room, 0),
             turn.counter.context_window(turn.model),
@@ -171,14 +173,14 @@ class TokenWindow:
         full_limit = limit
         pinned = sum(head_counts[i] for i in range(n_system, head) if i not in instructions)
         limit = max(limit - pinned - quoted_tokens, 0)
-        counts, scan_from = await self._tail_counts(turn, items, head, limit + sum(instructions.values()))
+        counts, scan_from = await self._tail_counts(items, head, limit + sum(instructions.values()), counted)
         counts[:head] = head_counts
         for i in instructions:
             counts[i] = 0
         kept = self._stepped(turn, items, counts, limit, head, scan_from)
         with_read_tool = recall
         if not recall and len(kept) < len(items):  # the cut makes the recall tools go: their room first
-            return await self._choose(turn, items, quoted_tokens, recall=True)
+            return await self._choose(turn, items, quoted_tokens, counted, recall=True)
         tokens = fixed + sum(counts[i] for i in kept) + sum(instructions.get(i, 0) for i in kept)
         history = sum(counts[i] for i in kept[head:])
         self._note(turn, items, kept, head, Stepped(None, history, limit, with_read_tool))
@@ -210,7 +212,7 @@ class TokenWindow:
         task = next((i for i in range(n_system, len(items)) if items[i].role is Role.USER), None)
         # The task and the client's instructions it would leave out go pinned, in their order,
         # after what is pinned already.
-        pin = [i for i in range(head, start) if i == task or is_instruction(items[i])]
+        pin = sorted({*instructions_in(items, head, start), *([task] if task is not None and head <= task < start else [])})
         if pin:
             moved = set(pin)
             rest = [items[i] for i in range(head, len(items)) if i not in moved]
@@ -255,7 +257,8 @@ class TokenWindow:
             [i.raw for i in items], turn.model, [i.hash for i in items], parts=turn.codec.counted_parts
         )
 
-    async def _tail_counts(self, turn: Turn, items: list[Item], head: int, limit: int) -> tuple[list[int], int]:
+    @staticmethod
+    async def _tail_counts(items: list[Item], head: int, limit: int, counted: _Counts) -> tuple[list[int], int]:
         """Counts of the newest items only: as many as it takes to pass `limit` (and at least the
         newest unit), counted back from the newest in batches sized from the tokens per item seen
         so far. The window can't reach further back, so a long conversation's turn costs its
@@ -264,7 +267,7 @@ class TokenWindow:
         entries hold a value over `limit`) and the unit boundary from which the window may be chosen."""
         n = len(items)
         start = unit_start(items, n - 1, head) if n > head else n
-        tail = await self._count(turn, items[start:])
+        tail = await counted(items[start:])
         total = sum(tail)
         while start > head and total <= limit:
             # Four fifths of the items still wanted at the tokens per item seen so far (short of the
@@ -273,7 +276,7 @@ class TokenWindow:
             wanted = (limit - total) * len(tail) // max(total, 1)
             batch = max(TAIL_BATCH, min(wanted * 4 // 5 + 1, 4 * len(tail)))
             earlier = unit_start(items, max(head, start - batch), head)  # never start inside a unit
-            counts = await self._count(turn, items[earlier:start])
+            counts = await counted(items[earlier:start])
             tail = counts + tail
             total += sum(counts)
             start = earlier
@@ -281,6 +284,26 @@ class TokenWindow:
 
 
 TAIL_BATCH = 4  # the fewest items `_tail_counts` counts at once
+
+
+class _Counts:
+    """The token counts one run of the window looks at, each item's asked of the counter once: a
+    cut turn chooses two to four times over mostly the same items (again with the recall tools'
+    room, again with the quotes of what it left out), and each look through the counter costs a
+    cache look-up per item (its key hashed, a lock). Keyed by the item itself, which is held here
+    while the run lasts, so no id is reused meanwhile."""
+
+    def __init__(self, turn: Turn) -> None:
+        self.turn = turn
+        self._known: dict[int, tuple[Item, int]] = {}
+
+    async def __call__(self, items: Sequence[Item]) -> list[int]:
+        known = self._known
+        missing = [item for item in items if id(item) not in known]
+        if missing:
+            for item, tokens in zip(missing, await TokenWindow._count(self.turn, missing), strict=True):
+                known[id(item)] = (item, tokens)
+        return [known[id(item)][1] for item in items]
 
 
 def _recall_goes(turn: Turn, items: Sequence[Item], kept: Sequence[int]) -> bool:

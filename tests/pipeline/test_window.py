@@ -22,7 +22,7 @@ from proxy.pipeline.window import TokenWindow, build, effective_limit
 from proxy.pipeline.window import select_window as select_items
 from proxy.refs import RefSigner
 from proxy.tokens import TokenCounter
-from proxy.transcript import Item, units
+from proxy.transcript import Item, Origin, Role, instructions_in, is_instruction, units
 from tests.fakes.fake_upstream import validate_chat_request
 
 Msg = dict[str, Any]
@@ -416,8 +416,9 @@ class CountingEverything(TokenWindow):
     """The window as it would be if it counted every message: the reference for the one that
     counts only as far back as it can reach."""
 
-    async def _tail_counts(self, turn, items, head, limit):  # type: ignore[override]
-        return [0] * head + await self._count(turn, items[head:]), head
+    @staticmethod
+    async def _tail_counts(items, head, limit, counted):  # type: ignore[override]
+        return [0] * head + await counted(items[head:]), head
 
 
 @settings(max_examples=100, deadline=None)
@@ -484,3 +485,13 @@ def test_a_first_turn_tokenizes_about_its_limit_not_its_transcript() -> None:
     newest = counter.encodes - 2  # the system prompt and the task are counted too
     assert sum(tokens[-newest:]) <= 1.15 * 3000
     assert sum(tokens[-newest:]) > 3000  # as far back as the window could reach
+
+
+@given(st.lists(st.tuples(st.sampled_from(list(Role)), st.sampled_from([None, *Origin])), max_size=30), st.data())
+def test_the_scan_for_instructions_names_what_is_instruction_names(kinds: list[tuple[Role, Origin | None]], data: Any) -> None:
+    """The window finds the client's instructions with `instructions_in` (the rule inline, no call
+    per item): the same items `is_instruction` names, in order, within the range asked."""
+    items = [Item(raw={}, role=role, origin=origin) for role, origin in kinds]
+    start = data.draw(st.integers(0, len(items)))
+    end = data.draw(st.integers(start, len(items)))
+    assert instructions_in(items, start, end) == [i for i in range(start, end) if is_instruction(items[i])]
