@@ -64,6 +64,8 @@ class Pipeline:
         turn.runs = extended
         amounts: dict | None = {}  # what the stages extended so far added to the report's figures
         figures = figures_of(turn.report)
+        last_after: list[Item] | None = None  # the previous stage's output, as it was and extended
+        last_extended: list[Item] = []
         for stage, run in zip(self.stages, runs, strict=False):
             extend = getattr(stage, "extend", None)
             turn.notes = run.note  # what it does not note again stands
@@ -71,10 +73,14 @@ class Pipeline:
             if more is None:
                 return None
             figures, was = figures_of(turn.report), figures
-            amounts = _sum(amounts, moved(was, figures))
-            before = run.before + new
+            if figures != was:  # most stages add nothing to a later turn's figures
+                amounts = _sum(amounts, moved(was, figures))
+            # A stage's input is the one before's output (the same list, as __call__ made it):
+            # extended by the same items, it is that output extended, not another copy of it.
+            before = last_extended if run.before is last_after else run.before + new
             after = before if run.after is run.before and more is new else run.after + more
             extended.append(StageRun(before, after, turn.notes, added(run.figures, amounts)))
+            last_after, last_extended = run.after, after
             new = more
         return new if len(extended) == len(self.stages) else None
 
