@@ -69,9 +69,12 @@ async def request_log(request: web.Request, handler: web.Handler) -> web.StreamR
     start = time.perf_counter()
     request[LOG_FIELDS] = {}
     response = await handler(request)
-    key: ConversationKey | None = request.get(CONVERSATION)
     route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
-    request.app[METRICS].requests.labels(route, str(response.status)).inc()
+    metrics = request.app[METRICS]
+    metrics.child(metrics.requests, route, str(response.status)).inc()
+    if not access_log.isEnabledFor(logging.INFO):  # the line's fields are not even gathered
+        return response
+    key: ConversationKey | None = request.get(CONVERSATION)
     access_log.info(
         "request",
         extra={

@@ -7,6 +7,7 @@ the engine says. Reading the body, the turn and its report are proxy/engine's.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
@@ -18,10 +19,13 @@ from ..dialects.responses import RESPONSES
 from ..engine import TurnReport, TurnRequest
 from ..engine.intake import OWN_HEADERS
 from ..identity import explicit_conversation_id, request_tenant
+from ..logs import ACCESS_LOGGER
 from ..state import CONVERSATION, ENGINE, LOG_FIELDS, QUERY_API_KEY, SETTINGS
 from .errors import add_error_shape
 
 __all__ = ["OWN_HEADERS", "ResponseSink", "managed", "run_turn", "turn_request"]
+
+ACCESS_LOG = logging.getLogger(ACCESS_LOGGER)  # app.request_log's: the turn's fields go in its line
 
 
 async def turn_request(request: web.Request, dialect: Dialect) -> TurnRequest:
@@ -76,7 +80,7 @@ async def run_turn(request: web.Request, dialect: Dialect) -> web.StreamResponse
     try:
         outcome = await request.app[ENGINE].run(await turn_request(request, dialect), sink)
     finally:  # failed turns are logged too
-        if sink.report is not None:
+        if sink.report is not None and ACCESS_LOG.isEnabledFor(logging.INFO):
             request[LOG_FIELDS].update(sink.report.log_fields())
     if outcome.body is None:
         assert sink.response is not None

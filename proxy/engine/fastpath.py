@@ -219,8 +219,8 @@ class FastPath:
             self.forget(key)
         report = turn.report  # every turn says how its prompt was made, and why not the fast way
         report.fast_path, report.fast_path_reason = "none", declined
-        self.metrics.fast_path.labels("none").inc()
-        self.metrics.fast_path_not_taken.labels(declined).inc()
+        self.metrics.child(self.metrics.fast_path, "none").inc()
+        self.metrics.child(self.metrics.fast_path_not_taken, declined).inc()
         return whole
 
     def turn(
@@ -504,10 +504,10 @@ class FastTurn:
         self._keep(turn, report, ok)
         report.fast_path = self.outcome
         metrics = self.owner.metrics
-        metrics.fast_path.labels(self.outcome).inc()
+        metrics.child(metrics.fast_path, self.outcome).inc()
         if not self.taken:
             report.fast_path_reason = self.why or "declined"
-            metrics.fast_path_not_taken.labels(report.fast_path_reason).inc()
+            metrics.child(metrics.fast_path_not_taken, report.fast_path_reason).inc()
 
     def _keep(self, turn: Turn, report: TurnReport, ok: bool) -> None:
         if not ok or turn.runs is None or report.repairs or report.summaries_failed or report.inbox_delivered:

@@ -171,15 +171,17 @@ class TurnReport:
         metrics.tokens_sent.inc(self.tokens_sent_total)
         for stage, chars in self.chars_saved.items():  # estimated: what a stage left out was never counted
             if chars > 0:
-                metrics.tokens_saved.labels(stage).inc(estimated_tokens(chars))
-        metrics.read_rounds.inc(self.read_rounds)
-        metrics.repairs.inc(self.repairs)
+                metrics.child(metrics.tokens_saved, stage).inc(estimated_tokens(chars))
+        if self.read_rounds:
+            metrics.read_rounds.inc(self.read_rounds)
+        if self.repairs:
+            metrics.repairs.inc(self.repairs)
         for kind, value in self.reported.items():
-            metrics.usage_tokens.labels(kind).inc(value)
+            metrics.child(metrics.usage_tokens, kind).inc(value)
         if self.usage_total.cache_read:
-            metrics.usage_tokens.labels("cache_read_input_tokens").inc(self.usage_total.cache_read)
+            metrics.child(metrics.usage_tokens, "cache_read_input_tokens").inc(self.usage_total.cache_read)
         if self.usage_total.cache_creation:
-            metrics.usage_tokens.labels("cache_creation_input_tokens").inc(self.usage_total.cache_creation)
+            metrics.child(metrics.usage_tokens, "cache_creation_input_tokens").inc(self.usage_total.cache_creation)
         if self.error is not None:
             status = self.error["status"]
-            metrics.failed_turns.labels(self.error["source"], str(status) if status is not None else "none").inc()
+            metrics.child(metrics.failed_turns, self.error["source"], str(status) if status is not None else "none").inc()
