@@ -1,10 +1,10 @@
 """What the proxy's resident memory is made of, under the bench's load.
 
-`python -m bench.memory_breakdown [--conversations 10000] [--env NAME=VALUE ...] [--src TREE]`
+`python -m bench.memory_breakdown [--conversations 10000] [--repeats N] [--env NAME=VALUE ...] [--src TREE]`
 starts the mock upstream and one proxy (shipped config.yaml, `--src`'s tree) under
 `bench.memprobe --untraced` (nothing slows it down), then runs what `python -m bench.run` runs
-against a proxy: one repeat of the side-by-side phases (20 agent conversations of 200 messages
-one at a time, streamed turns, 16 concurrent clients), then the memory run's conversations
+against a proxy: `--repeats` (1) repeats of the side-by-side phases (20 agent conversations of 200
+messages one at a time, streamed turns, 16 concurrent clients; each repeat new ones), then the memory run's conversations
 (two turns each, small transcripts). At each checkpoint (idle after start, after the
 side-by-side load, after the memory run) the proxy writes `memprobe.breakdown()`: its resident
 set by mapping, glibc malloc's and pymalloc's own figures, its threads, and each cache's entries,
@@ -109,6 +109,7 @@ def render(name: str, b: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.memory_breakdown", description=__doc__.splitlines()[0])
     p.add_argument("--conversations", type=int, default=10_000, help="of the memory run (default 10,000)")
+    p.add_argument("--repeats", type=int, default=1, help="side-by-side blocks before the memory run (bench.run's --repeats)")
     p.add_argument("--env", action="append", default=[], help="NAME=VALUE for the proxy's environment (repeatable)")
     p.add_argument("--src", default=str(REPO), help="source tree whose proxy and config.yaml run")
     p.add_argument("--smoke", action="store_true", help="the bench's smoke load: seconds, proves the tool works")
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         t = Target("proxy", f"http://127.0.0.1:{proc.port}/v1", proc)
         checkpoints = result["checkpoints"]
         checkpoints["idle after start"] = dump(proc.pid, probe_file)
-        log("side-by-side load (one repeat)")
+        log(f"side-by-side load ({args.repeats} repeat{'s' if args.repeats != 1 else ''})")
         bench._prime(t)
         phases = result["phases"] = [{"phase": "the first requests (unmeasured: the tokenizer loads)", **memory_mb(proc.pid), "fast_path": {}}]
         measured = bench.measured
@@ -145,12 +146,13 @@ def main(argv: list[str] | None = None) -> int:
             before = fast_path_turns(target)
             r = measured(target, **cmd)
             after = fast_path_turns(target)
-            phase = f"{cmd['requests']} requests at {cmd.get('concurrency', 1)}{' streamed' if cmd.get('stream') else ''}"
+            phase = f"{block_no + 1}: " * (args.repeats > 1) + f"{cmd['requests']} requests at {cmd.get('concurrency', 1)}{' streamed' if cmd.get('stream') else ''}"
             phases.append({"phase": phase, **memory_mb(proc.pid), "fast_path": {k: after[k] - before.get(k, 0) for k in after}})
             return r
 
         bench.measured = measured_and_noted  # type: ignore[method-assign]
-        block = bench.block(t, 0)
+        for block_no in range(args.repeats):
+            block = bench.block(t, block_no)
         bench.measured = measured  # type: ignore[method-assign]
         checkpoints["after the side-by-side load"] = dump(proc.pid, probe_file)
         log(f"memory run: {s.memory_conversations[-1]} conversations")

@@ -122,17 +122,20 @@ def test_bench_smoke_speaks_every_wire_format(tmp_path: Path, wire: str) -> None
 
 
 def test_memory_breakdown_smoke_and_the_caches_count_what_they_hold(tmp_path: Path) -> None:
-    """`python -m bench.memory_breakdown --smoke`: every checkpoint written, and the caches that
-    bound themselves by bytes believe within a third of what their objects really take (the
-    budgets in proxy/prefix.py and proxy/engine/fastpath.py are only as good as that)."""
+    """`python -m bench.memory_breakdown --smoke --repeats 2`: every checkpoint written, each
+    repeat's phases noted, and the caches that bound themselves by bytes believe within a third of
+    what their objects really take (the budgets in proxy/prefix.py and proxy/engine/fastpath.py
+    are only as good as that)."""
     out = tmp_path / "mb.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.memory_breakdown", "--smoke", "--out", str(out)],
+        [sys.executable, "-m", "bench.memory_breakdown", "--smoke", "--repeats", "2", "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
     )
     assert proc.returncode == 0, f"breakdown failed\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
     result = json.loads(out.read_text())
     assert list(result["checkpoints"]) == ["idle after start", "after the side-by-side load", "after 40 more conversations"]
+    phases = [p["phase"] for p in result["phases"]]
+    assert len([p for p in phases if p.startswith("1: ")]) == len([p for p in phases if p.startswith("2: ")]) > 0
     end = result["checkpoints"]["after 40 more conversations"]
     assert end["status_mb"]["VmHWM"] >= end["status_mb"]["VmRSS"] > 0
     assert end["tiktoken_loaded"] == ["cl100k_base"] and end["threads"]["os"] >= 2
