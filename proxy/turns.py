@@ -8,9 +8,10 @@ commit overlaps the upstream call), and the end
 its stages moved) in one step. A reply that comes whole (JSON, a refusal) is stored with the
 items in one commit: the store writes staged items with the conversation's next write.
 
-Every write of a turn runs as its own task, chained after the previous one and shielded from
-the request's cancellation: a client that hangs up mid-turn cannot leave a write half done, and
-`settled()` lets the next turn wait for the last write before it reads.
+Every write of a turn runs as its own task (started at once, `eager`: one the store runs in
+place ends without a task), chained after the previous one and shielded from the request's
+cancellation: a client that hangs up mid-turn cannot leave a write half done, and `settled()`
+lets the next turn wait for the last write before it reads.
 
 Turns of one conversation in flight at once (a retry, a request sent before the last one ended):
 a turn whose first new items are those an earlier turn in flight wrote (the same items after the
@@ -29,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
+from .eager import eager
 from .errors import ProxyError
 from .history import TurnPlan
 from .identity import ConversationKey
@@ -90,8 +92,8 @@ class TurnWriter:
                 await previous
             return await step()
 
-        self._last = asyncio.ensure_future(run())
-        return asyncio.shield(self._last)
+        self._last = eager(run())
+        return asyncio.shield(self._last)  # a done future itself
 
     async def begin(self) -> None:
         """Write the turn's new items as pending (and its system prompt and tools if new), before

@@ -28,6 +28,7 @@ import orjson
 from ..compaction import CompactionJob
 from ..compaction.runner import CompactionRunner
 from ..config import Settings
+from ..eager import eager
 from ..errors import InvalidRequest, ProxyError
 from ..history import TurnPlan, is_fresh_start, plan_anchored, plan_appended, plan_full_history, plan_proxy_history
 from ..identity import ConversationKey, DerivedIds, derived_conversation_id, thread_conversation_id, thread_token
@@ -337,9 +338,10 @@ class Engine:
             # the openai client closes a stream at its [DONE], while we still wait for the
             # body's end): a cut's mark lost would make the next turn's window start elsewhere.
             compact = request.compaction is None and profile.compaction.background
-            ending = asyncio.ensure_future(self._end_turn(key, turn, report, writer, prompt, job if compact else None))
-            self._ending[ending] = key
-            ending.add_done_callback(self._ending.pop)
+            ending = eager(self._end_turn(key, turn, report, writer, prompt, job if compact else None))
+            if not ending.done():  # it waits for a write: the conversation's next turn waits for it
+                self._ending[ending] = key
+                ending.add_done_callback(self._ending.pop)
             await whole(ending)
 
     async def _end_turn(
