@@ -60,8 +60,7 @@ import sqlite3
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -251,13 +250,13 @@ class DiskStore:
             return False
         return sum(map(_rough_chars, messages)) <= INLINE_CHARS
 
-    @asynccontextmanager
-    async def lock(self, key: ConversationKey) -> AsyncIterator[None]:
+    def lock(self, key: ConversationKey) -> asyncio.Lock:
+        """The conversation's lock itself (this process is the store's only writer): held by the
+        `async with` that takes it, it stays in `_locks` while anyone holds or waits for it."""
         lock = self._locks.get(key)
         if lock is None:
             lock = self._locks[key] = asyncio.Lock()
-        async with lock:
-            yield
+        return lock
 
     # -- conversations -------------------------------------------------------------------------
 
