@@ -1,6 +1,8 @@
 # Quick start: `make serve` (proxy on 127.0.0.1:8080, diskcache store in ./data), `make test`.
 VENV ?= .venv
 STAMP := $(VENV)/.installed
+# pytest-xdist workers for `make test`: one a core of the 2-core CI machine (1: one process, in order).
+TEST_WORKERS ?= 2
 
 .PHONY: install serve test bench bench-profile eval clean
 
@@ -19,7 +21,7 @@ test: $(STAMP)
 	scripts/ensure-claude.sh
 	scripts/ensure-codex.sh
 	scripts/ensure-gemini.sh
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS)
 
 # The same phases over the Responses API, Anthropic Messages and the Gemini API (LiteLLM is measured over chat
 # completions only; memory once is enough: it does not depend on the wire format).
