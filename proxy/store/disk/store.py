@@ -73,16 +73,11 @@ from ...messages import Message
 from ..base import (
     FAILED,
     INBOX_DELIVERED,
-    INBOX_DELIVERING,
     LIVE,
     PENDING,
     Conversation,
     ConversationDump,
     ConversationExists,
-    InboxFull,
-    InboxMessage,
-    KnowledgeVersion,
-    RequestPart,
     StoredMessage,
     StoreError,
     StoreFull,
@@ -101,12 +96,12 @@ from ..search import DEFAULT_HITS, HistoryIndexes, SearchHit
 from .checkpoints import Checkpointer
 from .faults import LOW_SPACE, MB, PRIVATE_DIR, RESERVE_FILE, Reserve, make_private, missing_row, store_error
 from .held import Held
+from .inbox import DiskInbox, inbox_record
 from .keys import (
     ALL_TENANTS,
     CREATED,
     FAILED_SCOPE,
     INDEX_PAGE,
-    KNOWLEDGE_TENANTS,
     PROBE,
     SECRET,
     TENANTS,
@@ -115,8 +110,6 @@ from .keys import (
     conv_key,
     inbox_key,
     index_page,
-    knowledge_index,
-    knowledge_key,
     msg_key,
     part_key,
     request_part_key,
@@ -126,12 +119,12 @@ from .keys import (
     summary_key,
     turn_key,
 )
+from .knowledge import DiskKnowledge
 from .pending import PendingFlags
 from .records import BATCH_MAX, Batch, Record, snapshot_of
+from .request_parts import DiskRequestParts
 from .rows import Rows
 from .worker import StoreThread
-
-log = logging.getLogger("proxy.store.disk")
 
 log = logging.getLogger("proxy.store.disk")
 
@@ -165,7 +158,10 @@ def open_cache(path: str) -> diskcache.Cache:
     )
 
 
-class DiskStore:
+class DiskStore(DiskInbox, DiskKnowledge, DiskRequestParts):
+    """The embedded backend: conversations and their items here; the inbox, knowledge and request
+    parts in modules of their own (inbox.py, knowledge.py, request_parts.py), run the same way."""
+
     def __init__(self, path: str | Path, reserve_bytes: int = 0) -> None:
         self._path = Path(path)
         try:
@@ -838,7 +834,7 @@ class DiskStore:
             fields = record.fields
             fields.update(inbox=len(dump.inbox), inbox_open=[], inbox_at={})
             for m in dump.inbox:
-                self._rows.set(inbox_key(key, m.id), _inbox_record(m))
+                self._rows.set(inbox_key(key, m.id), inbox_record(m))
                 if m.status != INBOX_DELIVERED:
                     fields["inbox_open"].append(m.id)
                 if m.seq is not None:
@@ -854,212 +850,6 @@ class DiskStore:
             if dump.parts:
                 self._rows.set(request_parts_key(key), {part.hash: n for n, part in enumerate(dump.parts, 1)})
             self._save(key, record)
-
-    # -- request parts -------------------------------------------------------------------------
-    # A row per part (written once) and an index row of their hashes: a turn that sends what is
-    # kept already reads the index and writes nothing (the caller asks only when the parts changed).
-
-    async def add_request_parts(self, key: ConversationKey, parts: Sequence[RequestPart]) -> list[str]:
-        if not parts:
-            return []
-        known = await self._run(self._rows.get, request_parts_key(key))
-        if known is not None and all(p.hash in known for p in parts):
-            return []
-        return await self._write(self._add_request_parts, key, list(parts))
-
-    def _add_request_parts(self, key: ConversationKey, parts: list[RequestPart]) -> list[str]:
-        with self._rows.transact():
-            if self._fields(key) is None:
-                return []
-            index = dict(self._rows.get(request_parts_key(key)) or {})
-            stamp, added = now(), []
-            for part in parts:
-                if part.hash not in index:
-                    index[part.hash] = len(index) + 1
-                    self._rows.set(request_part_key(key, index[part.hash]), replace(part, created_at=stamp).to_record())
-                    added.append(part.hash)
-            if added:
-                self._rows.set(request_parts_key(key), index)
-            return added
-
-    async def request_parts(self, key: ConversationKey, *, after: int = 0) -> list[RequestPart]:
-        return await self._run(self._request_parts, key, after)
-
-    def _request_parts(self, key: ConversationKey, after: int) -> list[RequestPart]:
-        index = self._rows.get(request_parts_key(key)) or {}
-        rows = (self._rows.get(request_part_key(key, n)) for n in range(max(after, 0) + 1, len(index) + 1))
-        return [RequestPart.from_record(row) for row in rows if row is not None]
-
-    def _delete_request_parts(self, key: ConversationKey) -> None:
-        index = self._rows.get(request_parts_key(key)) or {}
-        for n in range(1, len(index) + 1):
-            self._rows.delete(request_part_key(key, n))
-        self._rows.delete(request_parts_key(key))
-
-    # -- inbox ---------------------------------------------------------------------------------
-
-    async def post_inbox(self, key: ConversationKey, content: str, note: str, max_pending: int) -> InboxMessage | None:
-        return await self._write(self._post_inbox, key, content, note, max_pending)
-
-    def _post_inbox(self, key: ConversationKey, content: str, note: str, max_pending: int) -> InboxMessage | None:
-        with self._rows.transact():
-            record = self._load(key)
-            if record is None:
-                return None
-            fields = record.fields
-            if len(fields["inbox_open"]) >= max_pending:
-                raise InboxFull(str(key))
-            fields["inbox"] += 1
-            message = {"id": fields["inbox"], "content": content, "note": note, "created_at": now(),
-                       "seq": None, "placement": None, "turn": None, "delivered_at": None}
-            self._rows.set(inbox_key(key, message["id"]), message)
-            fields["inbox_open"] = [*fields["inbox_open"], message["id"]]
-            self._save(key, record)
-            return InboxMessage(**message)
-
-    async def inbox(self, key: ConversationKey, *, after: int = 0, limit: int | None = None) -> list[InboxMessage]:
-        return await self._run(self._inbox, key, after, limit)
-
-    def _inbox(self, key: ConversationKey, after: int, limit: int | None) -> list[InboxMessage]:
-        record = self._load(key)
-        last = record.fields["inbox"] if record else 0
-        end = last if limit is None else min(last, after + limit)
-        messages = [self._rows.get(inbox_key(key, i)) for i in range(after + 1, end + 1)]
-        return [self._inbox_message(key, record, m) for m in messages if m is not None]
-
-    def _inbox_message(self, key: ConversationKey, record: Record, stored: dict[str, Any]) -> InboxMessage:
-        """The stored inbox message with its status, read off the status of the item it went with."""
-        message = InboxMessage(**stored)
-        if message.seq is None:
-            return message
-        status = self._status(key, record, message.seq) or FAILED
-        if status == FAILED:  # its turn failed: it waits for the next one
-            return InboxMessage(message.id, message.content, message.note, message.created_at)
-        message.status = INBOX_DELIVERING if status == PENDING else INBOX_DELIVERED
-        return message
-
-    async def deliver_inbox(
-        self, key: ConversationKey, seq: int, placement: str, turn: int, stamp: float
-    ) -> list[InboxMessage]:
-        return await self._write(self._deliver_inbox, key, seq, placement, turn, stamp)
-
-    def _deliver_inbox(
-        self, key: ConversationKey, seq: int, placement: str, turn: int, stamp: float
-    ) -> list[InboxMessage]:
-        with self._rows.transact():
-            record = self._load(key)
-            if record is None:
-                return []
-            fields = record.fields
-            anchor = self._status(key, record, seq)
-            anchor_pending = anchor is None or anchor == PENDING
-            taken, still_open = [], []
-            for message_id in fields["inbox_open"]:
-                message = self._rows.get(inbox_key(key, message_id))
-                if message["seq"] is not None:
-                    before = self._status(key, record, message["seq"])
-                    if before is not None and before not in (FAILED, PENDING):
-                        continue  # its item is live (or was, and moved on): delivered for good
-                    _drop_anchor(fields["inbox_at"], message["seq"], message_id)
-                message.update(seq=seq, placement=placement, turn=turn, delivered_at=stamp)
-                self._rows.set(inbox_key(key, message_id), message)
-                fields["inbox_at"].setdefault(seq, []).append(message_id)
-                taken.append(InboxMessage(**message, status=INBOX_DELIVERING if anchor_pending else INBOX_DELIVERED))
-                if anchor_pending:
-                    still_open.append(message_id)
-            fields["inbox_open"] = still_open
-            self._save(key, record)
-            return taken
-
-    async def inbox_at(self, key: ConversationKey, seqs: Sequence[int]) -> dict[int, list[InboxMessage]]:
-        return await self._run(self._inbox_at, key, list(seqs))
-
-    def _inbox_at(self, key: ConversationKey, seqs: list[int]) -> dict[int, list[InboxMessage]]:
-        record = self._load(key)
-        if record is None:
-            return {}
-        anchors = record.fields["inbox_at"]
-        out = {}
-        for seq in seqs:
-            ids = anchors.get(seq)
-            if ids:
-                out[seq] = [self._inbox_message(key, record, self._rows.get(inbox_key(key, i))) for i in ids]
-        return out
-
-    # -- long-term knowledge -------------------------------------------------------------------
-
-    async def knowledge(self, tenant: str, namespace: str, version: int | None = None) -> KnowledgeVersion | None:
-        return await self._run(self._knowledge, tenant, namespace, version)
-
-    def _knowledge(self, tenant: str, namespace: str, version: int | None) -> KnowledgeVersion | None:
-        if version is None:
-            version = self._rows.get(knowledge_index(tenant), {}).get(namespace, 0)
-        raw = self._rows.get(knowledge_key(tenant, namespace, version)) if version > 0 else None
-        return None if raw is None else KnowledgeVersion(tenant, namespace, version, **raw)
-
-    async def knowledge_at(self, tenant: str, namespace: str, cutoff: float) -> KnowledgeVersion | None:
-        return await self._run(self._knowledge_at, tenant, namespace, cutoff)
-
-    def _knowledge_at(self, tenant: str, namespace: str, cutoff: float) -> KnowledgeVersion | None:
-        # Versions are written in order, so their times rise with their numbers: a binary search.
-        low, high = 1, self._rows.get(knowledge_index(tenant), {}).get(namespace, 0)
-        if high == 0:
-            return None
-        found = 1
-        while low <= high:
-            middle = (low + high) // 2
-            if self._rows.get(knowledge_key(tenant, namespace, middle))["created_at"] <= cutoff:
-                found, low = middle, middle + 1
-            else:
-                high = middle - 1
-        return self._knowledge(tenant, namespace, found)
-
-    async def knowledge_versions(
-        self, tenant: str, namespace: str, *, before: int | None = None, limit: int = 20
-    ) -> list[KnowledgeVersion]:
-        return await self._run(self._knowledge_versions, tenant, namespace, before, limit)
-
-    def _knowledge_versions(
-        self, tenant: str, namespace: str, before: int | None, limit: int
-    ) -> list[KnowledgeVersion]:
-        newest = self._rows.get(knowledge_index(tenant), {}).get(namespace, 0)
-        top = newest if before is None else min(newest, before - 1)
-        numbers = range(top, max(top - limit, 0), -1)
-        return [v for n in numbers if (v := self._knowledge(tenant, namespace, n)) is not None]
-
-    async def put_knowledge(
-        self, tenant: str, namespace: str, text: str, source: str, base_version: int
-    ) -> KnowledgeVersion | None:
-        return await self._write(self._put_knowledge, tenant, namespace, text, source, base_version)
-
-    def _put_knowledge(
-        self, tenant: str, namespace: str, text: str, source: str, base_version: int
-    ) -> KnowledgeVersion | None:
-        with self._rows.transact():
-            index = self._rows.get(knowledge_index(tenant), {})
-            if index.get(namespace, 0) != base_version:
-                return None
-            version = KnowledgeVersion(tenant, namespace, base_version + 1, text, now(), source)
-            self._rows.set(knowledge_key(tenant, namespace, version.version),
-                            {"text": text, "created_at": version.created_at, "source": source})
-            self._rows.set(knowledge_index(tenant), {**index, namespace: version.version})
-            tenants = self._rows.get(KNOWLEDGE_TENANTS, set())
-            if tenant not in tenants:
-                self._rows.set(KNOWLEDGE_TENANTS, tenants | {tenant})
-            return version
-
-    async def knowledge_documents(self, tenant: str | None) -> list[KnowledgeVersion]:
-        return await self._run(self._knowledge_documents, tenant)
-
-    def _knowledge_documents(self, tenant: str | None) -> list[KnowledgeVersion]:
-        tenants = [tenant] if tenant is not None else sorted(self._rows.get(KNOWLEDGE_TENANTS, set()))
-        out = []
-        for t in tenants:
-            for namespace in sorted(self._rows.get(knowledge_index(t), {})):
-                found = self._knowledge(t, namespace, None)
-                if found is not None:
-                    out.append(found)
-        return out
 
     async def acquire_lease(self, name: str, ttl_s: float) -> str | None:
         # One process owns this store (diskcache is not shared between replicas): leases live here.
@@ -1158,20 +948,6 @@ class DiskStore:
         except (sqlite3.Error, OSError, diskcache.Timeout) as exc:  # e.g. a full disk: the next start sweeps
             log.info("store: pending flags left for the next start", extra={"error": str(exc)})
         self._rows.close()
-
-
-def _inbox_record(m: InboxMessage) -> dict[str, Any]:
-    """An inbox message as stored: its status is read off its item, never kept."""
-    return {"id": m.id, "content": m.content, "note": m.note, "created_at": m.created_at,
-            "seq": m.seq, "placement": m.placement, "turn": m.turn, "delivered_at": m.delivered_at}
-
-
-def _drop_anchor(anchors: dict[int, list[int]], seq: int, message_id: int) -> None:
-    ids = anchors.get(seq, [])
-    if message_id in ids:
-        ids.remove(message_id)
-    if not ids:
-        anchors.pop(seq, None)
 
 
 def _index_entry(scope: str, entry: Any) -> ConversationKey:
