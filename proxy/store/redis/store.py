@@ -61,45 +61,35 @@ that cannot persist (MISCONF), is StoreReadOnly (503).
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
-import logging
 import random
 import secrets
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry  # the asyncio one: redis-py 8 converts a sync Retry, warning each time
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import OutOfMemoryError, ResponseError
 
 from ...identity import ConversationKey
 from ...messages import Message
 from ..base import (
     FAILED,
     INBOX_DELIVERED,
-    INBOX_DELIVERING,
     LIVE,
     PENDING,
     Conversation,
     ConversationDump,
     ConversationExists,
-    InboxFull,
-    InboxMessage,
-    KnowledgeVersion,
-    RequestPart,
     StoredMessage,
     StoreError,
     StoreFull,
     StoreHealth,
-    StoreReadOnly,
     StoreUnavailable,
     Summary,
     TurnFacts,
@@ -114,81 +104,22 @@ from ..base import (
 from ..search import DEFAULT_HITS, HistoryIndexes, SearchHit
 from . import lua
 from . import records as redis_records
-
-log = logging.getLogger("proxy.store.redis")
-
-P = ParamSpec("P")
-T = TypeVar("T")
+from .calls import available, dumps, guarded, log, raise_if_cancelled
+from .inbox import RedisInbox
+from .knowledge import RedisKnowledge
+from .request_parts import REQUEST_PARTS, RedisRequestParts, request_part_row
 
 MARK = redis_records.MARK
 CONVERSATION_PARTS = (
     "meta", "body", "hash", "status", "live", "fwd", "rw", "sum", "turns", "resp", "pend",
     "inbox", "idel", "iopen", "iat", "chg",
 )
-REQUEST_PARTS = "rparts"  # the conversation's system prompts and tools lists: outside the scripts' KEYS
 NO_CONVERSATION = "no such conversation"
 NO_MESSAGE = "no such message"
 CONVERSATION_EXISTS = "conversation exists"
 RESPONSE_SEPARATOR = "\0"  # between the conversation id and the seq in the responses hash
 
 __all__ = ["RedisStore", "StoreUnavailable"]  # the latter still importable from here
-
-
-@contextmanager
-def _available() -> Iterator[None]:
-    # The cause (host, errno, Redis's words) goes to the logs via the chain, not to the client.
-    try:
-        yield
-    except (RedisConnectionError, RedisTimeoutError) as exc:
-        raise StoreUnavailable("The conversation store is unavailable; try again shortly.") from exc
-    except OutOfMemoryError as exc:
-        raise StoreFull(
-            "The conversation store is out of memory: nothing was stored. Delete conversations, or raise "
-            "Redis's maxmemory, and retry."
-        ) from exc
-    except ReadOnlyError as exc:
-        raise StoreReadOnly("The conversation store is a read-only replica: nothing was stored.") from exc
-    except ResponseError as exc:
-        if str(exc).startswith("MISCONF"):  # it cannot save its snapshots (often: its disk is full)
-            raise StoreReadOnly("The conversation store refuses writes (it cannot persist): nothing was stored.") from exc
-        raise
-
-
-def _raise_if_cancelled(task: asyncio.Task[Any] | None) -> None:
-    """Raise the cancellation a Redis call swallowed: a cancel that lands in redis-py's read can
-    end as the call's reply (about one in a hundred short timeouts on a lock wait, measured), and
-    a waiter whose cancellation is lost polls on, while its holder may be waiting for it."""
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
-
-
-def _guarded(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
-    """Redis's failures as StoreErrors; a write's outcome (a method named in WRITES) is the store's health."""
-    writes = fn.__name__ in WRITES
-
-    @functools.wraps(fn)
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-        store = args[0]
-        try:
-            with _available():
-                result = await fn(*args, **kwargs)
-        except StoreError as exc:
-            if writes and not isinstance(exc, StoreUnavailable):
-                store._health.failed(exc)  # type: ignore[attr-defined]
-                log.warning("store write failed: %s", exc.message, exc_info=exc.__cause__)
-            raise
-        if writes:
-            store._health.succeeded()  # type: ignore[attr-defined]
-        return result
-
-    return wrapper
-
-
-# (Not delete: it works on a full store by design, so its success says nothing of writes.)
-WRITES = frozenset(
-    {"append", "set_statuses", "finish_turn", "count_llm_call", "mark_forwarded", "set_rewrites", "add_summary",
-     "fail_pending", "secret", "_take_lock", "set_marks", "set_title", "post_inbox", "deliver_inbox", "put_knowledge"}
-)
 
 
 # -- Lua -------------------------------------------------------------------------------------------
@@ -201,15 +132,6 @@ LUA_CONSTANTS = {
 SCRIPTS = lua.load(LUA_CONSTANTS)
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-def _request_part_row(n: int, part: RequestPart) -> str:
-    """A request part as the rparts hash keeps it (see lua/add_request_parts.lua)."""
-    return f"{n}:{part.created_at!r}:{_dumps({'kind': part.kind, 'value': part.value})}"
-
-
 def _turn_dumps(value: Any) -> bytes:
     """`_dumps` for what a turn writes, ~10x faster (a first turn stores its whole transcript).
     orjson writes the same values; it spells NaN and infinities null, but none reach a turn: the
@@ -218,7 +140,7 @@ def _turn_dumps(value: Any) -> bytes:
     try:
         return orjson.dumps(value)
     except TypeError:
-        return _dumps(value).encode()
+        return dumps(value).encode()
 
 
 class _ReadScript:
@@ -249,7 +171,10 @@ class _ReadScript:
             return list(await pipe.execute())
 
 
-class RedisStore:
+class RedisStore(RedisInbox, RedisKnowledge, RedisRequestParts):
+    """The shared backend: conversations and their items here; the inbox, knowledge and request
+    parts in modules of their own (inbox.py, knowledge.py, request_parts.py)."""
+
     def __init__(
         self,
         url: str,
@@ -350,18 +275,18 @@ class RedisStore:
                 renewal.cancel()
                 await self._drop_lock(name, token)
 
-    @_guarded
+    @guarded
     async def _take_lock(self, name: str) -> str:
         token = secrets.token_hex(16)
         delay = 0.005
         task = asyncio.current_task()
         try:
             while not await self._redis.set(name, token, nx=True, px=self._lock_ttl_ms):
-                _raise_if_cancelled(task)
+                raise_if_cancelled(task)
                 # Backoff with jitter, so waiting replicas neither hammer Redis nor poll in lockstep.
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
                 delay = min(delay * 2, 0.05)
-            _raise_if_cancelled(task)  # taken, but for a waiter that is gone
+            raise_if_cancelled(task)  # taken, but for a waiter that is gone
         except asyncio.CancelledError:
             # Cancelled mid-SET, the lock may be ours already: release it rather than block the
             # conversation for a whole TTL (a no-op if the SET did not land).
@@ -374,7 +299,7 @@ class RedisStore:
         while True:
             await asyncio.sleep(self._lock_ttl_ms / 3000)
             try:
-                with _available():
+                with available():
                     held = await self._extend(keys=[name], args=[token, self._lock_ttl_ms])
             except StoreUnavailable:
                 log.warning("cannot renew a conversation lock: Redis unreachable", extra={"lock": name})
@@ -385,7 +310,7 @@ class RedisStore:
 
     async def _drop_lock(self, name: str, token: str) -> None:
         try:
-            with _available():
+            with available():
                 await self._release(keys=[name], args=[token])
         except StoreUnavailable:
             # Not raised over the turn's own outcome: the lock expires by itself after its TTL.
@@ -393,7 +318,7 @@ class RedisStore:
 
     # -- conversations -------------------------------------------------------------------------
 
-    @_guarded
+    @guarded
     async def get(self, key: ConversationKey) -> Conversation | None:
         return (await self._read_conversations([key], keep=True))[0]
 
@@ -443,7 +368,7 @@ class RedisStore:
                 fill(pipe)
                 return await pipe.execute()
 
-    @_guarded
+    @guarded
     async def list_conversations(
         self, tenant: str | None, *, after: str | None = None, limit: int = 20, failed: bool = False
     ) -> tuple[list[Conversation], bool]:
@@ -474,20 +399,20 @@ class RedisStore:
             scores = [s for s in await pipe.execute() if s is not None]
         return int(max(scores)) if scores else None
 
-    @_guarded
+    @guarded
     async def find(self, conversation_id: str) -> list[Conversation]:
         tenants = sorted(await self._redis.smembers(self._global("tenants")))
         found = await self._read_conversations([ConversationKey(t, conversation_id) for t in tenants])
         return [c for c in found if c is not None]
 
-    @_guarded
+    @guarded
     async def delete(self, key: ConversationKey) -> bool:
         self._search.forget(key)
         # Deleting is how room is made, so it must work when Redis is out of memory. Then it
         # refuses scripts and MULTI, but not these commands (they free memory), and no other
         # writer can interleave: every write is refused.
         try:
-            with _available():
+            with available():
                 return await self._delete_keys(key, atomic=True)
         except StoreFull:
             log.warning("Redis is out of memory: deleting without MULTI", extra={"conversation": str(key)})
@@ -511,7 +436,7 @@ class RedisStore:
             existed, *_ = await pipe.execute()
         return bool(existed)
 
-    @_guarded
+    @guarded
     async def set_title(self, key: ConversationKey, title: str | None) -> Conversation | None:
         if not await self._set_title(keys=self._keys(key), args=self._args(key, title or "")):
             return None
@@ -519,7 +444,7 @@ class RedisStore:
 
     # -- messages ------------------------------------------------------------------------------
 
-    @_guarded
+    @guarded
     async def append(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
         check_statuses(status)
         stamp = now()
@@ -535,7 +460,7 @@ class RedisStore:
     async def flush(self, key: ConversationKey) -> None:
         return None  # `stage` wrote it
 
-    @_guarded
+    @guarded
     async def set_statuses(self, key: ConversationKey, changes: Mapping[int, str]) -> None:
         check_statuses(*changes.values())
         if not changes:
@@ -544,7 +469,7 @@ class RedisStore:
         with _missing_as_key_error(key):
             await self._set_statuses(keys=self._keys(key), args=self._args(key, *pairs))
 
-    @_guarded
+    @guarded
     async def finish_turn(
         self,
         key: ConversationKey,
@@ -578,7 +503,7 @@ class RedisStore:
             seq = await self._finish_turn(keys=self._keys(key), args=args)
         return None if seq is None else int(seq)
 
-    @_guarded
+    @guarded
     async def response_owner(self, tenant: str, response_id: str) -> tuple[str, int] | None:
         found = await self._redis.hget(self._responses(tenant), response_id)
         if found is None:
@@ -586,7 +511,7 @@ class RedisStore:
         conversation_id, _, seq = (found.decode() if isinstance(found, bytes) else found).partition(RESPONSE_SEPARATOR)
         return conversation_id, int(seq)
 
-    @_guarded
+    @guarded
     async def turn_records(self, key: ConversationKey, *, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
         last = int(await self._redis.hget(self._conv(key, "meta"), "turns") or 0)
         end = last if limit is None else min(last, after + limit)
@@ -595,7 +520,7 @@ class RedisStore:
         found = await self._redis.hmget(self._conv(key, "turns"), [str(t) for t in range(after + 1, end + 1)])
         return [_turn_record(raw) for raw in found if raw is not None]
 
-    @_guarded
+    @guarded
     async def messages(
         self, key: ConversationKey, *, live_only: bool, after: int | None = None, limit: int | None = None
     ) -> list[StoredMessage]:
@@ -603,7 +528,7 @@ class RedisStore:
         flat = (await self._messages_read.run([(self._keys(key), args)]))[0]
         return [_stored(*flat[i : i + 4]) for i in range(0, len(flat), 4)]
 
-    @_guarded
+    @guarded
     async def message(self, key: ConversationKey, seq: int) -> StoredMessage | None:
         def fill(pipe: Any) -> None:
             for part in ("body", "hash", "status"):
@@ -612,31 +537,31 @@ class RedisStore:
         body, h, status = await self._read(fill)
         return None if body is None else _stored(seq, body, h, status)
 
-    @_guarded
+    @guarded
     async def count_llm_call(self, key: ConversationKey, limit: int | None = None) -> int | None:
         extra = () if limit is None else (limit,)
         calls = int(await self._count_call(keys=self._keys(key), args=self._args(key, *extra)))
         return None if calls < 0 else calls
 
-    @_guarded
+    @guarded
     async def mark_forwarded(self, key: ConversationKey, marks: Mapping[int, int]) -> None:
         if marks:
             pairs = [x for seq, calls in marks.items() for x in (seq, calls)]
             await self._set_fields(keys=self._keys(key), args=self._args(key, "fwd", *pairs))
 
-    @_guarded
+    @guarded
     async def set_marks(self, key: ConversationKey, marks: Mapping[str, int]) -> None:
         if marks:
             pairs = [x for name, seq in marks.items() for x in (MARK + name, int(seq))]
             await self._set_fields(keys=self._keys(key), args=self._args(key, "meta", *pairs))
 
-    @_guarded
+    @guarded
     async def set_rewrites(self, key: ConversationKey, rewrites: Mapping[int, str]) -> None:
         if rewrites:
             pairs = [x for seq, content in rewrites.items() for x in (seq, content)]
             await self._set_fields(keys=self._keys(key), args=self._args(key, "rw", *pairs))
 
-    @_guarded
+    @guarded
     async def rewrites(self, key: ConversationKey, seqs: list[int]) -> dict[int, str]:
         if not seqs:
             return {}
@@ -645,26 +570,26 @@ class RedisStore:
 
     # -- summaries -----------------------------------------------------------------------------
 
-    @_guarded
+    @guarded
     async def add_summary(self, key: ConversationKey, summary: Summary) -> Summary:
         data = summary.to_record()
         del data["id"]  # the store assigns it; it is the field name in the hash
-        sid = await self._add_summary(keys=self._keys(key), args=self._args(key, _dumps(data), summary.last_seq))
+        sid = await self._add_summary(keys=self._keys(key), args=self._args(key, dumps(data), summary.last_seq))
         return replace(summary, id=int(sid))
 
-    @_guarded
+    @guarded
     async def summaries(self, key: ConversationKey) -> list[Summary]:
         raw = await self._redis.hgetall(self._conv(key, "sum"))
         return [Summary.from_record({**json.loads(raw[sid]), "id": int(sid)}) for sid in sorted(raw, key=int)]
 
-    @_guarded
+    @guarded
     async def summary(self, key: ConversationKey, summary_id: int) -> Summary | None:
         raw = await self._redis.hget(self._conv(key, "sum"), str(summary_id))
         return None if raw is None else Summary.from_record({**json.loads(raw), "id": summary_id})
 
     # -- import --------------------------------------------------------------------------------
 
-    @_guarded
+    @guarded
     async def search(self, key: ConversationKey, query: str, *, limit: int = DEFAULT_HITS) -> list[SearchHit]:
         return await self._search.search(self, key, query, limit)
 
@@ -675,7 +600,7 @@ class RedisStore:
         meta = {MARK + name: seq for name, seq in c.marks.items()}
         for name, value in c.description().items():  # absent = unknown, as _conversation reads them
             if value is not None and value != 0:
-                meta[name] = _dumps(value) if name == "last_error" else value
+                meta[name] = dumps(value) if name == "last_error" else value
         args = self._args(
             c.key, int(replace), repr(c.updated_at), c.next_seq, c.llm_calls, c.boundary,
             "" if c.summary_id is None else c.summary_id, len(dump.summaries), len(dump.turns),
@@ -683,29 +608,29 @@ class RedisStore:
             len(dump.inbox), stamp=c.created_at,
         )
         for m in dump.messages:
-            args += [m.seq, _dumps({"t": m.created_at, "m": m.message}), m.hash, m.status]
+            args += [m.seq, dumps({"t": m.created_at, "m": m.message}), m.hash, m.status]
         for seq, calls in c.first_forwarded.items():
             args += [seq, calls]
         for seq, content in dump.rewrites.items():
             args += [seq, content]
         for summary in dump.summaries:
             data = summary.to_record()
-            args += [data.pop("id"), _dumps(data)]
+            args += [data.pop("id"), dumps(data)]
         for record in dump.turns:
             rest = imported_turn_row({k: v for k, v in record.items() if k not in ("turn", "reply_seq")})
             stored = {"turn": record["turn"], "reply_seq": record.get("reply_seq"), "record": rest}
-            args += [record["turn"], _dumps(stored)]
+            args += [record["turn"], dumps(stored)]
         for name, value in meta.items():
             args += [name, value]
         for response_id, seq in dump.responses.items():
             args += [response_id, seq]
         for m in dump.inbox:
             delivery = "" if m.seq is None else f"{m.seq}:{m.placement}:{m.turn}:{m.delivered_at!r}"
-            body = _dumps({"content": m.content, "note": m.note, "created_at": m.created_at})
+            body = dumps({"content": m.content, "note": m.note, "created_at": m.created_at})
             args += [m.id, body, delivery, int(m.status != INBOX_DELIVERED)]
         args.append(len(dump.parts))
         for n, part in enumerate(dump.parts, 1):
-            args += [part.hash, _request_part_row(n, part)]
+            args += [part.hash, request_part_row(n, part)]
         try:
             await self._import(keys=[*self._keys(c.key), self._conv(c.key, REQUEST_PARTS)], args=args)
         except ResponseError as exc:
@@ -713,133 +638,9 @@ class RedisStore:
                 raise ConversationExists(str(c.key)) from None
             raise
 
-    # -- inbox ---------------------------------------------------------------------------------
-
-    @_guarded
-    async def post_inbox(self, key: ConversationKey, content: str, note: str, max_pending: int) -> InboxMessage | None:
-        stamp = now()
-        body = _dumps({"content": content, "note": note, "created_at": stamp})
-        mid = int(await self._post_inbox(keys=self._keys(key), args=self._args(key, body, max_pending, stamp=stamp)))
-        if mid == -1:
-            raise InboxFull(str(key))
-        return None if mid == 0 else InboxMessage(mid, content, note, stamp)
-
-    @_guarded
-    async def inbox(self, key: ConversationKey, *, after: int = 0, limit: int | None = None) -> list[InboxMessage]:
-        last = int(await self._redis.hget(self._conv(key, "meta"), "inbox") or 0)
-        end = last if limit is None else min(last, after + limit)
-        if end <= after:
-            return []
-        flat = await self._inbox(keys=self._keys(key), args=self._args(key, "ids", *range(after + 1, end + 1)))
-        return [_inbox_message(*flat[i : i + 4]) for i in range(0, len(flat), 4)]
-
-    @_guarded
-    async def deliver_inbox(
-        self, key: ConversationKey, seq: int, placement: str, turn: int, stamp: float
-    ) -> list[InboxMessage]:
-        args = self._args(key, seq, placement, turn, stamp=stamp)
-        item_status, *flat = await self._deliver_inbox(keys=self._keys(key), args=args)
-        return [_inbox_message(*flat[i : i + 3], item_status) for i in range(0, len(flat), 3)]
-
-    @_guarded
-    async def inbox_at(self, key: ConversationKey, seqs: Sequence[int]) -> dict[int, list[InboxMessage]]:
-        if not seqs:
-            return {}
-        flat = await self._inbox(keys=self._keys(key), args=self._args(key, "seqs", *seqs))
-        out: dict[int, list[InboxMessage]] = {}
-        for i in range(0, len(flat), 4):
-            message = _inbox_message(*flat[i : i + 4])
-            if message.seq is not None:
-                out.setdefault(message.seq, []).append(message)
-        return out
-
-    # -- request parts -------------------------------------------------------------------------
-
-    @_guarded
-    async def add_request_parts(self, key: ConversationKey, parts: Sequence[RequestPart]) -> list[str]:
-        if not parts:
-            return []
-        args: list[Any] = [repr(now())]
-        for part in parts:
-            args += [part.hash, _dumps({"kind": part.kind, "value": part.value})]
-        keys = [self._conv(key, "meta"), self._conv(key, REQUEST_PARTS)]
-        return list(await self._add_request_parts(keys=keys, args=args))
-
-    @_guarded
-    async def request_parts(self, key: ConversationKey, *, after: int = 0) -> list[RequestPart]:
-        rows = await self._redis.hgetall(self._conv(key, REQUEST_PARTS))  # few: a version per change
-        found = []
-        for part_hash, row in rows.items():
-            n, stamp, data = row.split(":", 2)
-            if int(n) > after:
-                record = json.loads(data)
-                found.append((int(n), RequestPart(record["kind"], part_hash, record["value"], float(stamp))))
-        return [part for _, part in sorted(found, key=lambda pair: pair[0])]
-
-    # -- long-term knowledge -------------------------------------------------------------------
-
-    def _knowledge_keys(self, tenant: str, namespace: str) -> tuple[str, str]:
-        tag = f"{self._prefix}kn:{{{tenant}/{namespace}}}"
-        return tag + ":v", tag + ":t"
-
-    def _knowledge_index(self, tenant: str) -> str:
-        return f"{self._prefix}kn-index:{tenant}"
-
-    @_guarded
-    async def knowledge(self, tenant: str, namespace: str, version: int | None = None) -> KnowledgeVersion | None:
-        if version is None:
-            version = int(await self._redis.hget(self._knowledge_index(tenant), namespace) or 0)
-        return await self._knowledge_version(tenant, namespace, version)
-
-    async def _knowledge_version(self, tenant: str, namespace: str, version: int) -> KnowledgeVersion | None:
-        if version <= 0:
-            return None
-        raw = await self._redis.hget(self._knowledge_keys(tenant, namespace)[0], str(version))
-        return None if raw is None else KnowledgeVersion(tenant, namespace, version, **json.loads(raw))
-
-    @_guarded
-    async def knowledge_at(self, tenant: str, namespace: str, cutoff: float) -> KnowledgeVersion | None:
-        times = self._knowledge_keys(tenant, namespace)[1]
-        found = await self._redis.zrevrangebyscore(times, repr(cutoff), "-inf", start=0, num=1)
-        return await self._knowledge_version(tenant, namespace, int(found[0]) if found else 1)
-
-    @_guarded
-    async def knowledge_versions(
-        self, tenant: str, namespace: str, *, before: int | None = None, limit: int = 20
-    ) -> list[KnowledgeVersion]:
-        newest = int(await self._redis.hget(self._knowledge_index(tenant), namespace) or 0)
-        top = newest if before is None else min(newest, before - 1)
-        numbers = list(range(top, max(top - limit, 0), -1))
-        if not numbers:
-            return []
-        found = await self._redis.hmget(self._knowledge_keys(tenant, namespace)[0], [str(n) for n in numbers])
-        return [KnowledgeVersion(tenant, namespace, n, **json.loads(raw)) for n, raw in zip(numbers, found) if raw]
-
-    @_guarded
-    async def put_knowledge(
-        self, tenant: str, namespace: str, text: str, source: str, base_version: int
-    ) -> KnowledgeVersion | None:
-        stamp = now()
-        keys = [*self._knowledge_keys(tenant, namespace), self._knowledge_index(tenant), self._global("kn-tenants")]
-        body = _dumps({"text": text, "created_at": stamp, "source": source})
-        version = int(await self._put_knowledge(keys=keys, args=[namespace, base_version, tenant, body, repr(stamp)]))
-        return KnowledgeVersion(tenant, namespace, version, text, stamp, source) if version else None
-
-    @_guarded
-    async def knowledge_documents(self, tenant: str | None) -> list[KnowledgeVersion]:
-        tenants = [tenant] if tenant is not None else sorted(await self._redis.smembers(self._global("kn-tenants")))
-        out = []
-        for t in tenants:
-            index = await self._redis.hgetall(self._knowledge_index(t))
-            for namespace in sorted(index):
-                found = await self._knowledge_version(t, namespace, int(index[namespace]))
-                if found is not None:
-                    out.append(found)
-        return out
-
     # -- leases, secret ------------------------------------------------------------------------
 
-    @_guarded
+    @guarded
     async def acquire_lease(self, name: str, ttl_s: float) -> str | None:
         token = secrets.token_hex(8)
         ttl_ms = round(ttl_s * 1000)
@@ -849,11 +650,11 @@ class RedisStore:
             return None if await self._redis.exists(lease) else token
         return token if await self._redis.set(lease, token, nx=True, px=ttl_ms) else None
 
-    @_guarded
+    @guarded
     async def release_lease(self, name: str, token: str) -> None:
         await self._release(keys=[self._global(f"lease:{name}")], args=[token])
 
-    @_guarded
+    @guarded
     async def secret(self) -> bytes:
         # SET NX then GET in one transaction: the first replica's value wins and every one reads it.
         async with self._redis.pipeline(transaction=True) as pipe:
@@ -862,7 +663,7 @@ class RedisStore:
             _, value = await pipe.execute()
         return bytes.fromhex(value)
 
-    @_guarded
+    @guarded
     async def fail_pending(self) -> int:
         failed = 0
         for member in await self._redis.smembers(self._global("pending")):
@@ -873,7 +674,7 @@ class RedisStore:
 
     async def health(self) -> StoreHealth:
         try:
-            with _available():
+            with available():
                 await self._redis.ping()
                 if self._health.failure is not None:  # does a write work again?
                     await self._redis.set(self._global("health-probe"), repr(now()), px=60_000)
@@ -889,18 +690,6 @@ class RedisStore:
         for task in list(self._renewals):
             task.cancel()
         await self._redis.aclose()
-
-
-def _inbox_message(mid: str, body: str, delivery: str, item_status: str = "") -> InboxMessage:
-    """A stored inbox message with its status, read off the status of the item it went with."""
-    record = json.loads(body)
-    message = InboxMessage(int(mid), record["content"], record["note"], record["created_at"])
-    if not delivery or item_status == FAILED:  # never delivered, or its turn failed: waiting
-        return message
-    seq, placement, turn, stamp = delivery.split(":", 3)
-    message.seq, message.placement, message.turn, message.delivered_at = int(seq), placement, int(turn), float(stamp)
-    message.status = INBOX_DELIVERING if item_status in ("", PENDING) else INBOX_DELIVERED
-    return message
 
 
 @contextmanager
