@@ -6,21 +6,18 @@ delivered once it is live, open again if its turn failed).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...identity import ConversationKey
 from ..base import FAILED, INBOX_DELIVERED, INBOX_DELIVERING, PENDING, InboxFull, InboxMessage, now
+from .area import DiskArea
 from .keys import inbox_key
 from .records import Record
-from .rows import Rows
 
 
-class DiskInbox:
-    # The store's own, which it runs these with (store.py): its rows, its thread, its records.
-    _rows: Rows
-    _run: Callable[..., Awaitable[Any]]
-    _write: Callable[..., Awaitable[Any]]
+class DiskInbox(DiskArea):
+    # ... and the store's records (store.py): a message's status is its item's.
     _load: Callable[[ConversationKey], Record | None]
     _save: Callable[[ConversationKey, Record], None]
     _status: Callable[[ConversationKey, Record, int], str | None]

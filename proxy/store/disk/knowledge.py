@@ -5,20 +5,12 @@ namespace per tenant, and the tenants that have any.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
-
 from ..base import KnowledgeVersion, now
+from .area import DiskArea
 from .keys import KNOWLEDGE_TENANTS, knowledge_index, knowledge_key
-from .rows import Rows
 
 
-class DiskKnowledge:
-    # The store's own, which it runs these with (store.py): its rows, its thread, its records.
-    _rows: Rows
-    _run: Callable[..., Awaitable[Any]]
-    _write: Callable[..., Awaitable[Any]]
-
+class DiskKnowledge(DiskArea):
     async def knowledge(self, tenant: str, namespace: str, version: int | None = None) -> KnowledgeVersion | None:
         return await self._run(self._knowledge, tenant, namespace, version)
 

@@ -7,21 +7,18 @@ already reads the index and writes nothing (the caller asks only when the parts 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 from ...identity import ConversationKey
 from ..base import RequestPart, now
+from .area import DiskArea
 from .keys import request_part_key, request_parts_key
-from .rows import Rows
 
 
-class DiskRequestParts:
-    # The store's own, which it runs these with (store.py): its rows, its thread, its records.
-    _rows: Rows
-    _run: Callable[..., Awaitable[Any]]
-    _write: Callable[..., Awaitable[Any]]
+class DiskRequestParts(DiskArea):
+    # ... and the store's record fields (store.py): parts are kept only for a conversation it holds.
     _fields: Callable[[ConversationKey], dict[str, Any] | None]
 
     async def add_request_parts(self, key: ConversationKey, parts: Sequence[RequestPart]) -> list[str]:

@@ -5,24 +5,16 @@ item it went with (lua/deliver_inbox.lua, lua/inbox.lua)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
-
-import redis.asyncio as aioredis
 
 from ...identity import ConversationKey
 from ..base import FAILED, INBOX_DELIVERED, INBOX_DELIVERING, PENDING, InboxFull, InboxMessage, now
+from .area import RedisArea
 from .calls import dumps, guarded
 
 
-class RedisInbox:
-    # The store's own, which these run with (store.py): its client, its keys, its scripts.
-    _redis: aioredis.Redis
-    _prefix: str
-    _conv: Callable[[ConversationKey, str], str]
-    _global: Callable[[str], str]
-    _keys: Callable[[ConversationKey], list[str]]
-    _args: Callable[..., list[Any]]
+class RedisInbox(RedisArea):
     _post_inbox: Any  # its scripts, registered by the store
     _deliver_inbox: Any
     _inbox: Any

@@ -5,21 +5,15 @@ of the newest per namespace, and the set of tenants that have any (lua/put_knowl
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from ..base import KnowledgeVersion, now
+from .area import RedisArea
 from .calls import dumps, guarded
 
 
-class RedisKnowledge:
-    # The store's own, which these run with (store.py): its client, its keys, its script.
-    _redis: aioredis.Redis
-    _prefix: str
-    _global: Callable[[str], str]
-    _put_knowledge: Any
+class RedisKnowledge(RedisArea):
+    _put_knowledge: Any  # its script, registered by the store
 
     def _knowledge_keys(self, tenant: str, namespace: str) -> tuple[str, str]:
         tag = f"{self._prefix}kn:{{{tenant}/{namespace}}}"

@@ -5,13 +5,12 @@ a part of RedisStore. One hash per conversation, outside its scripts' KEYS: part
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
-
-import redis.asyncio as aioredis
 
 from ...identity import ConversationKey
 from ..base import RequestPart, now
+from .area import RedisArea
 from .calls import dumps, guarded
 
 REQUEST_PARTS = "rparts"  # the conversation's system prompts and tools lists: outside the scripts' KEYS
@@ -22,14 +21,7 @@ def request_part_row(n: int, part: RequestPart) -> str:
     return f"{n}:{part.created_at!r}:{dumps({'kind': part.kind, 'value': part.value})}"
 
 
-class RedisRequestParts:
-    # The store's own, which these run with (store.py): its client, its keys, its scripts.
-    _redis: aioredis.Redis
-    _prefix: str
-    _conv: Callable[[ConversationKey, str], str]
-    _global: Callable[[str], str]
-    _keys: Callable[[ConversationKey], list[str]]
-    _args: Callable[..., list[Any]]
+class RedisRequestParts(RedisArea):
     _add_request_parts: Any  # its script, registered by the store
 
     @guarded
