@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import gc
 
 import pytest
 
@@ -12,7 +13,7 @@ from proxy.eager import eager
 NAME: contextvars.ContextVar[str] = contextvars.ContextVar("name", default="caller's")
 
 
-async def test_a_coroutine_that_never_waits_ends_before_eager_returns_with_no_task() -> None:
+async def test_a_coroutine_that_never_waits_ends_before_eager_returns_and_its_caller_never_waits() -> None:
     ran: list[str] = []
 
     async def step() -> int:
@@ -22,8 +23,9 @@ async def test_a_coroutine_that_never_waits_ends_before_eager_returns_with_no_ta
     tasks = len(asyncio.all_tasks())
     future = eager(step())
     assert ran == ["step"] and future.done() and future.result() == 7
+    assert await asyncio.shield(future) == 7  # what turns.py awaits: no suspension
+    await asyncio.sleep(0)  # the task it ran as ends on the loop's next pass, with nothing to say
     assert len(asyncio.all_tasks()) == tasks
-    assert await asyncio.shield(future) == 7  # what turns.py awaits
 
 
 async def test_what_is_left_after_the_first_wait_runs_in_a_task_to_the_same_result() -> None:
@@ -46,10 +48,17 @@ async def test_an_error_before_any_wait_is_the_futures_and_raised_where_it_is_aw
     async def step() -> None:
         raise ValueError("no room")
 
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _, context: reported.append(context))
     future = eager(step())
     assert future.done()
     with pytest.raises(ValueError, match="no room"):
         await future
+    await asyncio.sleep(0)  # its task ends too, the error told only by the future awaited
+    del future
+    gc.collect()
+    assert reported == []
 
 
 async def test_a_task_cancelled_before_its_first_step_cancels_the_coroutine_where_it_waits() -> None:
@@ -107,3 +116,53 @@ async def test_what_the_coroutine_sets_in_its_context_stays_its_own_across_its_w
     assert NAME.get() == "caller's"
     gate.set_result(None)
     assert await future == "the step's" and NAME.get() == "caller's"
+
+
+async def test_the_first_step_runs_as_its_own_task_so_a_timeout_taken_there_cancels_it_not_the_caller() -> None:
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    seen: dict[str, object] = {}
+    caller = asyncio.current_task()
+
+    async def step() -> str:
+        seen["task"] = asyncio.current_task()
+        try:
+            async with asyncio.timeout(0.01):  # taken in the first step, before the wait
+                await gate  # never set: the timeout ends the wait
+        except TimeoutError:
+            return "timed out"
+        return "set"
+
+    future = eager(step())
+    assert seen["task"] is future and seen["task"] is not caller  # the task that goes on with it
+    assert asyncio.current_task() is caller  # the caller's again once the step is taken
+    assert await future == "timed out"
+    assert caller is not None and not caller.cancelling()
+
+
+async def test_a_caller_being_cancelled_is_not_what_the_step_sees_as_its_own_cancellation() -> None:
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    seen: list[int] = []
+
+    async def step() -> None:
+        task = asyncio.current_task()  # taken before the wait, as the redis store's lock does
+        assert task is not None
+        await gate
+        seen.append(task.cancelling())  # ... to check after each wait whether it is being cancelled
+
+    started: list[asyncio.Future[None]] = []
+
+    async def caller() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:  # the client went away: the turn's end still runs whole
+            started.append(eager(step()))
+            raise
+
+    handler = asyncio.ensure_future(caller())
+    await asyncio.sleep(0)
+    handler.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await handler
+    gate.set_result(None)
+    await started[0]
+    assert seen == [0]

@@ -129,6 +129,22 @@ def test_client_leaving_mid_stream_leaves_the_partial_reply_incomplete(proxy, up
     assert partial != "a long answer that the client will never read to the end"
 
 
+def test_on_redis_a_client_leaving_mid_stream_still_has_its_partial_reply_stored(make_proxy, upstream, redis):
+    """The turn's last writes run on after aiohttp cancelled the handler: with the Redis store they
+    wait on the network, and its lock checks whether the task it runs in is being cancelled (the
+    write's own task, never the cancelled handler's)."""
+    proxy = make_proxy(storage={"backend": "redis", "redis_url": redis.url})
+    with httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth) as http:
+        reply, _ = leave_mid_stream(http, upstream, "walked-away-redis", "an answer cut short by the client", lines=2)
+        upstream.enqueue(Reply.text("ok"))
+        headers = {"Authorization": f"Bearer {ALICE}", "X-Conversation-ID": "walked-away-redis"}
+        body = {"model": "m", "messages": [{"role": "user", "content": "go"}]}
+        assert http.post("/v1/chat/completions", json=body, headers=headers).status_code == 200
+        reply.release()
+        statuses = [(m["role"], m["status"]) for m in trajectory(http, "walked-away-redis")]
+    assert statuses == [("user", "live"), ("assistant", "incomplete"), ("assistant", "live")]
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_every_message_type_is_persisted(proxy, upstream, http, stream):
     upstream.enqueue(Reply.text("done"))
