@@ -5,12 +5,24 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import gc
+from collections.abc import Coroutine
+from typing import Any
 
 import pytest
 
 from proxy.eager import eager
 
 NAME: contextvars.ContextVar[str] = contextvars.ContextVar("name", default="caller's")
+
+
+async def cancelled(caller: Coroutine[Any, Any, None]) -> None:
+    """Run `caller` until it waits, cancel it (as aiohttp cancels a handler whose client left), and
+    see the cancellation through."""
+    task = asyncio.ensure_future(caller)
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
 
 
 async def test_a_coroutine_that_never_waits_ends_before_eager_returns_and_its_caller_never_waits() -> None:
@@ -94,11 +106,7 @@ async def test_a_shielded_rest_ends_though_its_awaiter_is_cancelled() -> None:
     async def caller() -> None:
         await asyncio.shield(future)
 
-    waiting = asyncio.ensure_future(caller())
-    await asyncio.sleep(0)
-    waiting.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await waiting
+    await cancelled(caller())
     gate.set_result(None)
     await future
     assert ended == ["written"]
@@ -158,11 +166,7 @@ async def test_a_caller_being_cancelled_is_not_what_the_step_sees_as_its_own_can
             started.append(eager(step()))
             raise
 
-    handler = asyncio.ensure_future(caller())
-    await asyncio.sleep(0)
-    handler.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await handler
+    await cancelled(caller())
     gate.set_result(None)
     await started[0]
     assert seen == [0]
