@@ -1,8 +1,11 @@
 """The store interface every backend implements, and the records it holds.
 
-A conversation is an append-only log of messages. A message's content never changes once
-written; only its status does (pending -> live | failed, live -> superseded, ...). The live
-transcript is the live messages in sequence order; the trajectory is every message ever written.
+A conversation is an append-only log of messages: transcript items (`transcript.Raw`) in the wire
+form their dialect read them in (a chat message, a Responses input item, an Anthropic or Gemini
+message), kept and given back as they are; the store reads one only to search its text. A
+message's content never changes once written; only its status does (pending -> live | failed,
+live -> superseded, ...). The live transcript is the live messages in sequence order; the
+trajectory is every message ever written.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import orjson
 from ..errors import ProxyError
 from ..identity import ConversationKey, family_of
 from ..marks import RUNS_MARK, THREAD_MARK
-from ..messages import Message
+from ..transcript import Raw
 from ..seqruns import SeqRuns
 from ..titles import title_from_task
 
@@ -118,7 +121,7 @@ def failed_health(exc: StoreError, **facts: Any) -> StoreHealth:
 @dataclass(slots=True)
 class StoredMessage:
     seq: int
-    message: Message
+    message: Raw  # the item as its dialect's codec reads it (Codec.items), whatever the wire format
     hash: str
     status: str
     created_at: float
@@ -594,10 +597,11 @@ class TurnStore(Protocol):
 
     async def get(self, key: ConversationKey) -> Conversation | None: ...
 
-    async def append(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
-        """Append messages (creating the conversation if new); returns their sequence numbers."""
+    async def append(self, key: ConversationKey, items: list[Raw], hashes: list[str], status: str) -> list[int]:
+        """Append transcript items (creating the conversation if new), one canonical hash each
+        (the dialect's `hash`); returns their sequence numbers."""
 
-    async def stage(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
+    async def stage(self, key: ConversationKey, items: list[Raw], hashes: list[str], status: str) -> list[int]:
         """`append`, but durable only with the conversation's next write (a turn's end: one commit
         for the turn) or `flush(key)`, whichever comes first; seen at once by every read here. A
         backend may write them at once (Redis does, the embedded store does for a conversation it
@@ -614,7 +618,7 @@ class TurnStore(Protocol):
         self,
         key: ConversationKey,
         changes: Mapping[int, str],
-        reply: Sequence[tuple[Message, str]],
+        reply: Sequence[tuple[Raw, str]],
         reply_status: str,
         record: TurnRecord | None,
         *,

@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..identity import ConversationKey
-from ..messages import Message
+from ..transcript import Raw
 from .base import LIVE, SearchHit, StoredMessage
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ def terms(text: str) -> list[str]:
     return words
 
 
-def message_role(message: Message) -> str:
+def message_role(message: Raw) -> str:
     """user, assistant or tool (a tool's output), or what else the item is (system, reasoning),
     read off any managed wire format: chat, Responses items, Anthropic and Gemini messages."""
     kind = message.get("type")
@@ -93,7 +93,7 @@ def message_role(message: Message) -> str:
     return role if isinstance(role, str) else "other"
 
 
-def message_text(message: Message) -> str:
+def message_text(message: Raw) -> str:
     """The searchable text of a stored message: its content's text (a chat message's content, a
     Responses item's text or output, Anthropic blocks, Gemini parts) and its calls' arguments,
     never signatures, encrypted reasoning or images."""

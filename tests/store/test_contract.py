@@ -304,6 +304,30 @@ async def test_a_reply_of_several_items_is_named_by_its_response_id_until_delete
     assert await store.response_owner(A.tenant, "resp_1") is None
 
 
+# One transcript item of each wire format the dialects read, as a client or upstream sends it:
+# the store holds them whatever their shape (transcript.Raw), never a chat message's fields only.
+WIRE_ITEMS = [
+    {"role": "assistant", "content": None, "refusal": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "read", "arguments": "{\"path\": \"a.py\"}"}}]},
+    {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAAAB" + "x" * 64},
+    {"type": "function_call_output", "call_id": "call_1", "output": "42 rows \u00e9t\u00e9 \u2713"},
+    {"role": "assistant", "content": [{"type": "thinking", "thinking": "plan", "signature": "EqQB"},
+                                      {"type": "tool_use", "id": "toolu_1", "name": "grep", "input": {"pattern": "a|b", "n": 3.5}}]},
+    {"role": "model", "parts": [{"functionCall": {"name": "ls", "args": {"dir": "/", "depth": [1, None, True]}}},
+                                {"thoughtSignature": "c2ln", "text": ""}]},
+]
+
+
+async def test_items_of_every_wire_format_come_back_exactly_as_written(store):
+    staged = await store.stage(A, WIRE_ITEMS[:3], ["h1", "h2", "h3"], PENDING)
+    reply = [(WIRE_ITEMS[3], "h4"), (WIRE_ITEMS[4], "h5")]
+    await store.finish_turn(A, dict.fromkeys(staged, LIVE), reply, LIVE, TurnRecord(tokens_sent=5))
+    got = await store.messages(A, live_only=True)
+    assert [m.message for m in got] == WIRE_ITEMS and [m.hash for m in got] == ["h1", "h2", "h3", "h4", "h5"]
+    # Byte for byte, key order included: what goes upstream again is what was sent (prompt caches).
+    assert [json.dumps(m.message) for m in got] == [json.dumps(item) for item in WIRE_ITEMS]
+
+
 async def test_marks_are_kept_on_the_conversation_and_set_one_by_one(store):
     await add(store, A, ["m"])
     assert (await store.get(A)).marks == {}

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...identity import ConversationKey
-from ...messages import Message
+from ...transcript import Raw
 from ..base import (
     PENDING,
     Conversation,
@@ -44,7 +44,7 @@ class Batch:
     hashes: list[str]
     statuses: list[str]
     stamps: list[float]
-    legacy: Message | None = None
+    legacy: Raw | None = None
     unwritten: dict[int, bytes] = field(default_factory=dict)  # parts of their own to write, by first seq
 
     @property
@@ -52,7 +52,7 @@ class Batch:
         """The seq after its last message."""
         return self.first + len(self.hashes)
 
-    def add(self, messages: list[Message], hashes: list[str], statuses: list[str], stamps: list[float]) -> None:
+    def add(self, messages: list[Raw], hashes: list[str], statuses: list[str], stamps: list[float]) -> None:
         blob = pickle.dumps(messages, pickle.HIGHEST_PROTOCOL)
         if len(blob) > INLINE_PART:
             self.unwritten[self.end] = blob
@@ -63,12 +63,12 @@ class Batch:
         self.statuses.extend(statuses)
         self.stamps.extend(stamps)
 
-    def messages(self, read_part: Callable[[int], bytes]) -> list[Message]:
+    def messages(self, read_part: Callable[[int], bytes]) -> list[Raw]:
         """Its messages, unpickled afresh (the caller's to change); `read_part(seq)` reads a part
         of its own."""
         if self.legacy is not None:
             return [self.legacy]
-        out: list[Message] = []
+        out: list[Raw] = []
         seq = self.first
         for count, blob in self.parts:
             if blob is None:

@@ -69,7 +69,7 @@ import diskcache
 
 from ...config import ConfigError
 from ...identity import ConversationKey
-from ...messages import Message
+from ...transcript import Raw
 from ..base import (
     FAILED,
     INBOX_DELIVERED,
@@ -237,14 +237,14 @@ class DiskStore(DiskInbox, DiskKnowledge, DiskRequestParts):
         self._checkpoints.wrote()
         return result
 
-    def _small(self, key: ConversationKey, messages: Sequence[Message] = ()) -> bool:
-        """Whether a write of `messages` to `key` is small enough to run in place of the store
+    def _small(self, key: ConversationKey, items: Sequence[Raw] = ()) -> bool:
+        """Whether a write of `items` to `key` is small enough to run in place of the store
         thread (`_run`): its record held in memory (no index to read back) and a few messages of
         a few KB (a turn's reply, its new observation; not a first turn's transcript). A hint
         read without the store's lock: at worst a write that could have hopped runs in place."""
-        if (key not in self._staged and self._records.get(key) is None) or len(messages) > INLINE_ITEMS:
+        if (key not in self._staged and self._records.get(key) is None) or len(items) > INLINE_ITEMS:
             return False
-        return sum(map(_rough_chars, messages)) <= INLINE_CHARS
+        return sum(map(_rough_chars, items)) <= INLINE_CHARS
 
     def lock(self, key: ConversationKey) -> asyncio.Lock:
         """The conversation's lock itself (this process is the store's only writer): held by the
@@ -418,26 +418,26 @@ class DiskStore(DiskInbox, DiskKnowledge, DiskRequestParts):
 
     # -- messages ------------------------------------------------------------------------------
 
-    async def append(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
+    async def append(self, key: ConversationKey, items: list[Raw], hashes: list[str], status: str) -> list[int]:
         check_statuses(status)
-        return await self._write(self._append, key, messages, hashes, status, small=self._small(key, messages))
+        return await self._write(self._append, key, items, hashes, status, small=self._small(key, items))
 
-    def _append(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
-        return self._update_record(key, lambda record: self._add_messages(record, messages, hashes, status))
+    def _append(self, key: ConversationKey, items: list[Raw], hashes: list[str], status: str) -> list[int]:
+        return self._update_record(key, lambda record: self._add_items(record, items, hashes, status))
 
-    async def stage(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
+    async def stage(self, key: ConversationKey, items: list[Raw], hashes: list[str], status: str) -> list[int]:
         # Held in memory when the conversation's record is (a later turn's few items), and the disk
         # has room; else written now, as `append`.
-        if not self._small(key, messages) or not self._room():
-            return await self.append(key, messages, hashes, status)
+        if not self._small(key, items) or not self._room():
+            return await self.append(key, items, hashes, status)
         check_statuses(status)
-        return await self._write(self._stage, key, messages, hashes, status, small=True)
+        return await self._write(self._stage, key, items, hashes, status, small=True)
 
-    def _stage(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
+    def _stage(self, key: ConversationKey, items: list[Raw], hashes: list[str], status: str) -> list[int]:
         record = self._staged.get(key) or self._records.get(key)
         if record is None:  # pushed out of memory since `_small` looked: written now
-            return self._append(key, messages, hashes, status)
-        seqs = self._add_messages(record, messages, hashes, status)
+            return self._append(key, items, hashes, status)
+        seqs = self._add_items(record, items, hashes, status)
         self._staged[key] = record
         self._snapshot(key, record)
         return seqs
@@ -463,24 +463,24 @@ class DiskStore(DiskInbox, DiskKnowledge, DiskRequestParts):
             return False
         return not fs.f_flag & os.ST_RDONLY and fs.f_bavail * fs.f_frsize >= STAGE_ROOM
 
-    def _add_messages(self, record: Record, messages: list[Message], hashes: list[str], status: str) -> list[int]:
-        """Add messages after the last one, in memory (`_save` writes them): a batch of their own,
+    def _add_items(self, record: Record, items: list[Raw], hashes: list[str], status: str) -> list[int]:
+        """Add items after the last one, in memory (`_save` writes them): a batch of their own,
         or the newest batch if this write already rewrites it (a turn's reply joins its items)."""
-        if len(messages) != len(hashes):
-            raise ValueError("one hash per message")
+        if len(items) != len(hashes):
+            raise ValueError("one hash per item")
         stamp = now()
         fields = record.fields
-        first, count = fields["next_seq"], len(messages)
+        first, count = fields["next_seq"], len(items)
         taken = 0
         newest = record.unsaved.get(record.last_start) if record.last_start is not None else None
         if newest is not None and newest.end == first:
             taken = min(count, BATCH_MAX - len(newest.hashes))
             if taken:
-                newest.add(messages[:taken], hashes[:taken], [status] * taken, [stamp] * taken)
+                newest.add(items[:taken], hashes[:taken], [status] * taken, [stamp] * taken)
         for start in range(taken, count, BATCH_MAX):
             size = min(BATCH_MAX, count - start)
             batch = Batch(first + start, [], [], [], [])
-            batch.add(messages[start:start + size], hashes[start:start + size], [status] * size, [stamp] * size)
+            batch.add(items[start:start + size], hashes[start:start + size], [status] * size, [stamp] * size)
             record.new_batch(batch.first)
             record.unsaved[batch.first] = batch
         seqs = list(range(first, first + count))
@@ -520,7 +520,7 @@ class DiskStore(DiskInbox, DiskKnowledge, DiskRequestParts):
         """The messages `seqs` (ascending), each batch read once."""
         out: list[StoredMessage] = []
         batch: Batch | None = None
-        messages: list[Message] = []
+        messages: list[Raw] = []
         for seq in seqs:
             if batch is None or not batch.first <= seq < batch.end:
                 batch = self._batch_of(key, record, seq)
@@ -617,7 +617,7 @@ class DiskStore(DiskInbox, DiskKnowledge, DiskRequestParts):
         self,
         key: ConversationKey,
         changes: Mapping[int, str],
-        reply: Sequence[tuple[Message, str]],
+        reply: Sequence[tuple[Raw, str]],
         reply_status: str,
         record: TurnRecord | None,
         *,
@@ -635,7 +635,7 @@ class DiskStore(DiskInbox, DiskKnowledge, DiskRequestParts):
         self,
         key: ConversationKey,
         changes: dict[int, str],
-        reply: list[tuple[Message, str]],
+        reply: list[tuple[Raw, str]],
         reply_status: str,
         record: dict[str, Any] | None,
         llm_calls: int = 0,
@@ -652,7 +652,7 @@ class DiskStore(DiskInbox, DiskKnowledge, DiskRequestParts):
                 fields.setdefault("marks", {}).update(marks)
             seq = None
             if reply:
-                seq = self._add_messages(conversation, [m for m, _ in reply], [h for _, h in reply], reply_status)[0]
+                seq = self._add_items(conversation, [m for m, _ in reply], [h for _, h in reply], reply_status)[0]
             if record is not None:
                 fields["turns"] += 1
                 self._rows.set(turn_key(key, fields["turns"]), {**record, "turn": fields["turns"], "reply_seq": seq})

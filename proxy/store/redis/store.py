@@ -77,7 +77,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import OutOfMemoryError, ResponseError
 
 from ...identity import ConversationKey
-from ...messages import Message
+from ...transcript import Raw
 from ..base import (
     FAILED,
     INBOX_DELIVERED,
@@ -445,17 +445,17 @@ class RedisStore(RedisInbox, RedisKnowledge, RedisRequestParts):
     # -- messages ------------------------------------------------------------------------------
 
     @guarded
-    async def append(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
+    async def append(self, key: ConversationKey, items: list[Raw], hashes: list[str], status: str) -> list[int]:
         check_statuses(status)
         stamp = now()
-        pairs = [x for msg, h in zip(messages, hashes, strict=True) for x in (_turn_dumps({"t": stamp, "m": msg}), h)]
+        pairs = [x for item, h in zip(items, hashes, strict=True) for x in (_turn_dumps({"t": stamp, "m": item}), h)]
         first = await self._append(keys=self._keys(key), args=self._args(key, status, *pairs, stamp=stamp))
-        return list(range(first, first + len(messages)))
+        return list(range(first, first + len(items)))
 
-    async def stage(self, key: ConversationKey, messages: list[Message], hashes: list[str], status: str) -> list[int]:
+    async def stage(self, key: ConversationKey, items: list[Raw], hashes: list[str], status: str) -> list[int]:
         # Written at once: replicas share the conversation, so nothing waits in one's memory (one
         # round trip, as a turn's end is).
-        return await self.append(key, messages, hashes, status)
+        return await self.append(key, items, hashes, status)
 
     async def flush(self, key: ConversationKey) -> None:
         return None  # `stage` wrote it
@@ -474,7 +474,7 @@ class RedisStore(RedisInbox, RedisKnowledge, RedisRequestParts):
         self,
         key: ConversationKey,
         changes: Mapping[int, str],
-        reply: Sequence[tuple[Message, str]],
+        reply: Sequence[tuple[Raw, str]],
         reply_status: str,
         turn: TurnRecord | None,
         *,
