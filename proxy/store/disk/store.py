@@ -858,7 +858,11 @@ class DiskStore(DiskInbox, DiskKnowledge, DiskRequestParts):
         if held is not None and held[1] > now_:
             return None
         token = secrets.token_hex(8)
-        self._leases[name] = (token, now_ + ttl_s)
+        ttl_ms = round(ttl_s * 1000)  # Redis's resolution: both backends grant the same leases
+        if ttl_ms > 0:
+            self._leases[name] = (token, now_ + ttl_ms / 1000)
+        else:  # shorter than that: granted already expired, as Redis grants it
+            self._leases.pop(name, None)
         return token
 
     async def release_lease(self, name: str, token: str) -> None:
