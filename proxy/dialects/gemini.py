@@ -95,12 +95,13 @@ def rebuild_contents(items: Sequence[Item]) -> tuple[list[Raw], list[Raw]]:
     notes: list[Raw] = []
     merged = -1  # the index of the content rebuilt from TOOL items (our copy), if the last one is
     open_tool = False
+    system, assistant, tool = Role.SYSTEM, Role.ASSISTANT, Role.TOOL  # looked up once (see transcript.Role)
     for item in items:
         raw = item.raw
-        if item.role is Role.SYSTEM and is_note(raw):
+        if item.role is system and is_note(raw):
             notes.append(raw)
             continue
-        if item.role is Role.TOOL:
+        if item.role is tool:
             if open_tool:
                 if merged != len(contents) - 1:
                     contents[-1] = {**contents[-1], "parts": list(contents[-1].get("parts") or ())}
@@ -111,7 +112,7 @@ def rebuild_contents(items: Sequence[Item]) -> tuple[list[Raw], list[Raw]]:
             open_tool = True
             continue
         open_tool = False
-        if item.role is Role.ASSISTANT and not raw.get("parts"):
+        if item.role is assistant and not raw.get("parts"):
             continue
         contents.append(raw)
     if contents and role_of(contents[0]) == "model":

@@ -153,18 +153,19 @@ class GeminiCodec:
         append = out.append
         open_calls: tuple[Call, ...] = ()
         answered = 0
+        system, user, assistant, tool = Role.SYSTEM, Role.USER, Role.ASSISTANT, Role.TOOL  # looked up once (see transcript.Role)
         for raw, seq, digest in zip(raws, seqs, hashes, strict=True):
             if "parts" not in raw and "text" in raw:  # a note of the proxy's (is_note): it stands alone
-                append(Item(raw, Role.SYSTEM, seq, digest))
+                append(Item(raw, system, seq, digest))
                 continue
             if role_of(raw) == "model":
                 open_calls, answered = calls_of(raw.get("parts")), 0
-                append(Item(raw, Role.ASSISTANT, seq, digest, calls=open_calls))
+                append(Item(raw, assistant, seq, digest, calls=open_calls))
                 continue
             response = response_part(raw)
             if response is None:
                 open_calls = ()
-                append(Item(raw, Role.USER, seq, digest))
+                append(Item(raw, user, seq, digest))
                 continue
             given = response.get("id")
             if isinstance(given, str) and given:
@@ -172,7 +173,7 @@ class GeminiCodec:
             else:
                 answers = open_calls[answered].id if answered < len(open_calls) else call_id(response)
             answered += 1
-            append(Item(raw, Role.TOOL, seq, digest, answers=answers, joins=True))
+            append(Item(raw, tool, seq, digest, answers=answers, joins=True))
         return out
 
     def hash(self, raw: Raw) -> str:

@@ -182,6 +182,7 @@ class MessagesCodec:
         out: list[Item] = []
         append = out.append
         after_result = False  # the previous item is a TOOL part: a user part after it continues its message
+        system, user, assistant, tool = Role.SYSTEM, Role.USER, Role.ASSISTANT, Role.TOOL  # looked up once (see transcript.Role)
         for raw, seq, digest in zip(raws, seqs, hashes, strict=True):
             role = raw.get("role")
             content = raw.get("content")
@@ -189,16 +190,16 @@ class MessagesCodec:
                 if type(content) is list and len(content) == 1:
                     block = content[0]
                     if type(block) is dict and block.get("type") == "tool_result":
-                        append(Item(raw, Role.TOOL, seq, digest, answers=str(block.get("tool_use_id")), joins=True))
+                        append(Item(raw, tool, seq, digest, answers=str(block.get("tool_use_id")), joins=True))
                         after_result = True
                         continue
-                append(Item(raw, Role.USER, seq, digest, joins=after_result and type(content) is list))
+                append(Item(raw, user, seq, digest, joins=after_result and type(content) is list))
             elif role == "assistant":
-                append(Item(raw, Role.ASSISTANT, seq, digest, calls=calls_of(content, self.calls)))
+                append(Item(raw, assistant, seq, digest, calls=calls_of(content, self.calls)))
             elif role is None and raw.get("type") == "text":  # a note of the proxy's: it stands alone
-                append(Item(raw, Role.SYSTEM, seq, digest))
+                append(Item(raw, system, seq, digest))
             else:  # a system message joins what it stands beside
-                append(Item(raw, Role.SYSTEM if role == "system" else Role.OTHER, seq, digest, joins=bool(out)))
+                append(Item(raw, system if role == "system" else Role.OTHER, seq, digest, joins=bool(out)))
             after_result = False
         return out
 

@@ -40,13 +40,14 @@ def messages_of(items: Sequence[Item], firsts: list[int]) -> tuple[list[Raw], li
     notes: list[Raw] = []
     merged: list[int] = []  # the messages rebuilt from several parts (our copies): only they can need reordering
     open_user = False  # the last message is a user message being rebuilt from parts
+    system, user, assistant, tool = Role.SYSTEM, Role.USER, Role.ASSISTANT, Role.TOOL  # looked up once (see transcript.Role)
     for at, item in enumerate(items):
         raw = item.raw
         role = item.role
-        if role is Role.SYSTEM and "role" not in raw:  # a note of the proxy's (is_note)
+        if role is system and "role" not in raw:  # a note of the proxy's (is_note)
             notes.append(raw)
             continue
-        if role is Role.TOOL or (role is Role.USER and item.joins):
+        if role is tool or (role is user and item.joins):
             if not open_user:  # a lone part goes as it is
                 messages.append(raw)
                 firsts.append(at)
@@ -58,7 +59,7 @@ def messages_of(items: Sequence[Item], firsts: list[int]) -> tuple[list[Raw], li
             messages[-1]["content"].extend(raw.get("content") or ())
             continue
         open_user = False
-        if role is not Role.ASSISTANT or raw.get("content"):  # a reply that was only our calls: the API refuses it empty
+        if role is not assistant or raw.get("content"):  # a reply that was only our calls: the API refuses it empty
             messages.append(raw)
             firsts.append(at)
     for k in merged:

@@ -51,26 +51,27 @@ class ResponsesCodec:
     def items(self, raws: Sequence[Raw], seqs: Sequence[int | None], hashes: Sequence[str | None]) -> list[Item]:
         out: list[Item] = []
         previous = ""  # what the item before was: "reasoning", "call", "result" or ""
+        assistant, tool, other = Role.ASSISTANT, Role.TOOL, Role.OTHER  # looked up once (see transcript.Role)
         for raw, seq, digest in zip(raws, seqs, hashes, strict=True):
             kind = item_type(raw)
             if kind == "message":
-                role = MESSAGE_ROLES.get(raw.get("role"), Role.OTHER)
+                role = MESSAGE_ROLES.get(raw.get("role"), other)
                 # An assistant message is the item its reasoning belongs to.
-                out.append(Item(raw, role, seq, digest, joins=role is Role.ASSISTANT and previous == "reasoning"))
+                out.append(Item(raw, role, seq, digest, joins=role is assistant and previous == "reasoning"))
                 previous = ""
             elif kind in CALLS:
                 call = Call(str(raw.get("call_id")), str(raw.get("name") or ""), _argument_text(raw.get(CALLS[kind])))
-                out.append(Item(raw, Role.ASSISTANT, seq, digest, calls=(call,), joins=previous in ("reasoning", "call")))
+                out.append(Item(raw, assistant, seq, digest, calls=(call,), joins=previous in ("reasoning", "call")))
                 previous = "call"
             elif kind in RESULTS:
-                out.append(Item(raw, Role.TOOL, seq, digest, answers=raw.get("call_id"), joins=previous in ("call", "result")))
+                out.append(Item(raw, tool, seq, digest, answers=raw.get("call_id"), joins=previous in ("call", "result")))
                 previous = "result"
             elif kind == "reasoning":
-                out.append(Item(raw, Role.OTHER, seq, digest))
+                out.append(Item(raw, other, seq, digest))
                 previous = "reasoning"
             else:  # built-in tool calls, references, compaction...: kept whole, in their unit
                 joins = previous == "reasoning" or (kind.endswith("_output") and previous != "")
-                out.append(Item(raw, Role.OTHER, seq, digest, joins=joins))
+                out.append(Item(raw, other, seq, digest, joins=joins))
                 previous = "call" if kind.endswith("_call") else "result" if kind.endswith("_output") else ""
         return out
 

@@ -86,7 +86,8 @@ class Compaction:
         the mark moves so that only the newest `keep` stay whole (in batches: cache-friendly)."""
         settings = turn.profile.compaction
         keep = settings.mask.keep_tool_outputs
-        tool_positions = [i for i, it in enumerate(items) if it.role is Role.TOOL and it.seq is not None]
+        tool = Role.TOOL  # looked up once (see transcript.Role)
+        tool_positions = [i for i, it in enumerate(items) if it.role is tool and it.seq is not None]
         through = turn.marks.mask_through
         unmasked = [i for i in tool_positions if items[i].seq > through]  # type: ignore[operator]
         if len(unmasked) >= keep + settings.mask.batch:

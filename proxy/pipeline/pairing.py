@@ -49,11 +49,12 @@ class PairingGuard:
         out: list[Item] = []
         open_calls: list[Call] = []  # calls of the current unit still unanswered
         repairs = 0
+        tool = Role.TOOL  # looked up once (see transcript.Role)
         for item in items:
             if not item.joins:
                 repairs += self._close(turn, open_calls, out)
                 open_calls = []
-            if item.role is Role.TOOL:
+            if item.role is tool:
                 answered = next((c for c in open_calls if c.id == item.answers), None) if item.joins else None
                 if answered is None:  # answers no call of its unit
                     repairs += 1

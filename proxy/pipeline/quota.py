@@ -22,8 +22,9 @@ class QuotaInfo:
         if not turn.ledger.on:
             return items
         out = []
+        tool = Role.TOOL  # looked up once (see transcript.Role)
         for item in items:
-            if item.role is Role.TOOL and item.seq is not None and item.ref is None:
+            if item.role is tool and item.seq is not None and item.ref is None:
                 figures = turn.ledger.figures(item.seq)
                 assert figures is not None
                 item = _with_quota(turn, item, figures.as_dict(), figures.line())

@@ -57,8 +57,9 @@ class Truncation:
             return items
         names: dict[str, str] | None = None
         long_outputs: list[tuple[int, Item, str, str]] = []  # (position, item, text, tool name)
+        tool_result = Role.TOOL  # looked up once (see transcript.Role)
         for position, item in enumerate(items):
-            if item.role is not Role.TOOL or item.seq is None:
+            if item.role is not tool_result or item.seq is None:
                 continue
             text = turn.codec.text(item)
             if text is None or len(text) <= settings.max_tool_response_length:

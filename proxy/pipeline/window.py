@@ -209,7 +209,8 @@ class TokenWindow:
         while head < len(items) and items[head].pinned:
             head += 1
         start = next((i for i in kept if i >= head), len(items))
-        task = next((i for i in range(n_system, len(items)) if items[i].role is Role.USER), None)
+        user = Role.USER  # looked up once (see transcript.Role)
+        task = next((i for i in range(n_system, len(items)) if items[i].role is user), None)
         # The task and the client's instructions it would leave out go pinned, in their order,
         # after what is pinned already.
         pin = sorted({*instructions_in(items, head, start), *([task] if task is not None and head <= task < start else [])})
@@ -217,7 +218,7 @@ class TokenWindow:
             moved = set(pin)
             rest = [items[i] for i in range(head, len(items)) if i not in moved]
             return [*items[:head], *(items[i].but(pinned=True) for i in pin), *rest]
-        left_out = [items[i] for i in range(head, start) if items[i].role is Role.USER and items[i].seq is not None]
+        left_out = [item for item in items[head:start] if item.role is user and item.seq is not None]
         if not left_out:
             return None
         quotes = [quote(item.seq, turn.codec.text(item)) for item in left_out]  # type: ignore[arg-type]
@@ -345,15 +346,16 @@ def select_window(items: Sequence[Item], counts: Sequence[int], limit: int, scan
     user_start: int | None = None  # oldest older unit that fits and starts on a user item
     valid_start: int | None = None  # oldest unit that fits and does not start on a tool result
     total = 0
+    user, tool = Role.USER, Role.TOOL  # looked up once (see transcript.Role)
     for b in range(newest, -1, -1):
         start, end = blocks[b]
         total += sum(counts[start:end])
         if total > limit:  # counts are >= 0: nothing older fits either
             break
         role = items[start].role
-        if role is Role.USER and b != newest:  # the newest goes anyway: it starts nothing older
+        if role is user and b != newest:  # the newest goes anyway: it starts nothing older
             user_start = b
-        if role is not Role.TOOL:
+        if role is not tool:
             valid_start = b
     # Nothing fits (the newest unit alone is over the limit): the newest unit goes alone.
     first = user_start if user_start is not None else valid_start if valid_start is not None else newest
