@@ -471,11 +471,28 @@ async def test_a_turns_small_writes_run_in_place_and_big_ones_on_the_store_threa
     image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 40_000}}]}
     await store.append(A, [image], [message_hash(image)], LIVE)
     assert asked() == before + 2  # its bytes two levels down count too
+    # Claude Code's and Gemini CLI's later turns are small too, though their text sits deeper: a
+    # tool result's five levels down, a call's arguments four.
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "cache_control": {"type": "ephemeral"},
+                                           "content": [{"type": "text", "text": "x" * 1500}]}]}
+    call = {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_2", "name": "bash", "input": {"command": "ls -la"}}]}
+    gemini = {"role": "model", "parts": [{"functionCall": {"name": "ls", "args": {"dir": "/", "depth": [1, {"deep": "er"}]}}}]}
+    staged = await store.stage(A, [result], ["h-result"], PENDING)
+    await store.finish_turn(A, dict.fromkeys(staged, LIVE), [(call, "h-call"), (gemini, "h-gemini")], LIVE, TurnRecord(sent_seqs=staged))
+    assert asked() == before + 2
+    # Deeper than any wire format nests, or many small parts: judged big, never walked whole.
+    deep: Any = "x"
+    for _ in range(12):
+        deep = [deep]
+    await store.append(A, [{"role": "user", "content": deep}], ["h-deep"], LIVE)
+    assert asked() == before + 3
+    await store.append(A, [{"role": "user", "content": [{"type": "text", "text": ""}] * 5000}], ["h-many"], LIVE)
+    assert asked() == before + 4
     # In place or not, the writes are the same: on disk, in order, the loop's connection set up as
     # the store thread's (automatic checkpoints only past the backstop).
     assert store._rows.connection.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == BACKSTOP_PAGES
     store = await reopen()
-    assert [m.seq for m in await store.messages(A, live_only=False)] == list(range(1, 55))
+    assert [m.seq for m in await store.messages(A, live_only=False)] == list(range(1, 60))
 
 
 # -- turn records ------------------------------------------------------------------------------------

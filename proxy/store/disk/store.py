@@ -133,6 +133,7 @@ T = TypeVar("T")
 # a commit of a few KB costs less than the hop's two wake-ups.
 INLINE_ITEMS = 4
 INLINE_CHARS = 32_000
+INLINE_DEPTH = 8
 # A turn's new items wait for its end's write (`stage`) only with this much room on the disk, on a
 # store whose last write worked: short of it they are written at once, so that a full or read-only
 # disk is still a 507/503 before anything is forwarded (the WAL grows ~6 MB between checkpoints).
@@ -244,7 +245,12 @@ class DiskStore(DiskInbox, DiskKnowledge, DiskRequestParts):
         read without the store's lock: at worst a write that could have hopped runs in place."""
         if (key not in self._staged and self._records.get(key) is None) or len(items) > INLINE_ITEMS:
             return False
-        return sum(map(_rough_chars, items)) <= INLINE_CHARS
+        left = INLINE_CHARS
+        for item in items:
+            left = _rough_left(item, left)
+            if left < 0:
+                return False
+        return True
 
     def lock(self, key: ConversationKey) -> asyncio.Lock:
         """The conversation's lock itself (this process is the store's only writer): held by the
@@ -958,19 +964,27 @@ def _index_entry(scope: str, entry: Any) -> ConversationKey:
     return ConversationKey(*entry) if scope == ALL_TENANTS else ConversationKey(scope, entry)
 
 
-def _rough_chars(value: Any, depth: int = 0) -> int:
-    """The characters of a message's strings, three levels down (a content part's image URL is
-    two): enough to tell a small write from a big one without walking a deep one, which is
-    judged big."""
+def _rough_left(value: Any, left: int, depth: int = 0) -> int:
+    """What is left of `left` characters after a message's strings, each part of it counting 8
+    more (a number, a string's quotes, a container), or less than 0 once they are spent: the walk
+    stops there, so it takes at most `left` / 8 steps whatever the message. Deeper than
+    INLINE_DEPTH counts as spent. A chat message's text is one level down, a Messages tool
+    result's five, a Gemini call's arguments four or more: the rule must reach them, or every
+    later turn of Claude Code and Gemini CLI hops to the store thread."""
+    left -= 8
     if isinstance(value, str):
-        return len(value)
-    if depth > 3:
-        return INLINE_CHARS + 1
+        return left - len(value)
+    if depth > INLINE_DEPTH:
+        return -1
     if isinstance(value, dict):
-        return sum(_rough_chars(v, depth + 1) for v in value.values())
-    if isinstance(value, list):
-        return sum(_rough_chars(v, depth + 1) for v in value)
-    return 8  # a number, a bool, None
+        value = value.values()
+    elif not isinstance(value, list):
+        return left  # a number, a bool, None
+    for child in value:
+        left = _rough_left(child, left, depth + 1)
+        if left < 0:
+            break
+    return left
 
 
 def _count_call(record: Record, limit: int | None = None) -> int | None:
