@@ -46,7 +46,11 @@ HOP_BY_HOP = frozenset(
 )
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 CONVERSATION_HEADERS = ("X-Conversation-ID", "X-Claude-Code-Session-Id")  # what the bench's clients name theirs by
-REPLY_MARKER = b'"assistant"'  # the first reply's role in every wire format: what precedes it names a run
+# What a reply echoed in a request's transcript starts with (a role's value, a Responses call's
+# type): the bytes before the first of them name an unnamed run.
+CHAT_REPLY = (b'"assistant"',)  # chat completions, Messages
+RESPONSES_REPLY = (b'"function_call"', b'"custom_tool_call"', b'"assistant"')
+GEMINI_REPLY = (b'"model"',)  # a model content's role
 REQUEST, REPLY = 0, 1  # the journal's row kinds
 COUNT_PIECE = 4096  # characters counted at a time, newest first (--count-tokens)
 
@@ -113,12 +117,24 @@ class Journal:
         self.db.close()
 
 
-def run_key(name: str | None, data: bytes) -> bytes:
-    """The conversation's name, or its bytes up to the first reply (an unnamed run's)."""
+def reply_markers(path: str) -> tuple[bytes, ...]:
+    """How a reply starts in the transcript of a request to `path`, by its wire format."""
+    if ":generateContent" in path or ":streamGenerateContent" in path:
+        return GEMINI_REPLY
+    return RESPONSES_REPLY if path.split("?", 1)[0].endswith("/responses") else CHAT_REPLY
+
+
+def run_key(name: str | None, data: bytes, markers: tuple[bytes, ...] = CHAT_REPLY) -> bytes:
+    """The conversation's name, or its bytes up to the first reply (an unnamed run's): the first
+    of `markers`, each next one searched only before it."""
     if name is not None:
         return name.encode()
-    at = data.find(REPLY_MARKER)
-    return hashlib.blake2b(data[:at] if at >= 0 else data, digest_size=16).digest()
+    at = len(data)
+    for marker in markers:
+        found = data.find(marker, 0, at)
+        if found >= 0:
+            at = found
+    return hashlib.blake2b(data[:at], digest_size=16).digest()
 
 
 def _headers(headers: Mapping[str, str]) -> dict[str, str]:
@@ -137,7 +153,7 @@ def build_app(upstream: str, store: Path | None = None, count_budget: int | None
         if journal is None or request.method != "POST" or not data:
             return await relay(request, path, data)
         name = next((request.headers[h] for h in CONVERSATION_HEADERS if h in request.headers), None)
-        run = run_key(name, data)
+        run = run_key(name, data, reply_markers(path))
         await journal.request(run, data)
         return await relay(request, path, data, lambda reply: journal.append(run, REPLY, reply))
 

@@ -107,21 +107,27 @@ _TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},]', re.S)
 COMMA, QUOTE, OPENERS = ord(","), ord('"'), (ord("["), ord("{"))
 
 
-# The first reply in a request's bytes, in every managed format (a role's value): what comes before it
-# names a run of an unmodified agent.
-REPLY_MARKER = b'"assistant"'
+# The first reply in a request's bytes (a role's value): what comes before it names a run of an
+# unmodified agent. A dialect whose replies start otherwise says how (`Dialect.reply_markers`).
+REPLY_MARKERS = (b'"assistant"',)
 
 
-def run_fingerprint(raw: bytes) -> int:
+def run_fingerprint(raw: bytes, markers: tuple[bytes, ...] = REPLY_MARKERS) -> int:
     """What names a client's run in its request's bytes before they are read, when it names no
     conversation (the zero-code-change client, whose conversation id is derived from its system
-    prompt and task once the body is parsed): its bytes up to its first reply, the same on every
-    later turn of the run whatever the client's JSON spacing. A run's first request (no reply
-    yet) is named by all of it, so its second one is parsed whole. Two runs with the same start
-    share a BodyCache key: each then costs a full parse, never a wrong one (bodies are compared
-    by bytes). O(bytes up to the first reply)."""
-    at = raw.find(REPLY_MARKER)
-    return hash(raw[:at] if at >= 0 else raw)
+    prompt and task once the body is parsed): its bytes up to its first reply (the first of
+    `markers`, JSON tokens no string's content can hold: its quotes would be escaped), the same on
+    every later turn of the run whatever the client's JSON spacing. A run's first request (no
+    reply yet) is named by all of it, so its second one is parsed whole. Two runs with the same
+    start share a BodyCache key: each then costs a full parse, never a wrong one (bodies are
+    compared by bytes). O(bytes up to the first reply) for the first marker, each next one
+    searched only before it (a marker no reply holds would cost a scan of the whole body)."""
+    at = len(raw)
+    for marker in markers:
+        found = raw.find(marker, 0, at)
+        if found >= 0:
+            at = found
+    return hash(raw[:at])
 
 
 # A body's transcript array -> the transcript's items, where a dialect makes several of one element

@@ -285,3 +285,17 @@ def test_a_separator_is_proven_not_guessed():
     assert not _proven(raw, end, parsed, "messages", (in_blocks, 1))
     entry = asyncio.run(BodyCache().full(KEY, raw, parsed, "messages")).entry
     assert entry is not None and entry.separators == ((top, 1),)
+
+
+def test_an_unnamed_run_is_named_by_its_bytes_up_to_the_earliest_reply_marker():
+    from proxy.prefix import run_fingerprint
+
+    markers = (b'"function_call"', b'"assistant"')
+    head = b'{"input":[{"role":"user","content":"say \\"assistant\\" or \\"function_call\\""},'
+    chatty = head + b'{"role":"assistant","content":"ok"},{"type":"function_call","name":"ls"}'
+    calling = head + b'{"type":"function_call","name":"ls"},{"role":"assistant","content":"ok"}'
+    # The earliest marker wins whatever their order; a string's escaped quotes are no marker.
+    assert run_fingerprint(chatty + b"]}", markers) == run_fingerprint(chatty + b',{"role":"user"}]}', markers) == hash(head + b'{"role":')
+    assert run_fingerprint(calling + b"]}", markers) == hash(head + b'{"type":')
+    # No reply yet: all of it, so a run's first request is its own.
+    assert run_fingerprint(head + b"]}", markers) == hash(head + b"]}")

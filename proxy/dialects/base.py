@@ -17,6 +17,7 @@ import orjson
 
 from ..errors import ProxyError
 from ..identity import session_conversation_id
+from ..prefix import REPLY_MARKERS
 from ..transcript import Call, Codec, Item, Raw
 
 
@@ -28,6 +29,7 @@ class JSONBody:
     items_sent_alone = False
     transcript_parts: Callable[[list[Any]], list[Raw]] | None = None
     session_header: str | None = None  # the header a known client names its session in (session_hint)
+    reply_markers = REPLY_MARKERS  # a reply's role: chat, Messages
 
     def by_elements(self) -> ByElements | None:
         return None
@@ -269,6 +271,9 @@ class Dialect(Protocol):
     # (Messages' and Gemini's split a message of several results); element by element, so that
     # parts(a + b) == parts(a) + parts(b) (the body cache, proxy/prefix.py). None: the array is the transcript.
     transcript_parts: Callable[[list[Any]], list[Raw]] | None
+    # The JSON tokens a reply echoed in the transcript starts with, the likeliest first: what a
+    # request holds before the first of them names an unnamed client's run (prefix.run_fingerprint).
+    reply_markers: tuple[bytes, ...]
 
     def transcript(self, body: dict[str, Any]) -> list[Raw]:
         """The request's transcript items (raises InvalidRequest if absent or malformed at the top)."""

@@ -125,6 +125,7 @@ class GeminiDialect(JSONBody):
 
     name = "gemini"
     transcript_key = "contents"
+    reply_markers = (b'"model"',)  # a model content's role (the model's name is in the URL, not the body)
 
     def __init__(self, model: str = "", stream: bool = False, version: str = "v1beta", codec: GeminiCodec | None = None) -> None:
         self.codec = codec or GeminiCodec()

@@ -35,6 +35,9 @@ class ResponsesDialect(JSONBody):
     items_sent_alone = True  # upstream_body sends each item as it alone says: bodies can be spliced (fastpath.py)
     names_replies = True  # previous_response_id
     session_header = "session-id"  # Codex's
+    # An agent's first reply is often calls alone (its reasoning item before them): an assistant
+    # message may come many turns later. The calls first: most runs make one early.
+    reply_markers = (b'"function_call"', b'"custom_tool_call"', b'"assistant"')
 
     def __init__(self) -> None:
         self.codec = CODEC

@@ -39,7 +39,7 @@ async def read_request(request: TurnRequest, settings: Settings, bodies: BodyCac
     named = request.conversation_id or dialect.session_hint(headers)
     cache_key = (
         (request.tenant, dialect.name, named) if named
-        else (request.tenant, dialect.name, None, run_fingerprint(request.raw))
+        else (request.tenant, dialect.name, None, run_fingerprint(request.raw, dialect.reply_markers))
     )
     parsed = await read_body(request.raw, dialect, cache_key, bodies, settings.server.max_messages)
     body = parsed.body

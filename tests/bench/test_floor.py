@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.forwarder import COUNT_PIECE, REPLY, REQUEST, cl100k_counter, newest_tokens, run_key
+from bench.forwarder import COUNT_PIECE, REPLY, REQUEST, cl100k_counter, newest_tokens, reply_markers, run_key
 from bench.procs import Proc, free_port
 from bench.run import FLOOR_COUNT_BUDGET
 from bench.workload import Conversation
@@ -90,6 +90,20 @@ def test_the_floor_appends_each_turns_new_bytes_and_its_reply(floor: tuple[str, 
     assert rows[2][2] == second[len(first):]  # a later one: the bytes past the previous request's
     assert json.loads(rows[1][2])["choices"][0]["message"]["tool_calls"]  # the reply as the client got it
     assert rows[4][0] == b"floor-b"  # a named run goes by its name
+
+
+def test_an_unnamed_run_is_known_by_its_first_reply_in_every_wire_format() -> None:
+    """As context-proxy's dialects say (`reply_markers`): a Gemini reply's role is "model", a
+    Responses agent's first reply often calls alone."""
+    gemini = b'{"contents":[{"role":"user","parts":[{"text":"go"}]},{"role":"model","parts":[]}'
+    responses = b'{"input":[{"role":"user","content":"go"},{"type":"function_call","call_id":"c"}'
+    for path, body, more in (
+        ("/v1beta/models/m:streamGenerateContent?alt=sse", gemini, b',{"role":"user","parts":[{"text":"on"}]}],"tools":[]}'),
+        ("/responses", responses, b',{"type":"function_call_output","call_id":"c","output":"ok"}],"tools":[]}'),
+    ):
+        markers = reply_markers(path)
+        assert run_key(None, body + b"]}", markers) == run_key(None, body + more, markers)  # turn after turn
+        assert run_key(None, body + b"]}") != run_key(None, body + more)  # by chat's marker: a new run each turn
 
 
 def test_floor_count_keeps_the_exact_count_of_each_requests_new_text(floor_count: tuple[str, Path]) -> None:

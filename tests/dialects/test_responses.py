@@ -11,6 +11,7 @@ import pytest
 from tests.conftest import ALICE, live_messages, openai_client, trajectory
 from tests.fakes.fake_upstream import Reply
 from tests.support.agents_sdk import run_tests_agent
+from tests.test_metrics import scrape, value
 
 REF = re.compile(r"out_\d+_[0-9a-f]{24}")
 BIG = "".join(f"line {i:05d}: some build log output\n" for i in range(1500))  # ~48k chars
@@ -66,6 +67,24 @@ def test_full_history_with_reasoning_is_deduped_and_replayed_byte_for_byte(proxy
     stored = live_messages(http, "codexish")
     assert [m["type"] for m in stored] == ["message", "message", "reasoning", "function_call", "function_call_output", "reasoning", "message"]
     assert len(trajectory(http, "codexish")) == len(stored)  # each item once
+
+
+def test_an_unnamed_agent_whose_replies_are_calls_alone_takes_the_fast_path(proxy, upstream):
+    """An agent naming no conversation is known by its bytes up to its first reply. The Agents
+    SDK's replies are often a reasoning item and calls, no assistant message for many turns: the
+    run is named by its first call, so its later turns reuse the previous one's work."""
+    client = openai_client(proxy)
+    history = [DEVELOPER, user("fix the build")]
+    for step in range(5):
+        upstream.enqueue(Reply.tool_calls([("exec_command", json.dumps({"cmd": f"make step{step}"}))], reasoning=f"step {step}"))
+        reply = client.responses.create(model="gpt-4o-mini", input=history, tools=TOOLS, store=False,
+                                        include=["reasoning.encrypted_content"])
+        history += dump(reply.output)
+        history.append({"type": "function_call_output", "call_id": history[-1]["call_id"], "output": f"step {step} done"})
+    assert not any(item.get("role") == "assistant" for item in history)
+    samples = scrape(proxy)
+    counted = {o: value(samples, "context_proxy_fast_path_turns_total", outcome=o) for o in ("taken", "declined", "none")}
+    assert counted == {"none": 2.0, "taken": 3.0, "declined": 0.0}  # the first two: see run_fingerprint
 
 
 def test_previous_response_id_is_served_from_the_proxy_store(proxy, upstream, http):
