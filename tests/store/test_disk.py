@@ -18,6 +18,7 @@ from proxy.identity import ConversationKey
 from proxy.messages import message_hash
 from proxy.store import FAILED, LIVE, PENDING, SUPERSEDED, Summary, TurnRecord
 from proxy.store.disk import BATCH_MAX, INDEX_CHUNK, SETTLED_FLAGS, DiskStore, open_cache
+from proxy.store.disk.store import INLINE_BESIDE
 from proxy.store.disk.checkpoints import BACKSTOP_PAGES, EVERY_WRITES
 from proxy.store.disk.records import CHUNK_BEFORE
 from proxy.store.disk.rows import PER_STATEMENT, TABLE, Rows
@@ -488,11 +489,25 @@ async def test_a_turns_small_writes_run_in_place_and_big_ones_on_the_store_threa
     assert asked() == before + 3
     await store.append(A, [{"role": "user", "content": [{"type": "text", "text": ""}] * 5000}], ["h-many"], LIVE)
     assert asked() == before + 4
+    # Turns of several other conversations under way (their items staged, their ends to come):
+    # the writes go to the thread, one after another behind the loop; in place again once they end.
+    others = [ConversationKey(A.tenant, f"other-{i}") for i in range(INLINE_BESIDE)]
+    for other in others:
+        await store.append(other, [msg("task")], ["h-task"], LIVE)
+    under_way = [await store.stage(other, [msg("observation")], ["h-obs"], PENDING) for other in others]
+    handed = asked()
+    seqs = await turn(store, A, ["while the others wait"])
+    assert asked() == handed + 2  # its items and its end
+    for other, staged in zip(others, under_way, strict=True):
+        await store.finish_turn(other, dict.fromkeys(staged, LIVE), [], LIVE, TurnRecord(sent_seqs=staged))
+    handed = asked()
+    await turn(store, A, ["alone again"])
+    assert asked() == handed
     # In place or not, the writes are the same: on disk, in order, the loop's connection set up as
     # the store thread's (automatic checkpoints only past the backstop).
     assert store._rows.connection.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == BACKSTOP_PAGES
     store = await reopen()
-    assert [m.seq for m in await store.messages(A, live_only=False)] == list(range(1, 60))
+    assert [m.seq for m in await store.messages(A, live_only=False)] == list(range(1, 64))
 
 
 # -- turn records ------------------------------------------------------------------------------------

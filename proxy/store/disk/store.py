@@ -134,6 +134,12 @@ T = TypeVar("T")
 INLINE_ITEMS = 4
 INLINE_CHARS = 32_000
 INLINE_DEPTH = 8
+# ... and while fewer than this many other conversations have a turn under way (its items staged,
+# its end to come). Past it the thread is cheaper: with the loop saturated, the writes handed over
+# run one after another behind it instead of between its own work. CPU a turn, in place against
+# handed over (`bench.turn_cpu --derived --concurrency N`): one at a time 1.62 / 1.72 ms (bench.run),
+# 2 clients 1.36 / 1.50, 4 1.35 / 1.30, 8 1.36 / 1.24, 16 1.30 / 1.13.
+INLINE_BESIDE = 3
 # A turn's new items wait for its end's write (`stage`) only with this much room on the disk, on a
 # store whose last write worked: short of it they are written at once, so that a full or read-only
 # disk is still a 507/503 before anything is forwarded (the WAL grows ~6 MB between checkpoints).
@@ -240,10 +246,13 @@ class DiskStore(DiskInbox, DiskKnowledge, DiskRequestParts):
 
     def _small(self, key: ConversationKey, items: Sequence[Raw] = ()) -> bool:
         """Whether a write of `items` to `key` is small enough to run in place of the store
-        thread (`_run`): its record held in memory (no index to read back) and a few messages of
-        a few KB (a turn's reply, its new observation; not a first turn's transcript). A hint
-        read without the store's lock: at worst a write that could have hopped runs in place."""
+        thread (`_run`): its record held in memory (no index to read back), a few messages of a
+        few KB (a turn's reply, its new observation; not a first turn's transcript), and few
+        turns of other conversations under way (INLINE_BESIDE). A hint read without the store's
+        lock: at worst a write that could have hopped runs in place, or the other way round."""
         if (key not in self._staged and self._records.get(key) is None) or len(items) > INLINE_ITEMS:
+            return False
+        if len(self._staged) - (key in self._staged) >= INLINE_BESIDE:
             return False
         left = INLINE_CHARS
         for item in items:
