@@ -495,9 +495,12 @@ async def test_a_turns_small_writes_run_in_place_and_big_ones_on_the_store_threa
     for other in others:
         await store.append(other, [msg("task")], ["h-task"], LIVE)
     under_way = [await store.stage(other, [msg("observation")], ["h-obs"], PENDING) for other in others]
-    handed = asked()
+    handed, commits = asked(), store._rows.commits
     seqs = await turn(store, A, ["while the others wait"])
     assert asked() == handed + 2  # its items and its end
+    held = await store.stage(A, [msg("staged while the others wait")], ["h-held"], PENDING)
+    assert asked() == handed + 3 and store._rows.commits == commits + 2  # on the thread, and still held for its end
+    await store.finish_turn(A, dict.fromkeys(held, LIVE), [], LIVE, TurnRecord(sent_seqs=held))
     for other, staged in zip(others, under_way, strict=True):
         await store.finish_turn(other, dict.fromkeys(staged, LIVE), [], LIVE, TurnRecord(sent_seqs=staged))
     handed = asked()
@@ -507,7 +510,7 @@ async def test_a_turns_small_writes_run_in_place_and_big_ones_on_the_store_threa
     # the store thread's (automatic checkpoints only past the backstop).
     assert store._rows.connection.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == BACKSTOP_PAGES
     store = await reopen()
-    assert [m.seq for m in await store.messages(A, live_only=False)] == list(range(1, 64))
+    assert [m.seq for m in await store.messages(A, live_only=False)] == list(range(1, 65))
 
 
 # -- turn records ------------------------------------------------------------------------------------

@@ -244,15 +244,23 @@ class DiskStore(DiskInbox, DiskKnowledge, DiskRequestParts):
         self._checkpoints.wrote()
         return result
 
+    def _in_place(self, key: ConversationKey, items: Sequence[Raw] = ()) -> bool:
+        """Whether a write of `items` to `key` runs in place of the store thread (`_run`): small,
+        and few turns of other conversations under way."""
+        return self._small(key, items) and not self._crowded(key)
+
+    def _crowded(self, key: ConversationKey) -> bool:
+        """Whether INLINE_BESIDE other conversations have a turn under way (items staged, their end
+        to come): writes are cheaper on the store thread then. A hint read without the lock."""
+        return len(self._staged) - (key in self._staged) >= INLINE_BESIDE
+
     def _small(self, key: ConversationKey, items: Sequence[Raw] = ()) -> bool:
-        """Whether a write of `items` to `key` is small enough to run in place of the store
-        thread (`_run`): its record held in memory (no index to read back), a few messages of a
-        few KB (a turn's reply, its new observation; not a first turn's transcript), and few
-        turns of other conversations under way (INLINE_BESIDE). A hint read without the store's
-        lock: at worst a write that could have hopped runs in place, or the other way round."""
+        """Whether a write of `items` to `key` is small: its record held in memory (no index to
+        read back) and a few messages of a few KB (a turn's reply, its new observation; not a
+        first turn's transcript). Such a write may wait for the turn's end (`stage`) and run in
+        place (`_in_place`). A hint read without the store's lock: at worst a write that could
+        have hopped runs in place."""
         if (key not in self._staged and self._records.get(key) is None) or len(items) > INLINE_ITEMS:
-            return False
-        if len(self._staged) - (key in self._staged) >= INLINE_BESIDE:
             return False
         left = INLINE_CHARS
         for item in items:
@@ -435,7 +443,7 @@ class DiskStore(DiskInbox, DiskKnowledge, DiskRequestParts):
 
     async def append(self, key: ConversationKey, items: list[Raw], hashes: list[str], status: str) -> list[int]:
         check_statuses(status)
-        return await self._write(self._append, key, items, hashes, status, small=self._small(key, items))
+        return await self._write(self._append, key, items, hashes, status, small=self._in_place(key, items))
 
     def _append(self, key: ConversationKey, items: list[Raw], hashes: list[str], status: str) -> list[int]:
         return self._update_record(key, lambda record: self._add_items(record, items, hashes, status))
@@ -446,7 +454,7 @@ class DiskStore(DiskInbox, DiskKnowledge, DiskRequestParts):
         if not self._small(key, items) or not self._room():
             return await self.append(key, items, hashes, status)
         check_statuses(status)
-        return await self._write(self._stage, key, items, hashes, status, small=True)
+        return await self._write(self._stage, key, items, hashes, status, small=not self._crowded(key))
 
     def _stage(self, key: ConversationKey, items: list[Raw], hashes: list[str], status: str) -> list[int]:
         record = self._staged.get(key) or self._records.get(key)
@@ -459,7 +467,7 @@ class DiskStore(DiskInbox, DiskKnowledge, DiskRequestParts):
 
     async def flush(self, key: ConversationKey) -> None:
         if key in self._staged:
-            await self._write(self._flush, key, small=True)
+            await self._write(self._flush, key, small=not self._crowded(key))
 
     def _flush(self, key: ConversationKey) -> None:
         with self._rows.transact():
@@ -643,7 +651,7 @@ class DiskStore(DiskInbox, DiskKnowledge, DiskRequestParts):
         check_statuses(*changes.values(), *([reply_status] if reply else []))
         return await self._write(
             self._finish_turn, key, dict(changes), list(reply), reply_status, record.stored_row() if record is not None else None,
-            llm_calls, dict(forwarded or {}), dict(marks or {}), small=self._small(key, [m for m, _ in reply]),
+            llm_calls, dict(forwarded or {}), dict(marks or {}), small=self._in_place(key, [m for m, _ in reply]),
         )
 
     def _finish_turn(
@@ -739,17 +747,17 @@ class DiskStore(DiskInbox, DiskKnowledge, DiskRequestParts):
         return read
 
     async def count_llm_call(self, key: ConversationKey, limit: int | None = None) -> int | None:
-        return await self._write(self._update_record, key, lambda record: _count_call(record, limit), small=self._small(key))
+        return await self._write(self._update_record, key, lambda record: _count_call(record, limit), small=self._in_place(key))
 
     async def mark_forwarded(self, key: ConversationKey, marks: Mapping[int, int]) -> None:
         if marks:
-            await self._write(self._update_record, key, lambda record: record.forward(marks), small=self._small(key))
+            await self._write(self._update_record, key, lambda record: record.forward(marks), small=self._in_place(key))
 
     async def set_marks(self, key: ConversationKey, marks: Mapping[str, int]) -> None:
         if marks:
             await self._write(
                 self._update_record, key, lambda record: record.fields.setdefault("marks", {}).update(marks),
-                small=self._small(key),
+                small=self._in_place(key),
             )
 
     async def set_rewrites(self, key: ConversationKey, rewrites: Mapping[int, str]) -> None:
