@@ -181,6 +181,10 @@ class BodyEntry:
     # Its system prompt and tools with their hashes (request_parts.py), by kind: a body that extends
     # this one and holds the same objects there reuses them.
     request_parts: dict[str, Any] | None = None
+    # What was worked out from the body outside its transcript, by what it depends on besides (the
+    # tokens its tools and instructions make, for a model): a body that extends this one has the
+    # same bytes there (ParsedBody.reused), so the same facts.
+    derived: dict[Any, Any] = field(default_factory=dict)
 
     @property
     def size(self) -> int:

@@ -28,6 +28,7 @@ import orjson
 from ..compaction import CompactionJob
 from ..compaction.runner import CompactionRunner
 from ..config import Settings
+from ..dialects.base import Dialect
 from ..eager import eager
 from ..errors import InvalidRequest, ProxyError
 from ..history import TurnPlan, is_fresh_start, plan_anchored, plan_appended, plan_full_history, plan_proxy_history
@@ -60,6 +61,7 @@ from .request import ClientSink, DryRun, Outcome, ParsedRequest, TurnRequest, Tu
 log = logging.getLogger("proxy.engine")
 
 MAX_RUNS_SEARCHED = 8  # older runs a continuing request is matched against
+TOOL_TOKEN_MEMO = 64  # (dialect, tokenizer) pairs whose recall tools' tokens are kept
 
 
 async def whole(step: Awaitable[None]) -> None:
@@ -118,6 +120,7 @@ class Engine:
         self.bodies = BodyCache(cache, enabled=settings.server.fast_path, on_evict=self.fastpath.let_go)
         self.request_parts = RequestParts()  # what each conversation's last turn sent besides its transcript
         self.derived_ids = DerivedIds()  # each run's derived id, not hashed again on its every turn
+        self._tool_tokens: dict[tuple[str, str], int] = {}  # (dialect, tokenizer) -> the recall tools' tokens
         # Turns past their reply, still writing (the client may already hold the whole response),
         # with their conversation: its next turn waits for those writes, never for an upstream.
         self._ending: dict[asyncio.Future[None], ConversationKey] = {}
@@ -429,10 +432,8 @@ class Engine:
             key, dialect.codec, model, self.store, profile, self.counter, self.refs, ledger, self.summarizer,
             request.headers, report,
             reply_reserve=dialect.reply_reserve(body),
-            fixed_tokens=self.counter.count_texts(dialect.fixed_parts(body) + standing_tools, model),
-            proxy_tool_tokens=self.counter.count_texts(
-                [orjson.dumps(dialect.tool_definition(spec)).decode() for spec in (READ_TOOL_SPEC, SEARCH_TOOL_SPEC)], model
-            ),
+            fixed_tokens=self._fixed_tokens(request, model, standing_tools),
+            proxy_tool_tokens=self._proxy_tool_tokens(dialect, model),
             body=body,
             marks=Marks(conversation.marks if conversation else None),
             conversation=conversation,
@@ -444,6 +445,35 @@ class Engine:
             force=request.compaction == "force", dialect=dialect.name,
         )
         return turn, job
+
+    def _fixed_tokens(self, request: ParsedRequest, model: str, standing_tools: list[str]) -> int:
+        """Tokens of what every call sends besides the transcript (the body's tools and
+        instructions, the standing tools), counted once for a run of bodies that extend each
+        other: their bytes outside the transcript are the same (Claude Code's tools, ~60 KB, were
+        serialized and hashed again every turn)."""
+        parsed = request.parsed
+        key = ("fixed_tokens", model, tuple(standing_tools))
+        origin = parsed.origin if parsed is not None and parsed.reused else None
+        tokens = origin.derived.get(key) if origin is not None else None
+        if tokens is None:
+            tokens = self.counter.count_texts(request.dialect.fixed_parts(request.body) + standing_tools, model)
+        if parsed is not None and parsed.entry is not None:
+            parsed.entry.derived[key] = tokens
+        return tokens
+
+    def _proxy_tool_tokens(self, dialect: Dialect, model: str) -> int:
+        """Tokens of the recall tools' schemas as `dialect` declares them, for `model`'s tokenizer:
+        the same on every turn, so counted once (bounded: a tokenizer per model litellm counts)."""
+        key = (dialect.name, self.counter.tokenizer_name(model))
+        tokens = self._tool_tokens.get(key)
+        if tokens is None:
+            if len(self._tool_tokens) >= TOOL_TOKEN_MEMO:
+                self._tool_tokens.clear()
+            specs = (READ_TOOL_SPEC, SEARCH_TOOL_SPEC)
+            tokens = self._tool_tokens[key] = self.counter.count_texts(
+                [orjson.dumps(dialect.tool_definition(spec)).decode() for spec in specs], model
+            )
+        return tokens
 
     async def _plan(
         self, request: ParsedRequest, key: ConversationKey, raws: list, hashes: list[str], conversation: Conversation | None

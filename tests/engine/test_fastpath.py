@@ -384,3 +384,29 @@ def test_claude_codes_moving_breakpoint_takes_the_fast_path_with_the_same_bytes(
     # Made of the last one's bytes from the fourth turn on (the third's new items join the task's
     # unit: the body is made whole), but for the whole path's turns and after a breakpoint was taken off.
     assert spliced == 5
+
+
+def test_the_tokens_a_bodys_tools_make_follow_its_tools_on_the_fast_path(proxy, upstream) -> None:
+    """What a body sends besides its transcript is counted once for the requests that extend it
+    (the same bytes there), and again as soon as it changes: a tool added mid-run weighs on the
+    very turn that adds it."""
+    from tests.test_metrics import scrape, value
+
+    client = openai_client(proxy)  # names no conversation: the run is known by its bytes
+    tools = [{"type": "function", "function": {"name": "ls", "description": "List a directory.",
+                                               "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]
+    big = {"type": "function", "function": {"name": "lint", "description": " ".join(f"rule{i} forbids pattern{i};" for i in range(400)),
+                                            "parameters": {"type": "object", "properties": {}}}}
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You fix builds."}, {"role": "user", "content": "fix it"}]
+    sent = []
+    for turn, offered in enumerate([tools, tools, tools, tools, [*tools, big], [*tools, big]]):
+        upstream.enqueue(Reply.text(f"step {turn} done"))
+        raw = client.chat.completions.with_raw_response.create(model="gpt-4o-mini", messages=messages, tools=offered)
+        sent.append(int(raw.headers["X-Context-Tokens-Sent"]))
+        messages += [{"role": "assistant", "content": f"step {turn} done"}, {"role": "user", "content": f"go on {turn}"}]
+    grown = [b - a for a, b in zip(sent, sent[1:])]
+    assert all(0 < g < 30 for g in grown[:3]), grown  # the same tools: each turn adds its two messages
+    assert grown[3] > 1_500, grown  # the big tool counts on the turn that adds it
+    assert 0 < grown[4] < 30, grown  # and is not counted twice on the next
+    samples = scrape(proxy)
+    assert value(samples, "context_proxy_fast_path_turns_total", outcome="taken") >= 3  # the memo's path was taken
