@@ -45,6 +45,7 @@ MAX_REMEMBERED = 4096  # conversations whose last parts' hashes are held (~200 b
 # sent it (an agent's sessions share their system prompt and tools), the least recently used
 # conversation's let go first.
 MAX_VALUE_BYTES = 8 * 2**20
+NEW = (-1.0, 1)  # the mark of a new conversation's first turn until its end says when it was made (PartsToKeep.ended)
 
 
 def _body_key(kind: str, dialect: str) -> str | None:
@@ -89,6 +90,13 @@ class PartsToKeep:
     async def keep(self, store: Store, key: ConversationKey) -> None:
         await store.add_request_parts(key, self.parts)
         self.remembered.remember(key, self.mark, self.parts)
+
+    def ended(self, conversation: Conversation) -> None:
+        """The turn kept its record in `conversation` (as it stood before the turn's end). A new
+        conversation's mark was not known when its parts were kept (`NEW`): it is now, so that
+        its second turn, sending the same, asks the store nothing either."""
+        if self.mark == NEW:
+            self.remembered.remember(conversation.key, (conversation.created_at, conversation.turns + 1), self.parts)
 
 
 @dataclass(slots=True)
@@ -138,7 +146,7 @@ class RequestParts:
         """What this turn (of `conversation` as it stands before it) must hand the store: None when
         its parts are the previous turn's, or it sends none."""
         if conversation is None:
-            return PartsToKeep(list(parts), self, (-1.0, 1)) if parts else None
+            return PartsToKeep(list(parts), self, NEW) if parts else None
         mark = (conversation.created_at, conversation.turns + 1)
         hashes = tuple(p.hash for p in parts)
         last = self._last.get(key)

@@ -176,6 +176,8 @@ class TurnWriter:
             except KeyError as exc:  # its items are gone: the conversation deleted meanwhile, or
                 # staged items a failing store dropped unwritten; the reply still goes out, saying so
                 raise StoreUnavailable("This turn's messages are no longer in the store: its reply was not kept.") from exc
+            if self.parts is not None and record is not None and conversation is not None:
+                self.parts.ended(conversation)
         self.ended = (status, reply_status)
 
     async def settled(self) -> None:

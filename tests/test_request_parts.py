@@ -244,6 +244,21 @@ def test_only_a_turn_whose_parts_changed_hands_them_to_the_store() -> None:
     assert remembered.to_keep(key, [terse, tools], conversation_of(3, created_at=2.0)) is not None
 
 
+def test_a_new_conversations_second_turn_hands_the_store_nothing_it_has() -> None:
+    """Its first turn's parts were kept before the conversation existed, when its creation time
+    was unknown; the turn's end says it (PartsToKeep.ended), so the next turn sending the same
+    parts is known to be the conversation's next and writes none."""
+    remembered, key = RequestParts(), ConversationKey("t", "c")
+    terse = RequestPart("system", part_hash("a"), "a")
+    keep = remembered.to_keep(key, [terse], None)
+    assert keep is not None
+    remembered.remember(key, keep.mark, keep.parts)  # PartsToKeep.keep, with the turn's first write
+    assert remembered.to_keep(key, [terse], conversation_of(1)) is not None  # not known to be the same conversation
+    keep.ended(conversation_of(0))  # the turn kept its record: the conversation as it stood before
+    assert remembered.to_keep(key, [terse], conversation_of(1)) is None
+    assert remembered.to_keep(key, [terse], conversation_of(1, created_at=2.0)) is not None  # made again meanwhile
+
+
 def test_the_values_kept_to_compare_with_stay_within_their_memory() -> None:
     remembered = RequestParts(max_entries=100, max_bytes=80_000)
     tools = [{"name": f"tool_{i}", "description": "x" * 200} for i in range(20)]  # ~5 KB of JSON
