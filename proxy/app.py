@@ -154,6 +154,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         for task in (second_look, trimming):
             if task is not None:
                 task.cancel()
+        await app[ENGINE].bodies.idle()  # the proofs of bodies after their turns (prefix.py): short
         await app[COMPACTION].close()
         await trajectories.close()  # after compaction (a summary marks its file due), before the store
         await telemetry.close()  # after the compactions: their spans go too

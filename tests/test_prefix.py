@@ -52,6 +52,7 @@ from typing import Any  # noqa: E402
 import orjson  # noqa: E402
 
 from proxy.prefix import BodyCache, ParsedBody, _proven  # noqa: E402
+from proxy.request_limits import OFFLOAD_BYTES  # noqa: E402
 
 KEY = ("tenant", "chat", "conversation")
 
@@ -126,7 +127,8 @@ def test_the_transcript_end_is_proven_not_guessed():
 
 
 def test_a_body_no_request_extends_is_parsed_once():
-    """What a full parse keeps costs no second parse until a request would extend it."""
+    """What a full parse keeps costs no second parse until a request would extend it, or its
+    turn is over (`prove_soon`: below)."""
     cache = BodyCache()
     raw = body(msgs("a", "b", "c"), stream=False)
     parsed = asyncio.run(cache.full(KEY, raw, orjson.loads(raw), "messages"))
@@ -136,6 +138,38 @@ def test_a_body_no_request_extends_is_parsed_once():
     assert not parsed.entry.proven
     extended = extend(cache, KEY, body(msgs("a", "b", "c", "d"), stream=False), "messages")
     assert extended is not None and extended.reused == 3 and parsed.entry.proven
+
+
+def test_a_body_parsed_whole_is_proven_after_its_turn_not_on_the_next_ones_path():
+    """`prove_soon` (the engine's, once a turn has answered) proves the body in a task of its
+    own: the next request finds it proven, where the guess moved too. A request that comes while
+    the proof runs (a large body's, in a thread) waits for that proof and gets the same result."""
+
+    async def scenario() -> None:
+        cache = BodyCache()
+        raw = b'{"messages": [{"role": "user", "content": "a"}], "stream": [1], "stream": true}'
+        parsed = await cache.full(KEY, raw, orjson.loads(raw), "messages")
+        cache.remember(KEY, parsed, ["h0"])
+        assert parsed.entry is not None and not parsed.entry.proven
+        cache.prove_soon(KEY, "messages")
+        assert not parsed.entry.proven  # not on the turn's own path
+        await cache.idle()
+        assert parsed.entry.proven and parsed.entry.tail.startswith(b'], "stream": [1]')  # the transcript's own end
+        appended = raw.replace(b'"a"}]', b'"a"}, {"role": "user", "content": "b"}]')
+        extended = await cache.extend(KEY, appended, "messages")
+        assert extended is not None and extended.reused == 1 and extended.body == orjson.loads(appended)
+
+        large = body(msgs(*("x" * 2_000 for _ in range(600))), stream=False)  # over OFFLOAD_BYTES: proven in a thread
+        assert len(large) > OFFLOAD_BYTES
+        parsed = await cache.full(KEY, large, orjson.loads(large), "messages")
+        cache.remember(KEY, parsed, [f"h{i}" for i in range(600)])
+        cache.prove_soon(KEY, "messages")
+        proving = parsed.entry.proving
+        extended = await cache.extend(KEY, body(msgs(*("x" * 2_000 for _ in range(600)), "y"), stream=False), "messages")
+        assert extended is not None and extended.reused == 600 and extended.body["messages"][-1]["content"] == "y"
+        assert proving is not None and proving.done() and parsed.entry.proven and parsed.entry.proving is proving
+
+    asyncio.run(scenario())
 
 
 def test_the_cache_is_bounded_and_says_what_it_let_go():

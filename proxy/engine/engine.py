@@ -288,6 +288,8 @@ class Engine:
             return await self._exchange(request, key, report, sink, trace, writer, conversation, body)
         finally:
             self._land(key, writer, request)
+            if by_bytes:  # a body parsed whole is proven now, while its client reads the reply (prefix.py)
+                self.bodies.prove_soon(parsed.key, dialect.transcript_key)  # type: ignore[union-attr]
 
     def _land(self, key: ConversationKey, writer: TurnWriter | None, request: ParsedRequest) -> None:
         """The turn is over (or never got its items written): it is no longer in flight."""
@@ -379,6 +381,7 @@ class Engine:
         while self._ending or self.compaction.busy:
             await asyncio.gather(*list(self._ending), return_exceptions=True)
             await self.compaction.idle()
+        await self.bodies.idle()
 
     async def dry_run(self, turn_request: TurnRequest, watcher: TurnWatcher) -> DryRun:
         """The body a turn of `turn_request` would send upstream first, worked out without writing
