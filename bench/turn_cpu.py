@@ -17,7 +17,8 @@ first turns instead: `--requests` new conversations, each storing the whole tran
 the figure then includes what the process does while idle, the malloc trimmer's work). The
 trees take turns, round by round, so drift on a busy machine hits them alike. The figure is the
 proxy process's CPU (schedstat: on-CPU nanoseconds of every thread; utime+stime counts 10 ms
-ticks) per request: the median over rounds, and each round's ratio to the first tree.
+ticks) per request: the median over rounds, and each round's ratio to the first tree; with
+`--concurrency`, requests a second too (wall time: what the target's core got through).
 `--stream N` streams every measured reply as N events (and the warm turns before them: a client
 keeps to one), `--event-gap-ms` apart (bench/run.py's stream phase: 16 events, 0.5 ms).
 `--variant NAME=VALUE` adds the last tree again with that variable in its environment (a
@@ -124,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     kind, warm = ("empty", args.at_turn) if args.at_turn else ("agent200", 1)
     streamed = {"stream": True, "model": stream_model(args.stream)} if args.stream else {}
     per_request: dict[str, list[float]] = {name: [] for name, _ in targets}
+    rates: dict[str, list[float]] = {name: [] for name, _ in targets}  # req/s (wall), with --concurrency
     try:
         mock.wait_ready(30)
         for _, proc in targets:
@@ -139,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                 result = lg(op="run", pool=pool, requests=args.requests, concurrency=args.concurrency, gap_ms=args.gap_ms,
                             **streamed)
                 per_request[name].append((cpu_ns(proc.pid) - before) / result["sent"] / 1e6)
+                rates[name].append(result["rps"] or 0.0)
                 lg(op="close", pool=pool)
                 if result["errors"]:
                     raise RuntimeError(f"{name}: {result['errors']} errors, e.g. {result['error_samples'][:1]}")
@@ -148,12 +151,14 @@ def main(argv: list[str] | None = None) -> int:
         for proc in reversed(procs):
             proc.stop()
     base = args.proxy_src and per_request[targets[0][0]]
-    print("| tree | CPU ms/turn (median) | per round | ratio to the first, per round |")
-    print("|------|----------------------|-----------|-------------------------------|")
+    concurrent = args.concurrency > 1  # then the wall time says something too: requests a second
+    print("| tree | CPU ms/turn (median) | per round | ratio to the first, per round |" + (" req/s (median), per round |" if concurrent else ""))
+    print("|------|----------------------|-----------|-------------------------------|" + ("---|" if concurrent else ""))
     for name, values in per_request.items():
         ratios = [v / b for v, b in zip(values, base, strict=True)]
         print(f"| {name} | {statistics.median(values):.3f} | {' '.join(f'{v:.3f}' for v in values)} | "
-              f"{' '.join(f'{x:.3f}' for x in ratios)} (median {statistics.median(ratios):.3f}) |")
+              f"{' '.join(f'{x:.3f}' for x in ratios)} (median {statistics.median(ratios):.3f}) |"
+              + (f" {statistics.median(rates[name]):.0f}: {' '.join(f'{v:.0f}' for v in rates[name])} |" if concurrent else ""))
     if sink is not None:
         print(f"\nspans received by the OTLP sink: {sink.received} bytes")
     return 0
