@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 import pickle
 import secrets
 from collections.abc import AsyncIterator, Callable
@@ -16,7 +17,7 @@ import pytest
 
 from proxy.identity import ConversationKey
 from proxy.messages import message_hash
-from proxy.store import FAILED, LIVE, PENDING, SUPERSEDED, Summary, TurnRecord
+from proxy.store import FAILED, LIVE, PENDING, SUPERSEDED, StoreError, Summary, TurnRecord
 from proxy.store.disk import BATCH_MAX, INDEX_CHUNK, SETTLED_FLAGS, DiskStore, open_cache
 from proxy.store.disk.store import INLINE_BESIDE
 from proxy.store.disk.checkpoints import BACKSTOP_PAGES, EVERY_WRITES
@@ -412,7 +413,12 @@ def test_a_write_is_held_until_it_ends_and_nothing_of_one_that_raises_is_stored(
         table.delete("kept")
         with table.transact():  # nested: written by the outermost
             table.set("inner", [1, 2])
-    assert list(table.iterkeys()) == sorted([*many, "inner"])
+        with pytest.raises(KeyError), table.transact():  # nested, raising: the outer write goes on without it
+            table.set("inner", "changed by a write that fails")
+            table.set("never", 1)
+            table.delete(next(iter(many)))
+            raise KeyError("this write alone fails")
+    assert list(table.iterkeys()) == sorted([*many, "inner"]) and table.get("inner") == [1, 2]
     assert [table.get(name) for name in many] == list(many.values()) and table.incr("inner-counter") == 1
     table.close()
 
@@ -511,6 +517,59 @@ async def test_a_turns_small_writes_run_in_place_and_big_ones_on_the_store_threa
     assert store._rows.connection.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == BACKSTOP_PAGES
     store = await reopen()
     assert [m.seq for m in await store.messages(A, live_only=False)] == list(range(1, 65))
+
+
+async def test_writes_that_wait_while_the_store_thread_is_busy_are_written_together(reopen):
+    """Group commit: the calls queued behind a busy store thread are one write; one of them that
+    raises leaves nothing of its own in it and the others land; and if the write of them all
+    fails, each fails with it, nothing of any is stored, and the store reads on from its rows."""
+    store = await reopen()
+    others = [ConversationKey(A.tenant, f"together-{i}") for i in range(3)]
+    for key in (A, *others):
+        await turn(store, key, ["task"])
+    thread = store._thread
+
+    async def queued_behind(hold: Callable[[], Any], calls: list[Any]) -> list[Any]:
+        """`calls` (coroutines of store calls) made while the store thread runs `hold`."""
+        started = threading.Event()
+        busy = thread.run(lambda: (started.set(), hold()))
+        await asyncio.to_thread(started.wait, 10)  # running alone: the calls queue behind it
+        tasks = [asyncio.ensure_future(call) for call in calls]
+        while thread._asked < thread._done + 1 + len(calls):  # each has reached the thread's queue
+            await asyncio.sleep(0)
+        release.set()
+        await busy
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    release = threading.Event()
+    commits, calls = store._rows.commits, (await store.get(A)).llm_calls
+    outcomes = await queued_behind(lambda: release.wait(10), [
+        store.append(key, [msg(f"observation of {key.id}")], [f"h-{key.id}"], LIVE) for key in others
+    ] + [store.finish_turn(A, {2: LIVE, 99: LIVE}, [(msg("never stored"), "h")], LIVE, None, llm_calls=1)])  # 99: not there
+    assert [len(o) for o in outcomes[:3]] == [1, 1, 1] and isinstance(outcomes[3], KeyError)
+    assert store._rows.commits == commits + 1  # three turns' rows, one write
+    store = await reopen()
+    for key in others:
+        assert [m.message for m in await store.messages(key, live_only=False)][-1] == msg(f"observation of {key.id}")
+    assert [m.seq for m in await store.messages(A, live_only=False)] == [1, 2] and (await store.get(A)).llm_calls == calls
+
+    thread, release = store._thread, threading.Event()
+
+    def hold_then_refuse_writes() -> None:
+        release.wait(10)
+        store._rows.connection.execute("PRAGMA query_only = 1")  # the store thread's connection: its writes fail
+
+    outcomes = await queued_behind(hold_then_refuse_writes, [
+        store.append(key, [msg("never stored")], ["h-never"], LIVE) for key in others
+    ])
+    assert all(isinstance(o, StoreError) for o in outcomes), outcomes
+    await thread.run(lambda: store._rows.connection.execute("PRAGMA query_only = 0"))
+    for key in others:  # memory was let go with the write: what is read is what the rows hold
+        assert [m.message for m in await store.messages(key, live_only=False)][-1] == msg(f"observation of {key.id}")
+    await turn(store, others[0], ["the store writes again"])
+    store = await reopen()
+    assert [m.message for m in await store.messages(others[0], live_only=False)][-2:] == [
+        msg("the store writes again"), msg("ok", "assistant")]
 
 
 # -- turn records ------------------------------------------------------------------------------------

@@ -4,11 +4,12 @@ comes back to the caller, and a call cancelled before its turn never runs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 
 import pytest
 
-from proxy.store.disk.worker import StoreThread
+from proxy.store.disk.worker import GROUP_MAX, StoreThread
 
 
 async def test_calls_run_in_the_thread_in_the_order_asked_and_their_outcome_comes_back():
@@ -79,3 +80,65 @@ async def test_a_call_runs_in_place_only_when_the_thread_has_nothing_to_do():
         release.set()
         store_thread.shutdown()
     assert store_thread.inline(lambda: "closed") == (False, None)
+
+
+async def test_calls_waiting_while_the_thread_is_busy_run_together_each_alone():
+    """Group commit's shape: the calls asked for `together` queued in a row behind a busy thread
+    (up to GROUP_MAX) run inside one `together()`, each inside `alone()`; one that raises fails
+    alone; a `together()` that fails at its end fails every call in it; any other call, or one
+    with nothing queued behind it, runs on its own."""
+    entered: list[str] = []
+    fail_together = threading.Event()
+
+    @contextlib.contextmanager
+    def together():
+        entered.append("together")
+        yield
+        if fail_together.is_set():
+            raise OSError("the write of them all failed")
+
+    @contextlib.contextmanager
+    def alone():
+        entered.append("alone")
+        yield
+
+    store_thread = StoreThread("test-store", together=together, alone=alone)
+    release, started = threading.Event(), threading.Event()
+
+    def hold() -> str:
+        started.set()
+        release.wait(10)
+        return "held"
+
+    def boom() -> None:
+        raise ValueError("this one")
+
+    try:
+        busy = store_thread.run(hold)
+        await asyncio.to_thread(started.wait, 10)
+        queued = [store_thread.run(lambda n=n: n, together=True) for n in range(GROUP_MAX + 2)]
+        queued += [store_thread.run(boom, together=True), store_thread.run(lambda: "big", together=False)]
+        queued += [store_thread.run(lambda n=n: n, together=True) for n in range(2)]
+        release.set()
+        outcomes = await asyncio.gather(*queued, return_exceptions=True)
+        assert await busy == "held" and outcomes[: GROUP_MAX + 2] == list(range(GROUP_MAX + 2))
+        assert isinstance(outcomes[GROUP_MAX + 2], ValueError) and outcomes[GROUP_MAX + 3:] == ["big", 0, 1]
+        # 8, then 3 (the third one raising), then the big one on its own, then the last 2
+        assert entered == ["together", *["alone"] * GROUP_MAX, "together", *["alone"] * 3, "together", "alone", "alone"]
+
+        entered.clear()
+        started.clear()
+        release.clear()
+        busy = store_thread.run(hold)
+        await asyncio.to_thread(started.wait, 10)
+        queued = [store_thread.run(lambda n=n: n, together=True) for n in range(3)]
+        fail_together.set()
+        release.set()
+        await busy
+        outcomes = await asyncio.gather(*queued, return_exceptions=True)
+        assert all(isinstance(o, OSError) for o in outcomes)
+        entered.clear()
+        assert await store_thread.run(lambda: "alone", together=True) == "alone" and entered == []  # nothing behind it
+    finally:
+        release.set()
+        store_thread.shutdown()

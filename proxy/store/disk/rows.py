@@ -84,9 +84,15 @@ class Rows:
     @contextmanager
     def transact(self) -> Iterator[None]:
         """One write: what is set and deleted inside is written at the end, at once (nested: by
-        the outermost); nothing of it if it raises."""
+        the outermost); nothing of it if it raises (nested: the outer write goes on without it)."""
         if self._held is not None:
-            yield
+            before = dict(self._held)
+            try:
+                yield
+            except BaseException:
+                self._held.clear()
+                self._held.update(before)
+                raise
             return
         self._held = {}
         try:

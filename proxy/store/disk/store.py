@@ -60,8 +60,9 @@ import sqlite3
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -129,6 +130,18 @@ from .worker import StoreThread
 log = logging.getLogger("proxy.store.disk")
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a store call runs: `in_place` on the caller's thread if the store thread has nothing to
+    do; else on the store thread, `together` with the calls so marked waiting beside it there."""
+
+    in_place: bool = False
+    together: bool = False
+
+
+ON_THREAD = Placement()
 # A write this small runs in place of the store thread when it has nothing to do (see _small):
 # a commit of a few KB costs less than the hop's two wake-ups.
 INLINE_ITEMS = 4
@@ -195,28 +208,29 @@ class DiskStore(DiskInbox, DiskKnowledge, DiskRequestParts):
         # write (the store thread's, the loop's for small writes) are made to leave them to it.
         self._checkpoints = Checkpointer(os.path.join(path, diskcache.core.DBNAME))
         self._rows.on_connect(self._checkpoints.writer)  # every thread's: the store thread's, the loop's
-        self._thread = StoreThread("diskstore")
+        # Calls that queue while it is busy are written together, each alone inside (worker.py).
+        self._thread = StoreThread("diskstore", together=self._together, alone=self._rows.transact)
         self._locks: weakref.WeakValueDictionary[ConversationKey, asyncio.Lock] = weakref.WeakValueDictionary()
         self._leases: dict[str, tuple[str, float]] = {}  # name -> (token, monotonic expiry)
         self._search = HistoryIndexes()  # history search: built from the log, see search.py
 
-    async def _run(self, fn: Callable[..., T], *args: Any, small: bool = False) -> T:
-        """`fn(*args)` on the store thread; a `small` one in place when that thread has nothing to
-        do (worker.py: a hop's wake-ups cost more than a small write's commit)."""
+    async def _run(self, fn: Callable[..., T], *args: Any, place: Placement = ON_THREAD) -> T:
+        """`fn(*args)` on the store thread, or where `place` says (worker.py: a hop's wake-ups
+        cost more than a small write's commit; writes waiting there together are one commit)."""
         try:
-            if small:
+            if place.in_place:
                 ran, result = self._thread.inline(fn, *args)
                 if ran:
                     return result  # type: ignore[return-value]
-            return await self._thread.run(fn, *args)
+            return await self._thread.run(fn, *args, together=place.together)
         except (sqlite3.Error, OSError, diskcache.Timeout) as exc:
             raise store_error(exc, self._path) from exc
 
-    async def _write(self, fn: Callable[..., T], *args: Any, telling: bool = True, small: bool = False) -> T:
+    async def _write(self, fn: Callable[..., T], *args: Any, telling: bool = True, place: Placement = ON_THREAD) -> T:
         """`_run` for an operation that writes: its outcome is the store's health (a success only
         if `telling`: a delete works on a full disk by design, so it says nothing of writes)."""
         try:
-            result = await self._run(self._written, fn, *args, small=small)
+            result = await self._run(self._written, fn, *args, place=place)
         except StoreError as exc:
             self._health.failed(exc)
             log.warning("store write failed: %s", exc.message, exc_info=exc.__cause__)
@@ -229,25 +243,47 @@ class DiskStore(DiskInbox, DiskKnowledge, DiskRequestParts):
         try:
             result = fn(*args)
         except BaseException:
-            # The transaction was rolled back, but what is held in memory may have been changed in it.
-            # Staged items go too: never written, they are lost with the store's failure, which the
-            # turns that staged them are told of at their end (a failing store fails them all).
-            self._snapshots.clear()
-            self._records.clear()
-            self._staged.clear()
-            self._pages.clear()
-            self._tenants = None
-            self._pending.forget()
+            self._forget_held()
             raise
         if not self._reserve.held:  # let go of for a delete: made again once there is room
             self._reserve.make()
         self._checkpoints.wrote()
         return result
 
-    def _in_place(self, key: ConversationKey, items: Sequence[Raw] = ()) -> bool:
-        """Whether a write of `items` to `key` runs in place of the store thread (`_run`): small,
-        and few turns of other conversations under way."""
-        return self._small(key, items) and not self._crowded(key)
+    def _forget_held(self) -> None:
+        """A write failed: its transaction was rolled back, but what is held in memory may have
+        been changed in it. Staged items go too: never written, they are lost with the store's
+        failure, which the turns that staged them are told of at their end (a failing store
+        fails them all). What is left is read from the rows again."""
+        self._snapshots.clear()
+        self._records.clear()
+        self._staged.clear()
+        self._pages.clear()
+        self._tenants = None
+        self._pending.forget()
+
+    @contextmanager
+    def _together(self) -> Iterator[None]:
+        """The store thread's calls that waited while it was busy, written as one (group commit:
+        one statement or transaction for several turns' rows, where each would commit its own);
+        if that write fails, so does each of them, and memory is read from the rows again."""
+        try:
+            with self._rows.transact():
+                yield
+        except BaseException:
+            self._forget_held()
+            raise
+
+    def _placed(self, key: ConversationKey, items: Sequence[Raw] = ()) -> Placement:
+        """Where a write of `items` to `key` runs (`_run`): a small one in place of the store thread
+        while few turns of other conversations are under way, else there, with the small writes
+        waiting beside it (one commit); a big one on the store thread, alone."""
+        small = self._small(key, items)
+        return Placement(small and not self._crowded(key), small)
+
+    def _staged_placed(self, key: ConversationKey) -> Placement:
+        """`_placed` for what a turn stages, or makes durable, of items already judged small."""
+        return Placement(not self._crowded(key), True)
 
     def _crowded(self, key: ConversationKey) -> bool:
         """Whether INLINE_BESIDE other conversations have a turn under way (items staged, their end
@@ -258,7 +294,7 @@ class DiskStore(DiskInbox, DiskKnowledge, DiskRequestParts):
         """Whether a write of `items` to `key` is small: its record held in memory (no index to
         read back) and a few messages of a few KB (a turn's reply, its new observation; not a
         first turn's transcript). Such a write may wait for the turn's end (`stage`) and run in
-        place (`_in_place`). A hint read without the store's lock: at worst a write that could
+        place (`_placed`). A hint read without the store's lock: at worst a write that could
         have hopped runs in place."""
         if (key not in self._staged and self._records.get(key) is None) or len(items) > INLINE_ITEMS:
             return False
@@ -443,7 +479,7 @@ class DiskStore(DiskInbox, DiskKnowledge, DiskRequestParts):
 
     async def append(self, key: ConversationKey, items: list[Raw], hashes: list[str], status: str) -> list[int]:
         check_statuses(status)
-        return await self._write(self._append, key, items, hashes, status, small=self._in_place(key, items))
+        return await self._write(self._append, key, items, hashes, status, place=self._placed(key, items))
 
     def _append(self, key: ConversationKey, items: list[Raw], hashes: list[str], status: str) -> list[int]:
         return self._update_record(key, lambda record: self._add_items(record, items, hashes, status))
@@ -454,7 +490,7 @@ class DiskStore(DiskInbox, DiskKnowledge, DiskRequestParts):
         if not self._small(key, items) or not self._room():
             return await self.append(key, items, hashes, status)
         check_statuses(status)
-        return await self._write(self._stage, key, items, hashes, status, small=not self._crowded(key))
+        return await self._write(self._stage, key, items, hashes, status, place=self._staged_placed(key))
 
     def _stage(self, key: ConversationKey, items: list[Raw], hashes: list[str], status: str) -> list[int]:
         record = self._staged.get(key) or self._records.get(key)
@@ -467,7 +503,7 @@ class DiskStore(DiskInbox, DiskKnowledge, DiskRequestParts):
 
     async def flush(self, key: ConversationKey) -> None:
         if key in self._staged:
-            await self._write(self._flush, key, small=not self._crowded(key))
+            await self._write(self._flush, key, place=self._staged_placed(key))
 
     def _flush(self, key: ConversationKey) -> None:
         with self._rows.transact():
@@ -651,7 +687,7 @@ class DiskStore(DiskInbox, DiskKnowledge, DiskRequestParts):
         check_statuses(*changes.values(), *([reply_status] if reply else []))
         return await self._write(
             self._finish_turn, key, dict(changes), list(reply), reply_status, record.stored_row() if record is not None else None,
-            llm_calls, dict(forwarded or {}), dict(marks or {}), small=self._in_place(key, [m for m, _ in reply]),
+            llm_calls, dict(forwarded or {}), dict(marks or {}), place=self._placed(key, [m for m, _ in reply]),
         )
 
     def _finish_turn(
@@ -747,17 +783,17 @@ class DiskStore(DiskInbox, DiskKnowledge, DiskRequestParts):
         return read
 
     async def count_llm_call(self, key: ConversationKey, limit: int | None = None) -> int | None:
-        return await self._write(self._update_record, key, lambda record: _count_call(record, limit), small=self._in_place(key))
+        return await self._write(self._update_record, key, lambda record: _count_call(record, limit), place=self._placed(key))
 
     async def mark_forwarded(self, key: ConversationKey, marks: Mapping[int, int]) -> None:
         if marks:
-            await self._write(self._update_record, key, lambda record: record.forward(marks), small=self._in_place(key))
+            await self._write(self._update_record, key, lambda record: record.forward(marks), place=self._placed(key))
 
     async def set_marks(self, key: ConversationKey, marks: Mapping[str, int]) -> None:
         if marks:
             await self._write(
                 self._update_record, key, lambda record: record.fields.setdefault("marks", {}).update(marks),
-                small=self._in_place(key),
+                place=self._placed(key),
             )
 
     async def set_rewrites(self, key: ConversationKey, rewrites: Mapping[int, str]) -> None:
