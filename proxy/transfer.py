@@ -365,10 +365,6 @@ def _records(fields: dict[str, Any]) -> Any:
     return check
 
 
-def _optional_str(value: Any) -> str | None:
-    return None if value is None else _str(value)
-
-
 # A summary's parts kept as data; an export written before them has none.
 SUMMARY_PARTS = {
     "facts": _records({"value": _str, "named": _count, "seen": _count, "last_seq": _count}),

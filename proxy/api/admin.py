@@ -20,7 +20,7 @@ import orjson
 from aiohttp import web
 
 from ..errors import InvalidRequest, NotFound, ProxyError, Unauthorized
-from ..identity import ConversationKey, bearer_token, check_conversation_id, request_tenant, tenant_of
+from ..identity import ConversationKey, bearer_token, check_conversation_id, tenant_of
 from ..request_parts import current_parts
 from ..state import ADMIN_TOKEN, REFS, SETTINGS, STORE, TRAJECTORIES
 from ..store import SYSTEM_PART, TOOLS_PART, Conversation, StoredMessage
