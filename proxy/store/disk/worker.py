@@ -98,22 +98,12 @@ class StoreThread:
         if self._initializer is not None:
             with self._running:
                 self._initializer()
-        after: _Job | None | object = _NOTHING  # a call taken off the queue, run next: not one of the group
+        behind: Any = _NOTHING  # taken off the queue while gathering calls, not one of them: the next
         while True:
-            job, after = (self._jobs.get() if after is _NOTHING else after), _NOTHING
+            job = self._jobs.get() if behind is _NOTHING else behind
             if job is None:
                 break
-            assert isinstance(job, tuple)
-            jobs = [job]
-            while job[4] and self._together is not None and len(jobs) < GROUP_MAX:  # calls waiting behind it
-                try:
-                    more = self._jobs.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None or not more[4]:
-                    after = more
-                    break
-                jobs.append(more)
+            jobs, behind = self._gathered(job)
             # Read without the loop: at worst a cancelled call still runs.
             live = [job for job in jobs if not job[2].cancelled()]
             with self._running:
@@ -127,6 +117,20 @@ class StoreThread:
                     loop.call_soon_threadsafe(_settle, settled)
                 except RuntimeError:  # the loop closed meanwhile: nobody waits any more
                     pass
+
+    def _gathered(self, first: _Job) -> tuple[list[_Job], Any]:
+        """`first` with the `together` calls queued right behind it (GROUP_MAX in all at most), and
+        the item that ended them, taken off the queue (a call, or None to stop), else _NOTHING."""
+        jobs = [first]
+        while first[4] and self._together is not None and len(jobs) < GROUP_MAX:
+            try:
+                more = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if more is None or not more[4]:
+                return jobs, more
+            jobs.append(more)
+        return jobs, _NOTHING
 
     @staticmethod
     def _one(job: _Job) -> list[_Outcome]:
