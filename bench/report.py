@@ -30,6 +30,7 @@ COLUMNS: list[tuple[str, str]] = [
     ("paced_added_p50", "paced +p50 ms"),
     ("paced_cpu_ms", "paced CPU ms/req"),
     ("rps", "req/s @C"),
+    ("conc_cpu_ms", "CPU ms/req @C"),
     ("conc_p50", "p50 @C ms"),
     ("ttfb_added_p50", "TTFB +p50 ms"),
     ("cpu_us_per_chunk", "CPU µs/chunk"),
@@ -463,7 +464,7 @@ def render(data: dict[str, Any], summary: dict[str, Any]) -> str:
         (
         "p50/p99: one request at a time, later turns (200+ messages, the stored prefix + 2 new); +: over direct, same repeat. "
         "1st turn: a new conversation's first request (stores all 200 messages). CPU: the target process's utime+stime "
-        f"(/proc/<pid>/stat) / requests; for the 1st turn, from schedstat (ns: too few turns for ticks). @{s['concurrency']}: {s['concurrency']} concurrent clients. "
+        f"(/proc/<pid>/stat) / requests; for the 1st turn, from schedstat (ns: too few turns for ticks). @{s['concurrency']}: {s['concurrency']} concurrent clients (CPU ms/req there: the target's, as one at a time). "
         f"TTFB: time to the first streamed byte ({s['stream_chunks']}-event replies). CPU/chunk: (CPU of a "
         f"{s['stream_long_chunks']}-event streamed turn − CPU of a {s['stream_chunks']}-event one) / {s['stream_long_chunks'] - s['stream_chunks']}, "
         f"from schedstat. reads/stream: reads the client made per {s['stream_long_chunks']}-event stream (≈ events: nothing held back). "

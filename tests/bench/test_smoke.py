@@ -20,12 +20,14 @@ from pathlib import Path
 import pytest
 
 from bench.report import COLUMNS, WIRE_NAMES
+from bench.run import SMOKE
 
 REPO = Path(__file__).resolve().parents[2]
 TARGETS = ["direct", "forwarder", "floor", "floor-count", "proxy-off", "proxy", "proxy-named", "proxy-models", "litellm"]
 NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
 # What the direct row has no figure for: it has no process of its own between client and mock.
-DIRECT_BLANK = {"CPU ms/req", "stream CPU ms/req", "CPU ms/1st req", "ctx sw/req", "paced CPU ms/req", "CPU µs/chunk", "peak RSS MB"}
+DIRECT_BLANK = {"CPU ms/req", "stream CPU ms/req", "CPU ms/1st req", "ctx sw/req", "paced CPU ms/req", "CPU µs/chunk", "peak RSS MB",
+                f"CPU ms/req @{SMOKE.concurrency}"}
 
 
 def _cells(line: str) -> list[str]:
