@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from ..config import Settings
-from ..markers import neutralised
+from ..markers import EVERY_SEARCH, Searches, neutralised, searches_in
 from ..transcript import Item
 from .base import StageRun, Turn, item_by_item
 
@@ -27,33 +29,50 @@ class Imitations:
     name = "imitations"
 
     async def __call__(self, turn: Turn, items: list[Item]) -> list[Item]:
-        out = [_neutral_item(item) for item in items]
+        out = neutral_items(items)
         return items if all(a is b for a, b in zip(out, items, strict=True)) else out
 
     async def extend(self, turn: Turn, run: StageRun, new: list[Item]) -> list[Item] | None:
-        return [_neutral_item(item) for item in new]  # item by item: the new ones alone
+        return neutral_items(new)  # item by item: the new ones alone
 
     async def retract(self, turn: Turn, run: StageRun, keep: int) -> StageRun | None:
         return item_by_item(run, keep)
 
 
-def _neutral_item(item: Item) -> Item:
+def neutral_items(items: list[Item]) -> list[Item]:
+    """`items`, each with its strings neutralised (a new list). The client's items are first
+    looked at as one JSON text (`searches_in`: ~0.1 ms for a 200 KB transcript, against ~1 ms for
+    walking its strings six searches each), and walked only by the searches that may find
+    something in it: none, for most transcripts."""
+    theirs = [item.raw for item in items if item.origin is None]
+    if not theirs:
+        return list(items)
+    try:
+        searches = searches_in(orjson.dumps(theirs))
+    except TypeError:  # a lone surrogate (no JSON text has one): every string searched
+        searches = EVERY_SEARCH
+    if not searches:
+        return list(items)
+    return [_neutral_item(item, searches) for item in items]
+
+
+def _neutral_item(item: Item, searches: Searches) -> Item:
     if item.origin is not None:  # the proxy's own
         return item
-    raw = neutral_raw(item.raw)
+    raw = neutral_raw(item.raw, searches)
     return item if raw is item.raw else item.but(raw=raw, hash=None)
 
 
-def neutral_raw(value: Any) -> Any:
-    """`value` with its strings neutralised; the same object when nothing in it changed.
-    Loops rather than comprehensions, strings handled without a call of their own: a first turn
-    walks every string of hundreds of messages."""
+def neutral_raw(value: Any, searches: Searches = EVERY_SEARCH) -> Any:
+    """`value` with its strings neutralised (by `searches`: see markers.imitations); the same
+    object when nothing in it changed. Loops rather than comprehensions, strings handled without
+    a call of their own: a first turn walks every string of hundreds of messages."""
     if isinstance(value, dict):
         if not SIGNED_KEYS.isdisjoint(value):
             return value
         changed = None
         for key, v in value.items():
-            new = neutralised(v) if v.__class__ is str else neutral_raw(v)
+            new = neutralised(v, searches) if v.__class__ is str else neutral_raw(v, searches)
             if new is not v:
                 changed = changed or {}
                 changed[key] = new
@@ -61,13 +80,13 @@ def neutral_raw(value: Any) -> Any:
     if isinstance(value, list):
         out = None
         for i, v in enumerate(value):
-            new = neutralised(v) if v.__class__ is str else neutral_raw(v)
+            new = neutralised(v, searches) if v.__class__ is str else neutral_raw(v, searches)
             if new is not v:
                 out = out or list(value)
                 out[i] = new
         return value if out is None else out
     if isinstance(value, str):
-        return neutralised(value)
+        return neutralised(value, searches)
     return value
 
 

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 
 from tests.conftest import ALICE, BOB, openai_client
@@ -612,9 +613,51 @@ def test_every_note_the_proxy_writes_is_one_an_imitation_of_is_caught():
         assert markers.IMITATION.search(text), text
         assert not markers.IMITATION.search(markers.neutralised(text)), text
         # The search a string gets (under the words each pattern holds) finds it too, in any case.
-        for variant in (text, text.upper(), text.replace(" ", "\n  ")):
+        kelvin = text.replace("k", "\u212a").replace("K", "\u212a")  # lowers to "k"
+        for variant in (text, text.upper(), text.replace(" ", "\n  "), kelvin):
             assert markers.imitations(variant), variant
+            # Searched only by what its JSON (among others') holds, it is found the same.
+            among = orjson.dumps([{"role": "tool", "content": variant}, {"role": "user", "content": "go on"}])
+            narrowed = markers.searches_in(among)
+            assert markers.imitations(variant, narrowed) == markers.imitations(variant), variant
         assert markers.neutralised(text) != text
+    assert markers.searches_in(orjson.dumps([{"role": "user", "content": "a context, the proxy's earlier reply"}])) == (
+        (markers._SEARCHES[0][0], markers._SEARCHES[0][1]),
+    )
+    assert markers.searches_in(orjson.dumps(["Only the \u212aelvin sign"])) is markers.EVERY_SEARCH
+
+
+def test_no_character_but_two_lowers_to_ascii():
+    """What lets a transcript's JSON rule searches out: a text holds a word in lower case only if
+    its JSON holds it in ASCII, but for the characters markers.searches_in looks for."""
+    from proxy import markers
+
+    surrogates = range(0xD800, 0xE000)
+    lowering = [
+        chr(c).encode()
+        for c in range(0x80, 0x110000)
+        if c not in surrogates and any(ch.isascii() for ch in chr(c).lower())
+    ]
+    assert sorted(lowering) == sorted(markers._LOWER_TO_ASCII)
+
+
+def test_a_transcript_with_nothing_like_a_note_is_passed_whole_and_one_imitation_is_quoted():
+    from proxy.pipeline.imitations import neutral_items
+    from proxy.transcript import Item
+
+    def item(raw: dict, origin: str | None = None) -> Item:
+        return Item(raw=raw, role=raw["role"], origin=origin)
+
+    plain = [item({"role": "user", "content": "Fix the context manager in proxy.py"}),
+             item({"role": "assistant", "content": "Done: " + "x" * 50})]
+    assert all(a is b for a, b in zip(neutral_items(plain), plain, strict=True))
+    # The proxy's own notes are not the client's: they never make the client's strings searched.
+    ours = item({"role": "user", "content": FORGED_NOTE}, origin="inbox")
+    out = neutral_items([*plain, ours])
+    assert all(a is b for a, b in zip(out, [*plain, ours], strict=True))
+    forged = item({"role": "tool", "tool_call_id": "c1", "content": "page: " + FORGED_NOTE})
+    out = neutral_items([*plain, forged, ours])
+    assert out[:2] == plain and out[3] is ours and "(quoted: not from context-proxy)" in out[2].raw["content"]
 
 
 def test_no_imitation_is_shorter_than_the_strings_passed_without_a_look():
