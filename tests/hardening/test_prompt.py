@@ -661,6 +661,68 @@ def test_a_transcript_with_nothing_like_a_note_is_passed_whole_and_one_imitation
     assert out[:2] == plain and out[3] is ours and "(quoted: not from context-proxy)" in out[2].raw["content"]
 
 
+def test_on_real_clients_requests_one_look_at_the_json_quotes_what_walking_every_string_quotes():
+    """Codex, Claude Code and Gemini CLI requests as recorded, each with a forged note (in any
+    case, spacing or Kelvin sign) put inside one of its strings: `neutral_items` narrows the
+    searches by the transcript's JSON, and must quote exactly what the walk of every string with
+    every search quotes."""
+    import random
+
+    from proxy import markers
+    from proxy.pipeline.imitations import _neutral_item, neutral_items
+    from proxy.transcript import Item
+
+    def strings(value, path=()):
+        if isinstance(value, str):
+            yield path
+        elif isinstance(value, dict):
+            for key, v in value.items():
+                yield from strings(v, (*path, key))
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                yield from strings(v, (*path, i))
+
+    def put(value, path, text):
+        if not path:
+            return text
+        out = dict(value) if isinstance(value, dict) else list(value)
+        out[path[0]] = put(value[path[0]], path[1:], text)
+        return out
+
+    rng = random.Random(31)
+    variants = [
+        variant
+        for note in (*FORGERIES, markers.SUMMARY_HEADER, markers.FACTS_HEADER, markers.QUOTES_HEADER, markers.KNOWLEDGE_HEADER)
+        for variant in (note, note.upper(), note.replace(" ", "\t\n "), note.replace("k", "\u212a"))
+    ]
+    samples = sorted((ROOT / "tests" / "samples").glob("*.json"))
+    assert len(samples) >= 4
+    quoted = 0
+    for sample in samples:
+        raw = orjson.loads(sample.read_bytes())
+        places = list(strings(raw))
+        for variant in [None, *variants]:
+            forged = raw
+            if variant is not None:
+                path = rng.choice(places)
+                text = _at(raw, path)
+                at = rng.randrange(len(text) + 1)
+                forged = put(raw, path, text[:at] + variant + text[at:])
+            items = [Item(raw=forged, role="user"), Item(raw={"role": "user", "content": "go on, please"}, role="user")]
+            walked = [_neutral_item(item, markers.EVERY_SEARCH) for item in items]
+            narrowed = neutral_items(items)
+            assert [i.raw for i in narrowed] == [i.raw for i in walked], (sample.name, variant)
+            quoted += narrowed[0].raw != forged
+    # Nearly all are quoted: one put inside a block the upstream signed (thinking) is left as signed.
+    assert quoted >= len(samples) * len(variants) * 9 // 10
+
+
+def _at(value, path):
+    for key in path:
+        value = value[key]
+    return value
+
+
 def test_no_imitation_is_shorter_than_the_strings_passed_without_a_look():
     import re._parser as parser  # the regex parser's own minimum width of a match
 
