@@ -1,7 +1,7 @@
 """A streamed event's instructions in the proxy process (callgrind), beside the bare forwarder's.
 
     python -m bench.event_instructions [--proxy-src /path/to/before] [--proxy-src .] [--repeats 6]
-        [--wire messages] [--events 16 64 --gap-ms 10]
+        [--wire messages|responses|gemini] [--events 16 64 --gap-ms 10]
 
 The CPU a streamed chunk costs is a small difference of two noisy times (bench/run.py: turns of
 256 events minus turns of 16, over 240); instructions are stable. Each target runs under
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=6, help="counted turns of each length, twice over")
     p.add_argument("--events", type=int, nargs=2, default=[16, 256], metavar=("LOW", "HIGH"), help="the two turn lengths")
     p.add_argument("--gap-ms", type=float, default=0.0, help="the mock's pause between events (each then a read of its own)")
-    p.add_argument("--wire", choices=["chat", "messages", "responses"], default="chat")
+    p.add_argument("--wire", choices=["chat", "messages", "responses", "gemini"], default="chat")
     args = p.parse_args(argv)
     events = (args.events[0], args.events[1])
     client_cpus, target_cpus = cores()
@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             env = {
                 "CONTEXT_PROXY_UPSTREAM__BASE_URL": mock_url,
                 **({"CONTEXT_PROXY_UPSTREAM__ANTHROPIC_BASE_URL": mock_url.removesuffix("/v1")} if args.wire == "messages" else {}),
+                **({"CONTEXT_PROXY_UPSTREAM__GEMINI_BASE_URL": mock_url.removesuffix("/v1")} if args.wire == "gemini" else {}),
                 "CONTEXT_PROXY_STORAGE__PATH": str(tmp / f"store-{n}"),
                 **PROXY_ENV,
             }

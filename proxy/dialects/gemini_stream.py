@@ -74,8 +74,11 @@ def parts_of(candidate: dict[str, Any] | None) -> list[Any]:
     return parts if type(parts) is list else []
 
 
+_PLAIN_TEXT_KEYS = frozenset(("text", "thought", SIGNATURE))
+
+
 def _is_plain_text(part: dict[str, Any]) -> bool:
-    return "text" in part and all(key in ("text", "thought", SIGNATURE) for key in part)
+    return "text" in part and part.keys() <= _PLAIN_TEXT_KEYS
 
 
 class ReplyAssembler:
@@ -126,6 +129,19 @@ class ReplyAssembler:
     @property
     def empty(self) -> bool:
         return not self.parts
+
+    @property
+    def fresh(self) -> bool:
+        """Nothing fed yet."""
+        return self.id is None and self.usage is None and self.finish_reason is None and not self.parts
+
+    def copy(self) -> ReplyAssembler:
+        """An assembler in this one's state, to be fed apart from it."""
+        other = ReplyAssembler()
+        other.id, other.finish_reason, other.usage, other.done = self.id, self.finish_reason, self.usage, self.done
+        other.parts = [dict(part) for part in self.parts]
+        other._pieces = [None if pieces is None else list(pieces) for pieces in self._pieces]
+        return other
 
     def content(self) -> list[dict[str, Any]]:
         for part, pieces in zip(self.parts, self._pieces, strict=True):
@@ -178,6 +194,7 @@ class GeminiRelay(OneMessageRelay):
     def __init__(self) -> None:
         self._seen = ReplyAssembler()  # what the client saw
         self._round = self._seen  # this round (ours included)
+        self._shared = False  # a filtered round whose reply is, so far, what the client saw: one assembler
         self._split = EventSplitter()
         self._ours: frozenset[str] = frozenset()
         self._final: dict[str, Any] | None = None  # a filtered round's final chunk, held
@@ -198,7 +215,11 @@ class GeminiRelay(OneMessageRelay):
             self._final = None
         self._ours = ours
         self._carried = None  # a new step: the model signs its own first call
-        self._round = self._seen if not ours else ReplyAssembler()
+        # A filtered round's reply and the client's view of it differ only from the first chunk
+        # the filter edits or holds: until then (a first round's text, most of a reply) one
+        # assembler serves both, and it is copied when such a chunk comes.
+        self._round = self._seen if not ours or self._seen.fresh else ReplyAssembler()
+        self._shared = bool(ours) and self._round is self._seen
 
     def feed(self, chunk: bytes) -> bytes:
         out: list[bytes] = [self._pending] if self._pending else []
@@ -217,8 +238,10 @@ class GeminiRelay(OneMessageRelay):
                 else:
                     out.append(event)
                 continue
-            self._round.feed(payload)
             if candidate is None:
+                if self._shared:  # they part here: the client's view is not fed it
+                    self._round, self._shared = self._seen.copy(), False
+                self._round.feed(payload)
                 out.append(event)  # an error, or a chunk of another kind: as it came
                 continue
             parts = parts_of(candidate)
@@ -227,6 +250,13 @@ class GeminiRelay(OneMessageRelay):
                 kept, self._carried = self._give_signature(kept, self._carried)
             self._carried = self._carried or carried
             shown = payload if kept == parts else with_parts(payload, kept)
+            if self._shared:
+                if not finishing and shown is payload:  # as it came, to both
+                    self._seen.feed(payload)
+                    out.append(event)
+                    continue
+                self._round, self._shared = self._seen.copy(), False  # they part here
+            self._round.feed(payload)
             if finishing:
                 self._final = shown
             elif shown is payload:

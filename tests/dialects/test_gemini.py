@@ -155,6 +155,10 @@ def test_a_long_function_response_is_shortened_and_read_back_out_of_the_clients_
     answer = ask(client, contents, stream, model=MODEL_3)
     assert "linker error" in answer.text
     assert not answer.function_calls
+    # The reply kept is the one the client was given: neither our call nor its round's own view.
+    kept = live_messages(http, "read-1")[-1]["parts"]
+    assert not any("functionCall" in part for part in kept)
+    assert "".join(part.get("text", "") for part in kept) == answer.text
 
     _, round1, round2 = upstream.gemini.calls()
     sent_output = round1.body["contents"][-1]["parts"][0]["functionResponse"]["response"]["output"]
