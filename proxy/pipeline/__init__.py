@@ -8,7 +8,6 @@ stage means adding it to `STAGES` below, never touching the server code.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 from ..config import Settings
 from . import compaction, imitations, inbox, knowledge, pairing, quota, truncation, window
@@ -101,8 +100,9 @@ class Pipeline:
             if shorter is None:
                 return None
             figures, was = figures_of(turn.report), figures
-            amounts = _sum(amounts, moved(was, figures))
-            retracted.append(replace(shorter, figures=added(run.figures, amounts)))
+            if figures != was:  # most stages take nothing off a later turn's figures
+                amounts = _sum(amounts, moved(was, figures))
+            retracted.append(StageRun(shorter.before, shorter.after, shorter.note, added(run.figures, amounts)))
             keep = len(shorter.after)  # the next stage's input is this one's output
         return retracted
 
