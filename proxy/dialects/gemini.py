@@ -22,7 +22,9 @@ own after the client's tools, never into a request in JSON mode or with a built-
 (Gemini CLI's router and web search side calls), which the API refuses with function calling. An inbox message goes into the newest functionResponse when the prompt
 ends in one, else as a user content of its own (consecutive user contents are valid). Gemini CLI
 replays a reply without its thought parts, with its own call ids, and on `--resume` with dummy
-signatures: the canonical hash compares contents by meaning, so none of that looks new.
+signatures: the canonical hash compares contents by meaning, so none of that looks new. Its
+run's derived id reads the system prompt with the listed skills sorted: the CLI lists them in the
+order it found them, which a resuming process may not repeat.
 """
 
 from __future__ import annotations
@@ -56,6 +58,28 @@ def system_parts(body: dict[str, Any]) -> list[Any]:
     system = body.get(system_key(body))
     parts = system.get("parts") if isinstance(system, dict) else None
     return list(parts) if isinstance(parts, list) else []
+
+
+SKILLS_OPEN, SKILLS_CLOSE, SKILL_END = "<available_skills>", "</available_skills>", "</skill>"
+
+
+def skills_in_order(text: str) -> str:
+    """`text` with the `<skill>` entries of its `<available_skills>` list sorted. Gemini CLI lists
+    its agent skills in the order a glob found their files, which differs from one process to the
+    next: without this a `--resume` would often be a run of its own. Unchanged when already sorted
+    (ids derived before stay), and order-free even if a description holds `</skill>`: the pieces
+    between ends are sorted, and they are the same pieces whatever the entries' order. A find over
+    the prompt (~30 KB for Gemini CLI) a turn."""
+    start = text.find(SKILLS_OPEN)
+    end = text.find(SKILLS_CLOSE, start) if start >= 0 else -1
+    if end < 0:
+        return text
+    start += len(SKILLS_OPEN)
+    *entries, tail = text[start:end].split(SKILL_END)
+    ordered = sorted(entries)
+    if ordered == entries:
+        return text
+    return text[:start] + "".join(e + SKILL_END for e in ordered) + tail + text[end:]
 
 
 def declarations(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -176,7 +200,11 @@ class GeminiDialect(JSONBody):
         return None  # Gemini CLI sends none: its runs are told apart by their derived ids
 
     def identity_basis(self, body: dict[str, Any], raws: Sequence[Raw]) -> Any:
-        system = canonical_parts(system_parts(body))
+        """The system prompt, its listed skills in a fixed order, and the first user content, by meaning."""
+        system = [
+            {**p, "text": skills_in_order(p["text"])} if isinstance(p, dict) and isinstance(p.get("text"), str) else p
+            for p in canonical_parts(system_parts(body))
+        ]
         first_user = next(
             (canonical_parts(r.get("parts")) for r in raws if isinstance(r, dict) and "parts" in r and role_of(r) == "user"),
             None,

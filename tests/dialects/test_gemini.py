@@ -114,6 +114,39 @@ def test_a_tool_loop_is_one_conversation_replayed_byte_for_byte(
     assert stored[3]["parts"] == [{"text": "It built fine."}]
 
 
+def skills_prompt(*names: str) -> str:
+    """A system prompt listing agent skills as Gemini CLI renders them, in the order given."""
+    entries = "\n".join(
+        f"  <skill>\n    <name>{n}</name>\n    <description>Use for {n}.</description>\n"
+        f"    <location>/skills/{n}/SKILL.md</location>\n  </skill>"
+        for n in names
+    )
+    return f"{SYSTEM}\n\n<available_skills>\n{entries}\n</available_skills>\n\n# Final Reminder\nKeep going."
+
+
+def test_a_run_resumed_with_its_skills_listed_in_another_order_is_the_same_run(
+    proxy: ProxyServer, upstream: FakeUpstream, http: httpx.Client
+) -> None:
+    """Gemini CLI lists its skills in the order a glob finds them, which changes from one process to
+    the next: its `--resume` names no conversation, so only the run's derived id finds it again.
+    Another set of skills is another agent: a run of its own."""
+    client = client_of(proxy.url)
+
+    def turn(system: str, contents: list[types.Content]) -> types.Content:
+        upstream.enqueue(Reply.text("Done."))
+        config = types.GenerateContentConfig(system_instruction=system)
+        return client.models.generate_content(model=MODEL, contents=contents, config=config).candidates[0].content
+
+    contents = [user("Does it build?")]
+    contents += [turn(skills_prompt("skill-creator", "antigravity-support"), contents), user("say bye")]
+    turn(skills_prompt("antigravity-support", "skill-creator"), contents)  # the resumed process
+    conversation_id = only_conversation(http)
+    assert [m["role"] for m in live_messages(http, conversation_id)] == ["user", "model", "user", "model"]
+
+    turn(skills_prompt("antigravity-support", "code-review"), [user("Does it build?")])
+    assert len(admin_get(http, "").json()["data"]) == 2
+
+
 def test_parallel_calls_and_their_responses_are_one_unit_each_response_an_item(
     proxy: ProxyServer, upstream: FakeUpstream, http: httpx.Client
 ) -> None:
