@@ -393,8 +393,11 @@ def _resent(previous: BodyEntry, raw: bytes, transcript_key: str, key: Any, part
     kept = list(separators[: at + 1])
     # The separators after it (up to the next one kept, or the array's end), read off the previous
     # body: the items from `kept[-1]` on are elements, so their bytes are read from a known start.
-    stop = separators[at + 1][0] if at + 1 < len(separators) else len(head)
-    for separator in _separators(head, kept[-1][0] + 1, stop, kept[-1][1]):
+    # Their count is known: the last element's bytes (Claude Code's newest message, most of what
+    # it sends again) hold none and are not scanned.
+    listed = previous.body[transcript_key]
+    stop, last = (separators[at + 1][0], separators[at + 1][1]) if at + 1 < len(separators) else (len(head), len(listed))
+    for separator in _separators(head, kept[-1][0] + 1, stop, kept[-1][1], last - kept[-1][1] - 1):
         if not raw.startswith(head[kept[-1][0] : separator[0] + 1], kept[-1][0]):
             break
         kept.append(separator)
@@ -408,7 +411,6 @@ def _resent(previous: BodyEntry, raw: bytes, transcript_key: str, key: Any, part
         return None
     if not new:  # a comma and nothing after it: not JSON
         return None
-    listed = previous.body[transcript_key]
     reused = index if parts is None else len(previous.raws) - len(parts(listed[index:]))
     raws = previous.raws[:reused] + (new if parts is None else parts(new))
     body = {**previous.body, transcript_key: raws if parts is None else listed[:index] + new}
@@ -416,10 +418,13 @@ def _resent(previous: BodyEntry, raw: bytes, transcript_key: str, key: Any, part
     return ParsedBody(body, reused, previous, entry, key, fresh=end - comma)
 
 
-def _separators(data: Any, start: int, end: int, index: int) -> list[Separator]:
-    """The separators of a transcript array in `data[start:end]`, which starts where element
-    `index` does and holds whole elements (bytes of a body known to be valid JSON)."""
+def _separators(data: Any, start: int, end: int, index: int, most: int) -> list[Separator]:
+    """The first `most` separators of a transcript array in `data[start:end]`, which starts where
+    element `index` does and holds whole elements (bytes of a body known to be valid JSON): the
+    scan ends at the last one asked for."""
     out: list[Separator] = []
+    if most <= 0:
+        return out
     depth = 0
     for token in _TOKENS.finditer(data, start, end):
         byte = data[token.start()]
@@ -429,6 +434,8 @@ def _separators(data: Any, start: int, end: int, index: int) -> list[Separator]:
             if depth == 0:
                 index += 1
                 out.append((token.start(), index))
+                if len(out) == most:
+                    break
         elif byte in OPENERS:
             depth += 1
         else:
