@@ -19,6 +19,7 @@ from ..errors import ProxyError
 from ..identity import session_conversation_id
 from ..prefix import REPLY_MARKERS
 from ..transcript import Call, Codec, Item, Raw
+from ..upstream.base import EncodedBody
 
 
 class JSONBody:
@@ -33,6 +34,9 @@ class JSONBody:
 
     def by_elements(self) -> ByElements | None:
         return None
+
+    def encoded_body(self, body: dict[str, Any], encoded: bytes) -> dict[str, Any]:
+        return EncodedBody(body, encoded)
 
     def summary_format(self) -> SummaryFormat | None:
         return None
@@ -280,7 +284,11 @@ class Dialect(Protocol):
 
     def by_elements(self) -> ByElements | None:
         """This dialect as the fast path rebuilds a body whose elements may each be made of
-        several items (Messages: itself); None when it makes no such body."""
+        several items (Messages and Gemini: themselves); None when it makes no such body."""
+
+    def encoded_body(self, body: dict[str, Any], encoded: bytes) -> dict[str, Any]:
+        """An upstream body made of `body` and its JSON bytes, as `upstream_body` makes one (Gemini's
+        carries the URL's model and stream flag): the fast path's, made of the previous turn's bytes."""
 
     def summary_format(self) -> SummaryFormat | None:
         """This dialect as the summarizer asks a conversation's own model in it (itself: chat,

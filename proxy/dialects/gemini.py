@@ -39,7 +39,7 @@ from ..errors import InvalidRequest, ProxyError
 from ..messages import MAX_DEPTH, too_deep
 from ..transcript import Call, Item, Raw, Role
 from ..upstream.base import GeminiRequest
-from .base import Completion, JSONBody, ReplyRead, ToolSpec, token_limit
+from .base import ByElements, Completion, Elements, JSONBody, ReplyRead, ToolSpec, token_limit
 from .gemini_codec import GeminiCodec, canonical_parts, is_note, role_of, split_content
 from .gemini_stream import GeminiRelay, calls_of, error_body, first_candidate, without_our_calls
 
@@ -110,17 +110,29 @@ def takes_functions(body: dict[str, Any]) -> bool:
 # -- the request body ---------------------------------------------------------------------------
 
 
-def rebuild_contents(items: Sequence[Item]) -> tuple[list[Raw], list[Raw]]:
+def rebuild_contents(items: Sequence[Item], firsts: list[int] | None = None) -> tuple[list[Raw], list[Raw]]:
     """(the contents to send, the proxy's notes for `systemInstruction`) from the transcript's
-    items: a run of TOOL items is one user content again (what one client content held is sent
-    as it came); a model content left empty (a reply that held only the proxy's calls) is not
-    sent, the API refuses empty parts; the prompt starts on a user content, as the API wants."""
+    items; the index of the item each content starts at appended to `firsts`, when given. A run
+    of TOOL items is one user content again (what one client content held is sent as it came); a
+    model content left empty (a reply that held only the proxy's calls) is not sent, the API
+    refuses empty parts; the prompt starts on a user content, as the API wants."""
+    contents, notes = contents_of(items, [] if firsts is None else firsts)
+    if contents and role_of(contents[0]) == "model":
+        contents.insert(0, {"role": "user", "parts": [{"text": OMITTED_NOTE}]})
+        if firsts is not None:
+            firsts.insert(0, firsts[0])
+    return contents, notes
+
+
+def contents_of(items: Sequence[Item], firsts: list[int]) -> tuple[list[Raw], list[Raw]]:
+    """`rebuild_contents` but for where the prompt starts: of a run of a prompt's items that starts
+    a content, the contents as they go in the whole prompt's."""
     contents: list[Raw] = []
     notes: list[Raw] = []
     merged = -1  # the index of the content rebuilt from TOOL items (our copy), if the last one is
     open_tool = False
     system, assistant, tool = Role.SYSTEM, Role.ASSISTANT, Role.TOOL  # looked up once (see transcript.Role)
-    for item in items:
+    for at, item in enumerate(items):
         raw = item.raw
         if item.role is system and is_note(raw):
             notes.append(raw)
@@ -133,14 +145,14 @@ def rebuild_contents(items: Sequence[Item]) -> tuple[list[Raw], list[Raw]]:
                 contents[-1]["parts"].extend(raw.get("parts") or ())
                 continue
             contents.append(raw)
+            firsts.append(at)
             open_tool = True
             continue
         open_tool = False
         if item.role is assistant and not raw.get("parts"):
             continue
         contents.append(raw)
-    if contents and role_of(contents[0]) == "model":
-        contents.insert(0, {"role": "user", "parts": [{"text": OMITTED_NOTE}]})
+        firsts.append(at)
     return contents, notes
 
 
@@ -190,6 +202,9 @@ class GeminiDialect(JSONBody):
         for i in range(start, len(raws)):
             _validate_part(raws[i], i)
 
+    def by_elements(self) -> ByElements:
+        return self  # a user content's functionResponse parts make one element
+
     def anchor(self, body: dict[str, Any]) -> str | None:
         return None  # a Gemini request carries its history
 
@@ -235,7 +250,14 @@ class GeminiDialect(JSONBody):
         return {"name": tool.name, "description": tool.description, "parametersJsonSchema": tool.parameters}
 
     def upstream_body(self, body: dict[str, Any], items: Sequence[Item], tools: Sequence[ToolSpec]) -> dict[str, Any]:
-        contents, notes = rebuild_contents(items)
+        return self.upstream_body_elements(body, items, tools)[0]
+
+    def upstream_body_elements(
+        self, body: dict[str, Any], items: Sequence[Item], tools: Sequence[ToolSpec]
+    ) -> tuple[dict[str, Any], Elements | None]:
+        """`upstream_body`, and its contents as the fast path reuses them (proxy/engine/fastpath.py)."""
+        firsts: list[int] = []
+        contents, notes = rebuild_contents(items, firsts)
         out = {**body, "contents": contents}
         if notes:
             key = system_key(body)
@@ -243,7 +265,18 @@ class GeminiDialect(JSONBody):
             out[key] = {**system, "parts": [*system_parts(body), *notes]}
         if tools:
             out["tools"] = [*(body.get("tools") or ()), {"functionDeclarations": [self.tool_definition(t) for t in tools]}]
-        return GeminiRequest(out, self._model, self._stream, self.version)
+        return GeminiRequest(out, self._model, self._stream, self.version), Elements(contents, firsts)
+
+    def upstream_elements(self, items: Sequence[Item]) -> Elements | None:
+        firsts: list[int] = []
+        contents, notes = contents_of(items, firsts)
+        return None if notes else Elements(contents, firsts)
+
+    def breakpoints(self, sendable: Sequence[Any]) -> int:
+        return 0  # the Gemini API has no cache breakpoints in a request
+
+    def encoded_body(self, body: dict[str, Any], encoded: bytes) -> GeminiRequest:
+        return GeminiRequest(body, self._model, self._stream, self.version, encoded)
 
     def read_reply(self, data: bytes) -> ReplyRead | None:
         try:

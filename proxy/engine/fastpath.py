@@ -17,7 +17,9 @@ the new bytes and the new items. Retract and extend together are exact whatever 
 
 The upstream body reuses the previous one's bytes (`Wire`): its elements made of the items
 taken out, or that new items may join (Messages: a user message is made of its tool_result
-parts), are encoded again, the rest is the previous bytes. A stage that can't tell (a cut, a
+parts; Gemini: a user content of its functionResponse parts), are encoded again, the rest is the
+previous bytes; the dialect of this turn makes them a body (`Dialect.encoded_body`: Gemini's
+carries the URL's model and stream flag, which a body that extends the last one may change). A stage that can't tell (a cut, a
 new summary, an inbox note, masking, knowledge, a failed summary, a repair) runs whole, and so
 do the stages after it, on what the stages before it made of the new items: their runs, and the
 report's figures as they left it (kept on each StageRun), are reused. Any other doubt (an edit of
@@ -57,7 +59,6 @@ from ..prefix import BodyEntry, ParsedBody
 from ..seqruns import SeqRuns
 from ..tools import standing
 from ..transcript import Item, unit_start
-from ..upstream import EncodedBody
 from .prompt import PromptBuilder, WholePipeline
 from .report import TurnReport
 from .request import ParsedRequest
@@ -101,8 +102,9 @@ class Wire:
     def size(self) -> int:
         return len(self.encoded) + 8 * len(self.firsts or ())
 
-    def body(self) -> EncodedBody:
-        return EncodedBody({**self.envelope, self.key: self.sendable}, self.encoded)
+    def body(self, dialect: Dialect) -> dict[str, Any]:
+        """The upstream body these bytes are, as `dialect` (this turn's) makes one."""
+        return dialect.encoded_body({**self.envelope, self.key: self.sendable}, self.encoded)
 
     def spliced(self, keep: int, sendable: list[Any], firsts: list[int] | None, breakpoints: int = 0) -> Wire:
         """This body with its elements from `keep` on replaced by `sendable` (made of the prompt's
@@ -458,7 +460,7 @@ class FastTurn:
             if wire is not None:
                 self.wire = wire
                 self.owner.spliced += 1
-                return wire.body()
+                return wire.body(dialect)
         if by_elements is None:
             made, elements = dialect.upstream_body(body, items, tools), None
         else:
@@ -467,7 +469,7 @@ class FastTurn:
                 return made
         marked = (elements.firsts, elements.breakpoints, elements.room) if elements is not None else ()
         self.wire = wire_of(made, dialect.transcript_key, names, *marked)
-        return self.wire.body() if self.wire is not None else made
+        return self.wire.body(dialect) if self.wire is not None else made
 
     @staticmethod
     def _spliced(

@@ -14,25 +14,27 @@ import orjson
 
 
 class EncodedBody(dict[str, Any]):
-    """A request body that also carries its JSON bytes (`orjson.dumps` of it, made cheaper by
+    """A request body that may also carry its JSON bytes (`orjson.dumps` of it, made cheaper by
     reusing the previous turn's): an HTTP upstream sends `encoded` as it is, any other reads
     the dict. Neither may be edited once made."""
 
     __slots__ = ("encoded",)
 
-    def __init__(self, body: Mapping[str, Any], encoded: bytes) -> None:
+    def __init__(self, body: Mapping[str, Any], encoded: bytes | None = None) -> None:
         super().__init__(body)
         self.encoded = encoded
 
 
-class GeminiRequest(dict[str, Any]):
+class GeminiRequest(EncodedBody):
     """A Gemini API request body with what that API puts in the URL instead: the model, whether
     the reply streams, and the API version the client called (`v1beta`, `v1`)."""
 
     __slots__ = ("model", "stream", "version")
 
-    def __init__(self, body: Mapping[str, Any], model: str, stream: bool, version: str = "v1beta") -> None:
-        super().__init__(body)
+    def __init__(
+        self, body: Mapping[str, Any], model: str, stream: bool, version: str = "v1beta", encoded: bytes | None = None
+    ) -> None:
+        super().__init__(body, encoded)
         self.model, self.stream, self.version = model, stream, version
 
     @property
@@ -43,8 +45,9 @@ class GeminiRequest(dict[str, Any]):
 
 
 def encoded(body: Mapping[str, Any]) -> bytes:
-    """The JSON bytes of a request body."""
-    return body.encoded if isinstance(body, EncodedBody) else orjson.dumps(body)
+    """The JSON bytes of a request body: those it carries, else made now."""
+    made = body.encoded if isinstance(body, EncodedBody) else None
+    return made if made is not None else orjson.dumps(body)
 
 
 class UpstreamReply(Protocol):

@@ -8,7 +8,9 @@ byte for byte (but for the time an inbox note names). Both proxies use one store
 conversation deleted in between), so refs, which are signed with the store's secret, are the
 same too. The run is made in each wire format the proxy manages: Chat Completions and Responses
 by the `openai` client, Anthropic Messages by the `anthropic` client, whose agent answers the
-model's own tool_use blocks (its messages alternate, as the real API wants).
+model's own tool_use blocks (its messages alternate, as the real API wants), and the Gemini API
+by `google-genai` (whose streamed turns differ from the JSON ones only in the URL: a body that
+extends the last one may switch).
 
 `FAST_PATH_SEED=n` makes another run (each seed its own history). Streamed turns end as the
 clients end them: the openai client hangs up at `[DONE]`, and aiohttp then cancels the proxy's
@@ -28,11 +30,13 @@ from typing import Any
 
 import httpx
 import pytest
+from google import genai
+from google.genai import types
 
 from proxy.state import ENGINE
 from tests.conftest import openai_client
 from tests.fakes.fake_upstream import Reply, ToolCall, last_user_text
-from tests.fakes.responders import is_summary_request, is_tool_summary_request
+from tests.fakes.responders import SUMMARIZER_MARK, TOOL_SUMMARY_MARK, is_summary_request, is_tool_summary_request
 from tests.support.messages_helpers import MODEL as CLAUDE_MODEL
 from tests.support.messages_helpers import as_params, claude_client
 
@@ -47,9 +51,13 @@ TOOLS_MESSAGES = [{"name": "run", "description": "Run a step", "input_schema": {
 SYSTEM = "You are a coding agent."
 TASK = "Fix the failing test."
 REF = re.compile(r"out_\d+_[0-9a-f]{24}")
-# An inbox note says when it was posted: the one thing two runs can't share.
+# An inbox note says when it was posted, the fake Gemini API signs each call it makes afresh:
+# the things two runs can't share.
 POSTED_AT = re.compile(rb"written at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC")
-UPSTREAM_PATHS = ("/chat/completions", "/responses", "/messages")
+SIGNATURE = re.compile(rb'"thoughtSignature":"[^"]*"')
+UPSTREAM_PATHS = ("/chat/completions", "/responses", "/messages", ":generateContent", ":streamGenerateContent")
+GEMINI_MODEL = "gemini-2.5-flash"
+RUN_DECLARATION = types.FunctionDeclaration(name="run", description="Run a step", parameters_json_schema={"type": "object", "properties": {}})
 SETTINGS: dict[str, dict[str, Any]] = {
     "context": {"history_token_limit": 4000, "window_refill": 0.5},
     "compaction": {"strategy": "turns", "every_n_user_messages": 6, "background": False},
@@ -59,15 +67,24 @@ SETTINGS: dict[str, dict[str, Any]] = {
 
 
 def transcript(body: dict) -> list[Any]:
-    return body.get("messages") or body.get("input") or []
+    return body.get("messages") or body.get("input") or body.get("contents") or []
+
+
+def system_text(body: dict) -> str:
+    """A Gemini request's system instruction, as text."""
+    parts = (body.get("systemInstruction") or {}).get("parts") or []
+    return "".join(str(p.get("text") or "") for p in parts if isinstance(p, dict))
 
 
 def last_output(body: dict) -> str:
     """The text the request's last item holds (a read-back answer's, when it is one); of a
-    Messages user message, its first tool_result's."""
+    Messages user message, its first tool_result's; of a Gemini content, its first response's."""
     last = (transcript(body) or [{}])[-1]
     if not isinstance(last, dict):
         return ""
+    if "parts" in last:
+        response = (last["parts"] or [{}])[0].get("functionResponse") or {}
+        return str((response.get("response") or {}).get("output") or "")
     content = last.get("content")
     if isinstance(content, list):  # Messages: a user message whose first block is a tool_result
         first = content[0] if content and isinstance(content[0], dict) else {}
@@ -81,6 +98,8 @@ def responder(body: dict) -> Reply:
     answers also call the agent's `run` tool (its id made from the prompt: unique in a history, the
     same in both runs)."""
     if "messages" in body and (is_summary_request(body) or is_tool_summary_request(body)):
+        return Reply.text("summary: the agent ran tools and kept going")
+    if "contents" in body and (SUMMARIZER_MARK in system_text(body) or TOOL_SUMMARY_MARK in system_text(body)):
         return Reply.text("summary: the agent ran tools and kept going")
     text = json.dumps(transcript(body))
     offered = "read_tool_output" in json.dumps(body.get("tools") or [])
@@ -136,13 +155,9 @@ class Run:
     def change(self) -> None:
         r = self.rng.random()
         if r < 0.06 and len(self.history) > 6:  # an edit of an old message
-            i = self.rng.randrange(2, len(self.history) - 1)
-            item = self.history[i]
-            key = "content" if isinstance(item.get("content"), str) else "output" if "output" in item else None
-            if key is not None:
-                self.history[i] = {**item, key: item[key] + " (edited)"}
+            self.edit()
         elif r < 0.1 and len(self.history) > 6:  # reordering: two of the client's text messages swap
-            texts = [i for i, m in enumerate(self.history[2:], 2) if m.get("role") in ("user", "assistant") and m.get("content")]
+            texts = self.texts()
             if len(texts) >= 2:
                 i, j = self.rng.sample(texts[-6:], 2)
                 self.history[i], self.history[j] = self.history[j], self.history[i]
@@ -150,9 +165,20 @@ class Run:
             del self.history[-3:]
         elif r < 0.3:
             self.history.append(self.user(f"now step {self.calls}, please"))
-        elif r < 0.33 and self.dialect != "messages":  # an instruction mid-conversation: not history to the window
+        elif r < 0.33 and self.dialect in ("chat", "responses"):  # an instruction mid-conversation: not history to the window
             self.history.append({"role": "system", "content": f"From step {self.calls} on, be brief."})
         self.history += self.tool_step(self.output())
+
+    def edit(self) -> None:
+        i = self.rng.randrange(2, len(self.history) - 1)
+        item = self.history[i]
+        key = "content" if isinstance(item.get("content"), str) else "output" if "output" in item else None
+        if key is not None:
+            self.history[i] = {**item, key: item[key] + " (edited)"}
+
+    def texts(self) -> list[int]:
+        """Where the client's text messages are (their task and instructions aside)."""
+        return [i for i, m in enumerate(self.history[2:], 2) if m.get("role") in ("user", "assistant") and m.get("content")]
 
     def streams(self) -> bool:
         """Whether this turn is streamed: in runs of turns, as a client keeps to one (Claude Code
@@ -254,6 +280,55 @@ class MessagesRun(Run):
         self.history.append(as_params(reply))
 
 
+class GeminiRun(Run):
+    """The run as a google-genai client makes it: the system instruction in its config, and the
+    agent's own `run` calls, each right after a user content (the API refuses a call after a model
+    content) and answered by the next user content's functionResponse."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__(seed, "gemini")
+        self.history: list[types.Content] = [self.user(TASK)]  # type: ignore[assignment]
+        self.clients: dict[tuple[tuple[str, str], ...], genai.Client] = {}
+
+    @staticmethod
+    def user(text: str) -> types.Content:  # type: ignore[override]
+        return types.Content(role="user", parts=[types.Part(text=text)])
+
+    def tool_step(self, output: str) -> list[types.Content]:  # type: ignore[override]
+        self.calls += 1
+        before = [] if self.history[-1].role == "user" else [self.user(f"go on with step {self.calls}")]
+        return [
+            *before,
+            types.Content(role="model", parts=[types.Part.from_function_call(name="run", args={})]),
+            types.Content(role="user", parts=[types.Part.from_function_response(name="run", response={"output": output})]),
+        ]
+
+    def edit(self) -> None:
+        texts = self.texts()
+        if texts:
+            i = self.rng.choice(texts)
+            self.history[i] = self.user(f"{self.history[i].parts[0].text} (edited)")
+
+    def texts(self) -> list[int]:
+        """Where the user's text contents are (a call must follow one: the model's stay put)."""
+        return [i for i, c in enumerate(self.history[1:], 1) if c.role == "user" and c.parts and c.parts[0].text]
+
+    def request(self, client: Any, stream: bool, headers: dict[str, str]) -> None:
+        """`client`: the proxy's base URL and the headers every request names."""
+        url, named = client
+        key = tuple(sorted({**named, **headers}.items()))
+        if key not in self.clients:
+            options = types.HttpOptions(base_url=url, api_version="v1beta", headers=dict(key), timeout=60_000)
+            self.clients[key] = genai.Client(api_key="test-key", http_options=options)
+        models = self.clients[key].models
+        config = types.GenerateContentConfig(system_instruction=SYSTEM, tools=[types.Tool(function_declarations=[RUN_DECLARATION])])
+        if stream:
+            text = "".join(c.text or "" for c in models.generate_content_stream(model=GEMINI_MODEL, contents=self.history, config=config))
+        else:
+            text = models.generate_content(model=GEMINI_MODEL, contents=self.history, config=config).text or ""
+        self.history.append(types.Content(role="model", parts=[types.Part(text=text)]))
+
+
 # What a turn record says the pipeline did: the same whichever way the prompt was made.
 RECORDED = ("sent_seqs", "tokens_sent", "tokens_sent_total", "messages_left_out", "truncated", "masked", "summary_id",
             "repairs", "read_rounds", "status", "new_seqs")
@@ -262,9 +337,13 @@ RECORDED = ("sent_seqs", "tokens_sent", "tokens_sent_total", "messages_left_out"
 def drive(proxy: Any, upstream: Any, dialect: str, turns: int) -> tuple[list[bytes], list[dict[str, Any]]]:
     """The run, through `proxy`: the bytes of every upstream request it made, and its turn records."""
     upstream.responder = responder
-    run = MessagesRun(SEED) if dialect == "messages" else Run(SEED, dialect)
+    run = MessagesRun(SEED) if dialect == "messages" else GeminiRun(SEED) if dialect == "gemini" else Run(SEED, dialect)
     conversation = {"X-Conversation-ID": CONVERSATION}
-    client = claude_client(proxy, headers=conversation) if dialect == "messages" else openai_client(proxy, headers=conversation)
+    client: Any
+    if dialect == "gemini":
+        client = (proxy.url, conversation)
+    else:
+        client = claude_client(proxy, headers=conversation) if dialect == "messages" else openai_client(proxy, headers=conversation)
     inbox_rng = random.Random(SEED + 1)
     with httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth) as http:
         for turn in range(turns):
@@ -276,14 +355,16 @@ def drive(proxy: Any, upstream: Any, dialect: str, turns: int) -> tuple[list[byt
             run.request(client, stream=run.streams(), headers=headers)
         records = http.get(f"/v1/conversations/{CONVERSATION}/turns", params={"limit": 1000}).json()["data"]
         assert http.delete(f"/v1/conversations/{CONVERSATION}").status_code == 200
-    sent = [POSTED_AT.sub(b"written at <then>", r.raw) for r in upstream.requests if r.path.endswith(UPSTREAM_PATHS)]
+    # Each with its path: Gemini's model and whether it streams are in the URL.
+    sent = [r.path.encode() + b" " + SIGNATURE.sub(b'"thoughtSignature":"<signed>"', POSTED_AT.sub(b"written at <then>", r.raw))
+            for r in upstream.requests if r.path.endswith(UPSTREAM_PATHS)]
     return sent, [{k: record[k] for k in RECORDED} for record in records]
 
 
-@pytest.mark.parametrize("dialect", ["chat", "responses", "messages"])
+@pytest.mark.parametrize("dialect", ["chat", "responses", "messages", "gemini"])
 def test_the_fast_path_sends_what_the_whole_pipeline_sends_byte_for_byte(make_proxy, upstream, tmp_path: Path, dialect):
     data = tmp_path / "store"
-    settings = {**SETTINGS, "upstream": {"anthropic_base_url": upstream.anthropic.base_url}}
+    settings = {**SETTINGS, "upstream": {"anthropic_base_url": upstream.anthropic.base_url, "gemini_base_url": upstream.gemini.base_url}}
     fast = make_proxy(data_dir=data, server={"fast_path": True}, **settings)
     sent_fast, records_fast = drive(fast, upstream, dialect, TURNS)
     fastpath = fast.app[ENGINE].fastpath
@@ -314,6 +395,8 @@ def test_the_fast_path_sends_what_the_whole_pipeline_sends_byte_for_byte(make_pr
     assert taken // 2 <= spliced <= taken, (spliced, taken)  # the upstream body too, mostly
     if dialect == "messages":  # most of them after a breakpoint moved: the last messages sent again changed
         assert resent >= taken // 2, (resent, taken)
+    if dialect == "gemini":  # streamed and JSON turns: a body made of the last one's bytes goes to this turn's URL
+        assert {r.split(b" ", 1)[0].rsplit(b":", 1)[-1] for r in sent_fast} >= {b"generateContent", b"streamGenerateContent"}
 
 
 # -- Claude Code's moving breakpoint, turn by turn -------------------------------------------------
