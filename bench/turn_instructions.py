@@ -1,7 +1,7 @@
 """One later turn's instructions in the proxy process (callgrind), A/B between source trees.
 
     python -m bench.turn_instructions --proxy-src /path/to/before --proxy-src . [--named]
-        [--wire messages] [--requests 40] [--conversations 4] [--first] [--reference forwarder]
+        [--wire messages|responses|gemini] [--requests 40] [--conversations 4] [--first] [--reference forwarder]
         [--env CONTEXT_PROXY_CONTEXT__WINDOW_REFILL=1]
 
 CPU time on a shared or virtual machine moves by 20-50% from one minute to the next (the same
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=40, help="later turns counted per tree")
     p.add_argument("--conversations", type=int, default=4)
     p.add_argument("--named", action="store_true", help="the agents name their conversation (X-Conversation-ID)")
-    p.add_argument("--wire", choices=["chat", "messages", "responses"], default="chat")
+    p.add_argument("--wire", choices=["chat", "messages", "responses", "gemini"], default="chat")
     p.add_argument("--first", action="store_true", help="count new conversations' first turns")
     p.add_argument("--reference", action="append", choices=["forwarder", "floor", "floor-count"], default=[],
                    help="also count bench/forwarder.py (floor: with its durable append), before the trees")
@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             env = {
                 "CONTEXT_PROXY_UPSTREAM__BASE_URL": f"http://127.0.0.1:{mock_port}/v1",
                 **({"CONTEXT_PROXY_UPSTREAM__ANTHROPIC_BASE_URL": f"http://127.0.0.1:{mock_port}"} if args.wire == "messages" else {}),
+                **({"CONTEXT_PROXY_UPSTREAM__GEMINI_BASE_URL": f"http://127.0.0.1:{mock_port}"} if args.wire == "gemini" else {}),
                 "CONTEXT_PROXY_STORAGE__PATH": str(tmp / f"store-{n}"),
                 **PROXY_ENV,
                 **extra_env,
