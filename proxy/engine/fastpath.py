@@ -18,15 +18,17 @@ the new bytes and the new items. Retract and extend together are exact whatever 
 The upstream body reuses the previous one's bytes (`Wire`): its elements made of the items
 taken out, or that new items may join (Messages: a user message is made of its tool_result
 parts; Gemini: a user content of its functionResponse parts), are encoded again, the rest is the
-previous bytes; the dialect of this turn makes them a body (`Dialect.encoded_body`: Gemini's
-carries the URL's model and stream flag, which a body that extends the last one may change). A stage that can't tell (a cut, a
-new summary, an inbox note, masking, knowledge, a failed summary, a repair) runs whole, and so
-do the stages after it, on what the stages before it made of the new items: their runs, and the
-report's figures as they left it (kept on each StageRun), are reused. Any other doubt (an edit of
-the request further back) means the whole pipeline, as on the conversation's first turn. A
-summary in force is no doubt: new items come after its boundary. The result is the same either
-way, only its cost differs: tests/engine/test_fastpath.py proves it byte for byte in every wire format,
-streamed turns and moving breakpoints included, with the turn records' figures.
+previous bytes; this turn's dialect makes them a body (`Dialect.encoded_body`: Gemini's carries
+the URL's model and stream flag, which a body that extends the last one may change).
+
+A stage that can't tell (a cut, a new summary, an inbox note, masking, knowledge, a failed
+summary, a repair) runs whole, and so do the stages after it, on what the stages before it made
+of the new items: their runs, and the report's figures as they left it (kept on each StageRun),
+are reused. Any other doubt (an edit of the request further back) means the whole pipeline, as
+on the conversation's first turn. A summary in force is no doubt: new items come after its
+boundary. The result is the same either way, only its cost differs: tests/engine/test_fastpath.py
+proves it byte for byte in every wire format, streamed turns and moving breakpoints included,
+with the turn records' figures.
 
 Kept per conversation (least recently used out first, bounded by the bytes of upstream bodies
 held), and only after a turn that ended well, once its writes and the marks it moved have
