@@ -116,7 +116,8 @@ REPLY_MARKERS = (b'"assistant"',)
 def run_fingerprint(raw: bytes, markers: tuple[bytes, ...] = REPLY_MARKERS) -> int:
     """What names a client's run in its request's bytes before they are read, when it names no
     conversation (the zero-code-change client, whose conversation id is derived from its system
-    prompt and task once the body is parsed): its bytes up to its first reply (the first of
+    prompt and task once the body is parsed; a thread of a client's session, which the session
+    id alone does not tell from its other threads): its bytes up to its first reply (the first of
     `markers`, JSON tokens no string's content can hold: its quotes would be escaped), the same on
     every later turn of the run whatever the client's JSON spacing. A run's first request (no
     reply yet) is named by all of it, so its second one is parsed whole. Two runs with the same
@@ -219,7 +220,8 @@ class BodyCache:
     (`_separators`).
 
     Keyed by what names a client's conversation before the body is read (tenant, wire format,
-    the conversation id it names, else its run's `run_fingerprint`); bounded by the bytes held,
+    the conversation id it names, else its session id if it names one and its run's
+    `run_fingerprint`: a session's threads take turns); bounded by the bytes held,
     least recently used out first.
     """
 

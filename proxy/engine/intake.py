@@ -35,12 +35,15 @@ async def read_request(request: TurnRequest, settings: Settings, bodies: BodyCac
     its items are validated as they are hashed, only the new ones)."""
     dialect, headers = request.dialect, request.headers
     # A body that extends the previous request of its conversation is parsed only where it is new:
-    # the conversation the client names, else its run's, by bytes.
-    named = request.conversation_id or dialect.session_hint(headers)
-    cache_key = (
-        (request.tenant, dialect.name, named) if named
-        else (request.tenant, dialect.name, None, run_fingerprint(request.raw, dialect.reply_markers))
-    )
+    # the conversation the client names, else its run's, by bytes. A session id names no single
+    # run: Claude Code's subagents and side requests send theirs between the main thread's turns,
+    # so within a session too each run is told by its bytes (it would otherwise replace the
+    # other's body every turn, and none would extend the last).
+    if request.conversation_id:
+        cache_key: tuple[Any, ...] = (request.tenant, dialect.name, request.conversation_id)
+    else:
+        fingerprint = run_fingerprint(request.raw, dialect.reply_markers)
+        cache_key = (request.tenant, dialect.name, dialect.session_hint(headers), fingerprint)
     parsed = await read_body(request.raw, dialect, cache_key, bodies, settings.server.max_messages)
     body = parsed.body
     # A missing or malformed transcript is a 400 before anything else, too long a one a 413 (a body

@@ -15,6 +15,7 @@ import httpx
 from tests.conftest import admin_get, trajectory
 from tests.fakes.fake_upstream import FakeUpstream, Reply
 from tests.support.messages_helpers import messages_proxy
+from tests.test_metrics import scrape, value
 
 SAMPLE = json.loads((Path(__file__).resolve().parents[1] / "samples" / "claude-code-subagent.json").read_text())
 SESSION = "9bc5bf73-b7ef-4822-994d-73bb9b9c2bcc"
@@ -116,3 +117,24 @@ def test_a_side_request_replaying_the_main_transcript_under_other_tools_neither_
         assert [m["status"] for m in kept] == ["live"] * (len(main["messages"]) + 1)
         assert all("Give this conversation a title." not in json.dumps(m["content"]) for m in kept)
         assert len(admin_get(http, "", api_key=KEY).json()["data"]) == 2
+
+
+def test_a_main_thread_and_its_subagent_taking_turns_each_keep_the_fast_path(make_proxy, upstream: FakeUpstream) -> None:
+    """Claude Code's main thread and a background subagent send under one session id, turn about:
+    each request extends its own thread's previous one, so each takes the fast path."""
+    proxy = messages_proxy(make_proxy, upstream)
+    _, _, sub_first, _ = SAMPLE["requests"]
+    with httpx.Client(base_url=proxy.url, timeout=60) as http:
+        main = main_thread(http, upstream)
+        sub = body_of(sub_first)
+        for step in range(4):
+            for thread, body in (("sub", sub), ("main", main)):
+                body["messages"].append({"role": "user", "content": f"{thread}: go on ({step})"})
+                upstream.enqueue(Reply.text(f"({thread}'s answer {step})"))
+                reply = send(http, body).json()
+                body["messages"].append({"role": "assistant", "content": reply["content"]})
+        samples = scrape(proxy)
+    counted = {o: value(samples, "context_proxy_fast_path_turns_total", outcome=o) for o in ("taken", "declined", "none")}
+    # Each thread's first two turns are parsed whole (its first has no reply to name its run by),
+    # every later one extends its own thread's last request, whatever the other sent between.
+    assert counted == {"taken": 6.0, "declined": 0.0, "none": 4.0}
