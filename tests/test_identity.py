@@ -125,9 +125,9 @@ def test_a_new_run_of_the_same_agent_and_task_is_a_new_conversation(proxy, upstr
 
 
 def test_derived_ids_remembered_per_run_are_the_ids_their_basis_hashes_to():
-    from proxy.identity import DerivedIds, derived_conversation_id
+    from proxy.identity import RunNames, derived_conversation_id, derived_id_and_size
 
-    ids = DerivedIds(max_entries=2)
+    ids = RunNames(derived_id_and_size, max_entries=2)
     system, task = ["You fix bugs."], "fix issue 7"
     first = ids.of("tenant", [system, task], run=("fingerprint", 1))
     assert first == derived_conversation_id("tenant", [system, task])
@@ -141,7 +141,7 @@ def test_derived_ids_remembered_per_run_are_the_ids_their_basis_hashes_to():
     for n in range(5):  # bounded: the oldest runs go
         ids.of("tenant", [system, f"task {n}"], run=("fingerprint", n + 10))
     assert len(ids._ids) == 2
-    small = DerivedIds(max_bytes=10_000)  # and by the bases' size: they outlive their bodies
+    small = RunNames(derived_id_and_size, max_bytes=10_000)  # and by the bases' size: they outlive their bodies
     for n in range(5):
         small.of("tenant", ["x" * 4_000, f"task {n}"], run=n)
     assert len(small._ids) == 2 and small.of("tenant", ["x" * 4_000, "task 4"], run=4) == derived_conversation_id(

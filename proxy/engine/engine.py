@@ -32,7 +32,15 @@ from ..dialects.base import Dialect
 from ..eager import eager
 from ..errors import InvalidRequest, ProxyError
 from ..history import TurnPlan, is_fresh_start, plan_anchored, plan_appended, plan_full_history, plan_proxy_history
-from ..identity import ConversationKey, DerivedIds, derived_conversation_id, thread_conversation_id, thread_token
+from ..identity import (
+    ConversationKey,
+    RunNames,
+    derived_conversation_id,
+    derived_id_and_size,
+    thread_conversation_id,
+    thread_token,
+    thread_token_and_size,
+)
 from ..marks import Marks
 from ..metrics import Metrics
 from ..pipeline import Pipeline, Turn
@@ -119,7 +127,9 @@ class Engine:
         self.fastpath = FastPath(metrics, enabled=settings.server.fast_path, max_bytes=cache // 4)
         self.bodies = BodyCache(cache, enabled=settings.server.fast_path, on_evict=self.fastpath.let_go)
         self.request_parts = RequestParts()  # what each conversation's last turn sent besides its transcript
-        self.derived_ids = DerivedIds()  # each run's derived id, not hashed again on its every turn
+        # Each run's derived id, each session thread's token: not hashed again on its every turn.
+        self.derived_ids = RunNames(derived_id_and_size)
+        self.thread_tokens = RunNames(thread_token_and_size)
         self._tool_tokens: dict[tuple[str, str], int] = {}  # (dialect, tokenizer) -> the recall tools' tokens
         # Turns past their reply, still writing (the client may already hold the whole response),
         # with their conversation: its next turn waits for those writes, never for an upstream.
@@ -177,7 +187,9 @@ class Engine:
         a conversation of its own, found again on its later turns. The first thread the session
         shows is its main one and keeps the session id; every other is `<session>:<token>`."""
         raws = request.transcript()
-        token = thread_token(request.dialect.thread_basis(request.body, raws))
+        basis = request.dialect.thread_basis(request.body, raws)
+        run = request.parsed.key if request.parsed is not None else None  # its thread's BodyCache key
+        token = self.thread_tokens.of(family.tenant, basis, run) if run is not None else thread_token(basis)
         conversation = await self.store.get(family)
         main = conversation.marks.get(THREAD_MARK) if conversation is not None else None
         main = main if main is not None else self._claims.get(family)
