@@ -96,6 +96,10 @@ BODY_BYTES = 20 * 2**20  # server.cache_mb
 PARSED = 2  # bytes of parsed objects per byte of JSON
 HASH_BYTES = 120  # an item's hash: its string and its place in the list
 MAX_BODIES = 256  # small conversations: more than this many taking turns at once rarely come back in time
+# A run's first request has no reply to name its run by: it is kept in a slot of its session's (or
+# tenant's) opening key, where its second request looks. A session's threads start close together
+# (Claude Code's main thread, a subagent it calls at once, its side requests): a slot each.
+OPENING_SLOTS = 4
 LARGEST = 2  # one body may take 1/LARGEST of the budget (turn 1,000 of the bench's agent: 2.5 MB, 7.7 MB held)
 SKIP_AFTER, RETRY_EVERY = 2, 8  # full parses in a row before a client's bodies are no longer split, and retries
 # Separators of a body's transcript kept (the newest): where a request that sends its last items
@@ -113,23 +117,25 @@ COMMA, QUOTE, OPENERS = ord(","), ord('"'), (ord("["), ord("{"))
 REPLY_MARKERS = (b'"assistant"',)
 
 
-def run_fingerprint(raw: bytes, markers: tuple[bytes, ...] = REPLY_MARKERS) -> int:
+def run_fingerprint(raw: bytes, markers: tuple[bytes, ...] = REPLY_MARKERS) -> int | None:
     """What names a client's run in its request's bytes before they are read, when it names no
     conversation (the zero-code-change client, whose conversation id is derived from its system
     prompt and task once the body is parsed; a thread of a client's session, which the session
     id alone does not tell from its other threads): its bytes up to its first reply (the first of
     `markers`, JSON tokens no string's content can hold: its quotes would be escaped), the same on
-    every later turn of the run whatever the client's JSON spacing. A run's first request (no
-    reply yet) is named by all of it, so its second one is parsed whole. Two runs with the same
-    start share a BodyCache key: each then costs a full parse, never a wrong one (bodies are
-    compared by bytes). O(bytes up to the first reply) for the first marker, each next one
-    searched only before it (a marker no reply holds would cost a scan of the whole body)."""
+    every later turn of the run whatever the client's JSON spacing. None for a run's first
+    request (no reply yet): nothing names it apart from other runs' first requests, so it is kept
+    in a slot of its session's or tenant's opening key, where its second request looks when its
+    own key holds nothing (`BodyCache.opening_slot`). Two runs with the same start share a key: each then costs a
+    full parse, never a wrong one (bodies are compared by bytes). O(bytes up to the first reply)
+    for the first marker, each next one searched only before it (a marker no reply holds would
+    cost a scan of the whole body)."""
     at = len(raw)
     for marker in markers:
         found = raw.find(marker, 0, at)
         if found >= 0:
             at = found
-    return hash(raw[:at])
+    return hash(raw[:at]) if at < len(raw) else None
 
 
 # A body's transcript array -> the transcript's items, where a dialect makes several of one element
@@ -236,26 +242,54 @@ class BodyCache:
         # memory, and finding where each transcript closes) but every RETRY_EVERY-th time.
         self._misses: OrderedDict[Any, int] = OrderedDict()
         self._proofs: set[asyncio.Future[bool]] = set()  # prove_soon's, under way
+        self._slots: OrderedDict[Any, int] = OrderedDict()  # each opening key's next slot (opening_slot)
 
-    async def extend(self, key: Any, raw: bytes, transcript_key: str, parts: Parts | None = None) -> ParsedBody | None:
+    async def extend(
+        self, key: Any, raw: bytes, transcript_key: str, parts: Parts | None = None, opening: Any = None
+    ) -> ParsedBody | None:
         """`raw` read as the previous request under `key` plus new transcript items, its last
         ones perhaps sent again changed (parsed here, on the loop: at most OFFLOAD_BYTES of
-        them), or None: it must be parsed whole."""
-        previous = self._entries.get(key) if self.enabled else None
-        if previous is None or len(raw) - len(previous.head) - len(previous.tail) > OFFLOAD_BYTES:
+        them), or None: it must be parsed whole. When `key` holds nothing, the first requests
+        kept in `opening`'s slots are tried (`opening_slot`): the one `raw` extends is its run's
+        from now on, moved to `key`."""
+        if not self.enabled:
             return None
-        extended = _extend(previous, raw, transcript_key, key, parts)
-        if extended is not None and not previous.proven:
+        found = self._entries.get(key)
+        tried = [(key, found)] if found is not None or opening is None else [
+            (slot, self._entries.get(slot)) for slot in ((opening, n) for n in range(OPENING_SLOTS))
+        ]
+        for held, previous in tried:  # held: the key it is found under
+            if previous is not None and len(raw) - len(previous.head) - len(previous.tail) <= OFFLOAD_BYTES:
+                extended = _extend(previous, raw, transcript_key, key, parts)
+                if extended is not None:
+                    break
+        else:
+            return None
+        if not previous.proven:
             head, separators = previous.head, previous.separators
             proving = previous.proving  # the proof after its turn, still running: waited for, not made again
-            if not await (asyncio.shield(proving) if proving is not None else self._prove(key, previous, transcript_key)):
+            if not await (asyncio.shield(proving) if proving is not None else self._prove(held, previous, transcript_key)):
                 return None
             if previous.head is not head or previous.separators != separators:  # it splits elsewhere
                 extended = _extend(previous, raw, transcript_key, key, parts)
         if extended is not None:
+            if held is not key:  # a run's first request, extended by its second: its run's from now on
+                if self._entries.get(held) is not previous or key in self._entries:
+                    return None  # the cache changed while a proof was awaited
+                self._entries[key] = self._entries.pop(held)
+                self._misses.pop(held, None)
             self._entries.move_to_end(key)
             self._misses.pop(key, None)
         return extended
+
+    def opening_slot(self, opening: Any) -> tuple[Any, int]:
+        """The key a run's first request is kept under (no reply names its run yet): the next of
+        `opening`'s OPENING_SLOTS, in turn, where its second request looks (`extend`)."""
+        slot = self._slots.pop(opening, 0)
+        self._slots[opening] = (slot + 1) % OPENING_SLOTS
+        if len(self._slots) > MAX_BODIES:
+            self._slots.popitem(last=False)
+        return (opening, slot)
 
     async def full(
         self, key: Any, raw: bytes, body: dict[str, Any], transcript_key: str, parts: Parts | None = None

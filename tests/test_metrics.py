@@ -131,8 +131,9 @@ def test_an_agent_that_names_no_conversation_takes_the_fast_path_and_every_other
     make_proxy, upstream, caplog, wire
 ) -> None:
     """The zero-code-change client: no conversation header, no session id, its id derived from its
-    system prompt and task. From its third turn on its bodies are parsed only where new and its
-    prompts made the fast way (the second is read whole: its first reply now names the run)."""
+    system prompt and task. From its second turn on its bodies are parsed only where new and its
+    prompts made the fast way (the second finds the first, which no reply named yet, in an
+    opening slot; its first reply names the run from then on)."""
     caplog.set_level(logging.INFO, logger="proxy.access")
     proxy = make_proxy(server={"fast_path": True})
     client = openai_client(proxy)
@@ -143,11 +144,16 @@ def test_an_agent_that_names_no_conversation_takes_the_fast_path_and_every_other
         else:
             answer = client.responses.create(model="gpt-4o-mini", input=history).output_text
         history += [{"role": "assistant", "content": answer}, {"role": "user", "content": f"and then {n}"}]
+    # Another parameter: the same run (named by its bytes up to its first reply), its last body
+    # not extended.
+    if wire == "chat":
+        client.chat.completions.create(model="gpt-4o-mini", messages=history, temperature=0.5)
+    else:
+        client.responses.create(model="gpt-4o-mini", input=history, temperature=0.5)
     path = "/v1/chat/completions" if wire == "chat" else "/v1/responses"
     logged = [(r.fast_path, r.fast_path_reason) for r in caplog.records if r.name == "proxy.access" and r.path == path]
-    assert logged == [("none", "no_previous_turn"), ("none", "body_not_extended")] + [("taken", None)] * 3
-    samples = scrape(proxy)
-    assert value(samples, "context_proxy_fast_path_not_taken_turns_total", reason="body_not_extended") == 1.0
+    assert logged == [("none", "no_previous_turn")] + [("taken", None)] * 4 + [("none", "body_not_extended")]
+    assert value(scrape(proxy), "context_proxy_fast_path_not_taken_turns_total", reason="body_not_extended") == 1.0
     assert {r.conversation for r in caplog.records if r.name == "proxy.access" and r.path == path} == {
         next(r.conversation for r in caplog.records if r.name == "proxy.access" and r.path == path)
     }  # one derived conversation throughout

@@ -51,7 +51,7 @@ from typing import Any  # noqa: E402
 
 import orjson  # noqa: E402
 
-from proxy.prefix import BodyCache, ParsedBody, _proven  # noqa: E402
+from proxy.prefix import OPENING_SLOTS, BodyCache, ParsedBody, _proven  # noqa: E402
 from proxy.request_limits import OFFLOAD_BYTES  # noqa: E402
 
 KEY = ("tenant", "chat", "conversation")
@@ -331,5 +331,35 @@ def test_an_unnamed_run_is_named_by_its_bytes_up_to_the_earliest_reply_marker():
     # The earliest marker wins whatever their order; a string's escaped quotes are no marker.
     assert run_fingerprint(chatty + b"]}", markers) == run_fingerprint(chatty + b',{"role":"user"}]}', markers) == hash(head + b'{"role":')
     assert run_fingerprint(calling + b"]}", markers) == hash(head + b'{"type":')
-    # No reply yet: all of it, so a run's first request is its own.
-    assert run_fingerprint(head + b"]}", markers) == hash(head + b"]}")
+    # No reply yet: nothing names the run apart from others' first requests.
+    assert run_fingerprint(head + b"]}", markers) is None
+
+
+def test_a_runs_second_request_finds_its_first_in_an_opening_slot_and_takes_it_over():
+    """A run's first request has no reply to name its run by: it is kept in a slot of its
+    session's opening key, where the second request (named by its bytes up to that reply) looks
+    when its own key holds nothing. Runs started together (a main thread, its subagent) each have
+    a slot; a request that extends none of them is parsed whole."""
+    cache = BodyCache()
+    opening = ("tenant", "chat", "session")
+
+    def start(*texts: str) -> ParsedBody:
+        raw = body(msgs(*texts), stream=False)
+        parsed = asyncio.run(cache.full(cache.opening_slot(opening), raw, orjson.loads(raw), "messages"))
+        cache.remember(parsed.key, parsed, [f"h{i}" for i in range(len(texts))])
+        return parsed
+
+    main, sub = start("main task"), start("sub task")
+    assert main.key != sub.key and cache.held == main.entry.size + sub.entry.size
+    assert extend(cache, (*opening, 18), body(msgs("other task", "b"), stream=False), "messages", None, opening) is None
+    run = (*opening, 17)
+    second = extend(cache, run, body(msgs("main task", "b"), stream=False), "messages", None, opening)
+    assert second is not None and second.reused == 1 and second.key == run
+    assert second.origin is main.entry and cache._entries.get(run) is main.entry  # moved, not copied
+    assert main.key not in cache._entries and cache._entries.get(sub.key) is sub.entry
+    cache.remember(run, second, ["h0", "h1"])
+    assert cache._entries.get(run) is second.entry and cache.held == second.entry.size + sub.entry.size
+    third = extend(cache, run, body(msgs("main task", "b", "c"), stream=False), "messages", None, opening)
+    assert third is not None and third.reused == 2
+    slots = {cache.opening_slot(opening) for _ in range(OPENING_SLOTS * 2)}
+    assert len(slots) == OPENING_SLOTS  # taken in turn: the oldest first request goes first

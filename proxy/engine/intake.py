@@ -38,13 +38,17 @@ async def read_request(request: TurnRequest, settings: Settings, bodies: BodyCac
     # the conversation the client names, else its run's, by bytes. A session id names no single
     # run: Claude Code's subagents and side requests send theirs between the main thread's turns,
     # so within a session too each run is told by its bytes (it would otherwise replace the
-    # other's body every turn, and none would extend the last).
+    # other's body every turn, and none would extend the last). A run's first request, which no
+    # reply names yet, is kept in a slot of its session's (or tenant's) opening key: its second
+    # looks there.
+    opening = None
     if request.conversation_id:
         cache_key: tuple[Any, ...] = (request.tenant, dialect.name, request.conversation_id)
     else:
+        opening = (request.tenant, dialect.name, dialect.session_hint(headers))
         fingerprint = run_fingerprint(request.raw, dialect.reply_markers)
-        cache_key = (request.tenant, dialect.name, dialect.session_hint(headers), fingerprint)
-    parsed = await read_body(request.raw, dialect, cache_key, bodies, settings.server.max_messages)
+        cache_key = (*opening, fingerprint) if fingerprint is not None else bodies.opening_slot(opening)
+    parsed = await read_body(request.raw, dialect, cache_key, bodies, settings.server.max_messages, opening)
     body = parsed.body
     # A missing or malformed transcript is a 400 before anything else, too long a one a 413 (a body
     # the cache knows has its transcript already: Messages splits only its new messages).
@@ -71,11 +75,13 @@ async def read_request(request: TurnRequest, settings: Settings, bodies: BodyCac
     )
 
 
-async def read_body(raw: bytes, dialect: Dialect, cache_key: Any, bodies: BodyCache, max_messages: int) -> ParsedBody:
-    """The request body; one that extends the previous request under `cache_key` by appending
-    transcript items is parsed only where it is new."""
+async def read_body(
+    raw: bytes, dialect: Dialect, cache_key: Any, bodies: BodyCache, max_messages: int, opening: Any = None
+) -> ParsedBody:
+    """The request body; one that extends the previous request under `cache_key` (or, when it
+    holds none, under `opening`) by appending transcript items is parsed only where it is new."""
     parts = dialect.transcript_parts  # a transcript that is not the body's array as it is
-    parsed = await bodies.extend(cache_key, raw, dialect.transcript_key, parts)
+    parsed = await bodies.extend(cache_key, raw, dialect.transcript_key, parts, opening)
     if parsed is not None:
         return parsed
     body = await json_object(raw, dialect.transcript_key, max_messages)

@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import MakeProxy, admin_get, trajectory
 from tests.fakes.fake_upstream import FakeUpstream, Reply
 from tests.support.claude_agent import ClaudeAgent
+from tests.test_metrics import scrape, value
 
 TASK = "Main task: delegate one check to a subagent."
 SUBTASK = "Subagent task: answer 42"
@@ -90,3 +91,8 @@ def test_a_subagent_is_a_thread_of_its_own_and_the_session_reaches_the_upstream_
         kept = [json.dumps({k: v for k, v in m.items() if k not in ("seq", "created_at")}, sort_keys=True) for m in stored]
         assert len(set(kept)) == len(kept)
     assert text_of(main[-1]) == ("Main done after its notification." if background else "Main done: 42")
+    # Each thread's first request is parsed whole; every later one extends its own thread's last
+    # request, though the other thread's came between (the fast path: none of them is `none`).
+    samples = scrape(proxy)
+    outcomes = {o: value(samples, "context_proxy_fast_path_turns_total", outcome=o) for o in ("taken", "declined", "none")}
+    assert outcomes["none"] == 2 and outcomes["taken"] + outcomes["declined"] == len(through) - 2

@@ -135,6 +135,6 @@ def test_a_main_thread_and_its_subagent_taking_turns_each_keep_the_fast_path(mak
                 body["messages"].append({"role": "assistant", "content": reply["content"]})
         samples = scrape(proxy)
     counted = {o: value(samples, "context_proxy_fast_path_turns_total", outcome=o) for o in ("taken", "declined", "none")}
-    # Each thread's first two turns are parsed whole (its first has no reply to name its run by),
-    # every later one extends its own thread's last request, whatever the other sent between.
-    assert counted == {"taken": 6.0, "declined": 0.0, "none": 4.0}
+    # Each thread's first turn is its own (nothing before it); every later one extends its own
+    # thread's last request, whatever the other sent between (the subagent's second, its first).
+    assert counted == {"taken": 8.0, "declined": 0.0, "none": 2.0}
