@@ -148,7 +148,8 @@ Parts = Callable[[list[Any]], list[Any]]
 class ParsedBody:
     """A request body as the handler reads it. When `reused` > 0, the first `reused` transcript
     items are the very objects of `origin`'s (the conversation's previous request), whose bytes
-    they repeat: `hashes` are theirs, and nothing else of the body differs from that request."""
+    they repeat: `hashes` are theirs, and nothing else of the body differs from that request but
+    its dialect's volatile fields (`Dialect.volatile_fields`), which decide nothing of the prompt."""
 
     body: dict[str, Any]
     reused: int = 0
@@ -245,13 +246,15 @@ class BodyCache:
         self._slots: OrderedDict[Any, int] = OrderedDict()  # each opening key's next slot (opening_slot)
 
     async def extend(
-        self, key: Any, raw: bytes, transcript_key: str, parts: Parts | None = None, opening: Any = None
+        self, key: Any, raw: bytes, transcript_key: str, parts: Parts | None = None, opening: Any = None,
+        volatile: frozenset[str] = frozenset(),
     ) -> ParsedBody | None:
         """`raw` read as the previous request under `key` plus new transcript items, its last
         ones perhaps sent again changed (parsed here, on the loop: at most OFFLOAD_BYTES of
         them), or None: it must be parsed whole. When `key` holds nothing, the first requests
         kept in `opening`'s slots are tried (`opening_slot`): the one `raw` extends is its run's
-        from now on, moved to `key`."""
+        from now on, moved to `key`. `volatile`: the dialect's fields that may differ at the end
+        of a body that otherwise extends the last one (`_retailed`)."""
         if not self.enabled:
             return None
         found = self._entries.get(key)
@@ -260,7 +263,7 @@ class BodyCache:
         ]
         for held, previous in tried:  # held: the key it is found under
             if previous is not None and len(raw) - len(previous.head) - len(previous.tail) <= OFFLOAD_BYTES:
-                extended = _extend(previous, raw, transcript_key, key, parts)
+                extended = _extend(previous, raw, transcript_key, key, parts, volatile)
                 if extended is not None:
                     break
         else:
@@ -271,7 +274,7 @@ class BodyCache:
             if not await (asyncio.shield(proving) if proving is not None else self._prove(held, previous, transcript_key)):
                 return None
             if previous.head is not head or previous.separators != separators:  # it splits elsewhere
-                extended = _extend(previous, raw, transcript_key, key, parts)
+                extended = _extend(previous, raw, transcript_key, key, parts, volatile)
         if extended is not None:
             if held is not key:  # a run's first request, extended by its second: its run's from now on
                 if self._entries.get(held) is not previous or key in self._entries:
@@ -373,23 +376,66 @@ class BodyCache:
             old.let_go()
 
 
-def _extend(previous: BodyEntry, raw: bytes, transcript_key: str, key: Any, parts: Parts | None) -> ParsedBody | None:
+def _extend(
+    previous: BodyEntry, raw: bytes, transcript_key: str, key: Any, parts: Parts | None,
+    volatile: frozenset[str] = frozenset(),
+) -> ParsedBody | None:
     """`raw` as `previous` with items appended to its transcript, or with its items from one of
-    its separators on sent again (changed) and new ones after them; None if it is neither."""
+    its separators on sent again (changed) and new ones after them; None if it is neither. Its
+    tail may differ from `previous`'s in the values of `volatile` fields alone (`_retailed`)."""
     head, tail = previous.head, previous.tail
     # Nearly the whole body compared once (memcmp): up to the oldest separator kept, or all of it.
     separators = previous.separators
     base = separators[0][0] if separators else len(head)
-    if len(raw) < base + len(tail) or not raw.endswith(tail) or not raw.startswith(head[:base]):
+    if len(raw) < base + len(tail) or not raw.startswith(head[:base]):
         return None
+    changed: dict[str, Any] = {}
+    if not raw.endswith(tail):
+        retailed = _retailed(previous, raw, base, volatile) if volatile else None
+        if retailed is None:
+            return None
+        tail, changed = retailed
     if len(raw) >= len(head) + len(tail) and raw.startswith(head[base:], base):
-        return _appended(previous, raw, transcript_key, key, parts)
-    return _resent(previous, raw, transcript_key, key, parts) if separators else None
+        return _appended(previous, raw, transcript_key, key, parts, tail, changed)
+    return _resent(previous, raw, transcript_key, key, parts, tail, changed) if separators else None
 
 
-def _appended(previous: BodyEntry, raw: bytes, transcript_key: str, key: Any, parts: Parts | None) -> ParsedBody | None:
-    """`raw` (which starts with `previous.head` and ends with its tail) as `previous` with items appended."""
-    head, tail = previous.head, previous.tail
+def _retailed(previous: BodyEntry, raw: bytes, start: int, volatile: frozenset[str]) -> tuple[bytes, dict[str, Any]] | None:
+    """`raw`'s tail (from its transcript's closing bracket) when it repeats `previous`'s but for
+    the values of the `volatile` fields that close the body (Codex sends its `client_metadata`
+    last, new every request): (its bytes, those fields' values), else None. Exact: the bytes
+    before those fields are the previous tail's own, found last in `raw` after `start`, and what
+    follows them parses as those fields alone (a wrong place would leave a bracket unclosed
+    there, or among the new items: either then fails to parse)."""
+    keys = list(previous.body)
+    first = len(keys)
+    while first > 0 and keys[first - 1] in volatile:
+        first -= 1
+    if first == len(keys):
+        return None
+    cut = previous.tail.rfind(orjson.dumps(keys[first]))
+    if cut <= 0:
+        return None
+    stable = previous.tail[:cut]  # the bracket, the fields before the volatile ones, a comma
+    at = raw.rfind(stable, start)
+    if at < 0:
+        return None
+    try:
+        fields = orjson.loads(b"{" + raw[at + len(stable) :])
+    except ValueError:
+        return None
+    if type(fields) is not dict or list(fields) != keys[first:]:
+        return None
+    return raw[at:], fields
+
+
+def _appended(
+    previous: BodyEntry, raw: bytes, transcript_key: str, key: Any, parts: Parts | None, tail: bytes,
+    changed: dict[str, Any],
+) -> ParsedBody | None:
+    """`raw` (which starts with `previous.head` and ends with `tail`: its own, or one whose
+    volatile fields are `changed`) as `previous` with items appended."""
+    head = previous.head
     middle = raw[len(head) : len(raw) - len(tail)]
     added = middle.lstrip(JSON_SPACE)
     separators = previous.separators
@@ -408,13 +454,16 @@ def _appended(previous: BodyEntry, raw: bytes, transcript_key: str, key: Any, pa
         return None
     raws = previous.raws + (new if parts is None else parts(new)) if new else previous.raws
     listed = previous.body[transcript_key]
-    body = {**previous.body, transcript_key: raws if parts is None else listed + new if new else listed}
+    body = {**previous.body, **changed, transcript_key: raws if parts is None else listed + new if new else listed}
     entry = BodyEntry(memoryview(raw)[: len(raw) - len(tail)] if new else head, tail, body, raws, separators=separators)
     return ParsedBody(body, len(previous.raws), previous, entry, key, fresh=len(middle))
 
 
-def _resent(previous: BodyEntry, raw: bytes, transcript_key: str, key: Any, parts: Parts | None) -> ParsedBody | None:
-    """`raw` (which ends with `previous.tail` and repeats its bytes up to its oldest separator
+def _resent(
+    previous: BodyEntry, raw: bytes, transcript_key: str, key: Any, parts: Parts | None, tail: bytes,
+    changed: dict[str, Any],
+) -> ParsedBody | None:
+    """`raw` (which ends with `tail`, as `_appended`'s, and repeats its bytes up to its oldest separator
     kept) as `previous` up to its newest separator `raw` repeats, then other items: the ones
     after that separator sent again (changed) and new ones. JSON is context-free: after a
     separator of the array, any items and the same closing bracket and tail parse as they would
@@ -438,7 +487,7 @@ def _resent(previous: BodyEntry, raw: bytes, transcript_key: str, key: Any, part
             break
         kept.append(separator)
     comma, index = kept[-1]
-    end = len(raw) - len(previous.tail)
+    end = len(raw) - len(tail)
     if end - comma > OFFLOAD_BYTES:
         return None
     try:
@@ -449,8 +498,8 @@ def _resent(previous: BodyEntry, raw: bytes, transcript_key: str, key: Any, part
         return None
     reused = index if parts is None else len(previous.raws) - len(parts(listed[index:]))
     raws = previous.raws[:reused] + (new if parts is None else parts(new))
-    body = {**previous.body, transcript_key: raws if parts is None else listed[:index] + new}
-    entry = BodyEntry(memoryview(raw)[:end], previous.tail, body, raws, separators=tuple(kept[-MAX_SEPARATORS:]))
+    body = {**previous.body, **changed, transcript_key: raws if parts is None else listed[:index] + new}
+    entry = BodyEntry(memoryview(raw)[:end], tail, body, raws, separators=tuple(kept[-MAX_SEPARATORS:]))
     return ParsedBody(body, reused, previous, entry, key, fresh=end - comma)
 
 

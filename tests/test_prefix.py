@@ -363,3 +363,32 @@ def test_a_runs_second_request_finds_its_first_in_an_opening_slot_and_takes_it_o
     assert third is not None and third.reused == 2
     slots = {cache.opening_slot(opening) for _ in range(OPENING_SLOTS * 2)}
     assert len(slots) == OPENING_SLOTS  # taken in turn: the oldest first request goes first
+
+
+def test_a_body_whose_volatile_fields_alone_changed_at_its_end_still_extends_the_last_one():
+    """Codex ends its bodies with `client_metadata`, new every request: the tail may differ in
+    the dialect's volatile fields alone, found exactly (a look-alike in a new value or item is
+    no place to split), and nowhere else."""
+    cache, volatile = BodyCache(), frozenset({"meta"})
+
+    def raw(messages: list[dict], meta: Any, tools: Any = ("ls",)) -> bytes:
+        return orjson.dumps({"model": "m", "messages": messages, "tools": list(tools), "meta": meta})
+
+    first_raw = raw(msgs("a", "b"), {"turn": 1, "at": 5})
+    parsed = asyncio.run(cache.full(KEY, first_raw, orjson.loads(first_raw), "messages"))
+    cache.remember(KEY, parsed, ["h0", "h1"])
+    later = raw(msgs("a", "b", "c"), {"at": 6, "turn": 2})
+    extended = extend(cache, KEY, later, "messages", None, None, volatile)
+    assert extended is not None and extended.reused == 2 and extended.body == orjson.loads(later)
+    assert list(extended.body) == ["model", "messages", "tools", "meta"] and bytes(extended.entry.head) + extended.entry.tail == later
+    assert extend(cache, KEY, raw(msgs("a", "b", "c"), {"turn": 2}, tools=("ls", "cat")), "messages", None, None, volatile) is None
+    assert extend(cache, KEY, later, "messages") is None  # the dialect says no field is volatile
+    # A new value holding the previous tail's bytes before `meta` as structure (`],"tools":["ls"],`):
+    # found last, that place leaves a brace unclosed after it, so the body is parsed whole.
+    lookalike = raw(msgs("a", "b", "c", "d"), {"q": [1], "tools": ["ls"], "turn": 3})
+    assert b'],"tools":["ls"],"turn"' in lookalike
+    assert extend(cache, KEY, lookalike, "messages", None, None, volatile) is None
+    # The same bytes in a new item's string are escaped: no look-alike there.
+    quoted = raw([*msgs("a", "b"), {"role": "user", "content": '],"tools":["ls"],'}], {"turn": 3})
+    found = extend(cache, KEY, quoted, "messages", None, None, volatile)
+    assert found is not None and found.body == orjson.loads(quoted)

@@ -31,6 +31,7 @@ class JSONBody:
     transcript_parts: Callable[[list[Any]], list[Raw]] | None = None
     session_header: str | None = None  # the header a known client names its session in (session_hint)
     reply_markers = REPLY_MARKERS  # a reply's role: chat, Messages
+    volatile_fields: frozenset[str] = frozenset()
 
     def by_elements(self) -> ByElements | None:
         return None
@@ -278,6 +279,10 @@ class Dialect(Protocol):
     # The JSON tokens a reply echoed in the transcript starts with, the likeliest first: what a
     # request holds before the first of them names an unnamed client's run (prefix.run_fingerprint).
     reply_markers: tuple[bytes, ...]
+    # Body fields a known client sends new every request that decide nothing of the prompt and go
+    # upstream as they came (Codex's `client_metadata`: turn ids, keys in a new order): a body that
+    # extends the last one but for them is still read only where new (prefix.py, fastpath.py).
+    volatile_fields: frozenset[str]
 
     def transcript(self, body: dict[str, Any]) -> list[Raw]:
         """The request's transcript items (raises InvalidRequest if absent or malformed at the top)."""

@@ -38,6 +38,8 @@ class ResponsesDialect(JSONBody):
     # An agent's first reply is often calls alone (its reasoning item before them): an assistant
     # message may come many turns later. The calls first: most runs make one early.
     reply_markers = (b'"function_call"', b'"custom_tool_call"', b'"assistant"')
+    # Codex's analytics: each request's turn ids and time, its keys in a new order every time.
+    volatile_fields = frozenset({"client_metadata"})
 
     def __init__(self) -> None:
         self.codec = CODEC

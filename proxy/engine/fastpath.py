@@ -19,7 +19,9 @@ The upstream body reuses the previous one's bytes (`Wire`): its elements made of
 taken out, or that new items may join (Messages: a user message is made of its tool_result
 parts; Gemini: a user content of its functionResponse parts), are encoded again, the rest is the
 previous bytes; this turn's dialect makes them a body (`Dialect.encoded_body`: Gemini's carries
-the URL's model and stream flag, which a body that extends the last one may change).
+the URL's model and stream flag, which a body that extends the last one may change). Fields a
+client sends new every request (`Dialect.volatile_fields`, Codex's `client_metadata`) go as this
+request sends them: the bytes after the transcript are encoded again when they changed.
 
 A stage that can't tell (a cut, a new summary, an inbox note, masking, knowledge, a failed
 summary, a repair) runs whole, and so do the stages after it, on what the stages before it made
@@ -108,6 +110,17 @@ class Wire:
         """The upstream body these bytes are, as `dialect` (this turn's) makes one."""
         return dialect.encoded_body({**self.envelope, self.key: self.sendable}, self.encoded)
 
+    def with_fields(self, fields: dict[str, Any]) -> Wire:
+        """This body with `fields` (outside the transcript, sent as the client sends them: its
+        dialect's volatile ones) set anew: the bytes after the transcript encoded again."""
+        envelope = {**self.envelope, **fields}
+        encoded, mark = orjson.dumps(envelope), orjson.dumps(_SPLICE)
+        after = encoded[encoded.find(mark) + len(mark) :]  # one placeholder: wire_of checked
+        return Wire(
+            self.encoded[: self.end + 1] + after, self.start, self.end, self.sendable, self.firsts, envelope,
+            self.tools, self.key, self.breakpoints, self.room,
+        )
+
     def spliced(self, keep: int, sendable: list[Any], firsts: list[int] | None, breakpoints: int = 0) -> Wire:
         """This body with its elements from `keep` on replaced by `sendable` (made of the prompt's
         items from `firsts[0]` on, when firsts are kept)."""
@@ -150,6 +163,17 @@ def wire_of(
     if not (whole.startswith(encoded[:at]) and whole.endswith(encoded[at + len(mark) :]) and whole[end - 1 : end] == b"]"):
         return None
     return Wire(whole, at + 1, end - 1, sendable, firsts, envelope, tools, key, breakpoints, room)
+
+
+def _refreshed(wire: Wire, body: dict[str, Any], volatile: frozenset[str]) -> Wire | None:
+    """`wire` with the volatile fields `body` sends now (Codex's `client_metadata`, new every
+    request), which go upstream as they came; None if `body` sends other ones (made whole)."""
+    if [k for k in wire.envelope if k in volatile] != [k for k in body if k in volatile]:
+        return None
+    fields = {k: body[k] for k in body if k in volatile}
+    if all(wire.envelope[k] == v for k, v in fields.items()):
+        return wire
+    return wire.with_fields(fields)
 
 
 @dataclass(slots=True)
@@ -454,6 +478,8 @@ class FastTurn:
         names = tuple(t.name for t in tools)
         base = self._base
         previous = base.wire if self.taken and base is not None else None
+        if previous is not None and dialect.volatile_fields:
+            previous = _refreshed(previous, body, dialect.volatile_fields)
         if previous is not None and previous.tools == names and base is not None:
             if by_elements is None:
                 wire = self._spliced(dialect, body, items, tools, previous, base.prompt)

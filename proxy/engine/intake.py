@@ -81,7 +81,7 @@ async def read_body(
     """The request body; one that extends the previous request under `cache_key` (or, when it
     holds none, under `opening`) by appending transcript items is parsed only where it is new."""
     parts = dialect.transcript_parts  # a transcript that is not the body's array as it is
-    parsed = await bodies.extend(cache_key, raw, dialect.transcript_key, parts, opening)
+    parsed = await bodies.extend(cache_key, raw, dialect.transcript_key, parts, opening, dialect.volatile_fields)
     if parsed is not None:
         return parsed
     body = await json_object(raw, dialect.transcript_key, max_messages)

@@ -19,6 +19,7 @@ from tests.conftest import ALICE
 from tests.fakes.fake_upstream import FakeUpstream, Recorded, Reply
 from tests.support.agents import codex_session
 from tests.support.harness import LoopThread, ProxyServer, proxy_settings
+from tests.test_metrics import scrape, value
 
 RECORDED = Path(__file__).resolve().parents[1] / "samples" / "codex-session.json"
 TRANSPORT_HEADERS = {"host", "content-length"}
@@ -61,8 +62,10 @@ def codex_requests(
         with httpx.Client(base_url=proxy.url, timeout=30, auth=proxy.admin_auth) as admin:
             stored = admin.get(f"/v1/conversations/{session}/messages", params={"limit": 1000}).json()
             trajectory = admin.get(f"/v1/conversations/{session}/trajectory", params={"limit": 1000}).json()
+        samples = scrape(proxy)
+        fast_path = {o: value(samples, "context_proxy_fast_path_turns_total", outcome=o) for o in ("taken", "declined", "none")}
         yield {"first": first, "resumed": resumed, "attempts": attempts, "records": list(upstream.requests),
-               "bodies": bodies, "stored": stored, "trajectory": trajectory}
+               "bodies": bodies, "stored": stored, "trajectory": trajectory, "fast_path": fast_path}
     finally:
         proxy.stop()
         upstream.reset()
@@ -78,6 +81,14 @@ def test_codex_runs_the_shell_tool_and_resumes(codex_requests: dict[str, Any]) -
     assert first.messages == ["It printed hello."]
     assert resumed.completed, resumed.stderr[-3000:]
     assert resumed.messages == ["Still here."] and resumed.thread_id == first.thread_id
+
+
+def test_codexs_later_requests_reuse_the_previous_ones_work(codex_requests: dict[str, Any]) -> None:
+    """Codex ends each body with its `client_metadata`, new every request (turn ids, its keys in
+    another order): its tool continuation and its resumed turn still extend the request before
+    (the fast path taken, or declined by a stage: `none` is the first request's alone)."""
+    fast_path = codex_requests["fast_path"]
+    assert fast_path["none"] == 1 and fast_path["taken"] + fast_path["declined"] == 2 and fast_path["taken"] >= 1
 
 
 def test_codex_contacts_nothing_but_the_proxy(codex_requests: dict[str, Any]) -> None:

@@ -87,6 +87,30 @@ def test_an_unnamed_agent_whose_replies_are_calls_alone_takes_the_fast_path(prox
     assert counted == {"none": 1.0, "taken": 4.0, "declined": 0.0}  # the second found the first under its opening key
 
 
+def test_codexs_client_metadata_new_every_request_keeps_the_fast_path_and_reaches_the_upstream_as_sent(proxy, upstream):
+    """Codex ends each body with `client_metadata`: its turn ids, its keys in a new order every
+    request. A body that extends the last one but there is still read only where new, and the
+    upstream gets each request's own metadata (its bytes after the transcript made again)."""
+    client = openai_client(proxy, headers={"session-id": "0199a213-81c0-7800-8aa1-bbab2d4b5c01"})
+    history = [DEVELOPER, user("fix the build")]
+    sent = []
+    for step in range(5):
+        upstream.enqueue(Reply.tool_calls([("exec_command", json.dumps({"cmd": f"make step{step}"}))], reasoning=f"step {step}"))
+        ids = {"turn_id": f"turn-{step}", "session_id": "0199a213"}
+        metadata = dict(reversed(ids.items())) if step % 2 else ids  # the same keys, another order
+        sent.append(metadata)
+        reply = client.responses.create(model="gpt-4o-mini", input=history, tools=TOOLS, store=False,
+                                        include=["reasoning.encrypted_content"], extra_body={"client_metadata": metadata})
+        history += dump(reply.output)
+        history.append({"type": "function_call_output", "call_id": history[-1]["call_id"], "output": f"step {step} done"})
+    received = upstream.responses_requests()[-5:]
+    assert [list(body["client_metadata"].items()) for body in received] == [list(m.items()) for m in sent]
+    assert [len(body["input"]) for body in received] == [2 + 3 * step for step in range(5)]
+    samples = scrape(proxy)
+    counted = {o: value(samples, "context_proxy_fast_path_turns_total", outcome=o) for o in ("taken", "declined", "none")}
+    assert counted == {"none": 1.0, "taken": 4.0, "declined": 0.0}
+
+
 def test_previous_response_id_is_served_from_the_proxy_store(proxy, upstream, http):
     client = openai_client(proxy)
     first = client.responses.create(model="gpt-4o-mini", input=[DEVELOPER, user("first")], store=False)
