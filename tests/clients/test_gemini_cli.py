@@ -18,6 +18,7 @@ import pytest
 from tests.conftest import MakeProxy, admin_get, live_messages, trajectory
 from tests.fakes.fake_upstream import FakeUpstream, Reply
 from tests.support.gemini_agent import TEST_KEY, GeminiAgent
+from tests.test_metrics import scrape, value
 
 MODELS = ["gemini-2.5-pro", "gemini-3-flash-preview"]  # Gemini 3 checks each step's thought signature
 
@@ -78,6 +79,12 @@ def test_gemini_cli_runs_a_tool_loop_through_the_proxy_and_resumes_in_one_conver
         assert {m["status"] for m in trajectory(http, listed[0]["id"], TEST_KEY)} == {"live"}
     assert [m["role"] for m in stored] == ["user", "model", "user", "model", "user", "model"]
     assert stored[-1]["parts"] == [{"text": "Goodbye!"}]
+    # The continuation extends the first request (kept in an opening slot: it had no reply to
+    # name its run by); the resumed one rewrites its history (dummy signatures), so it is read whole.
+    samples = scrape(proxy)
+    assert value(samples, "context_proxy_fast_path_turns_total", outcome="taken") == 1
+    assert [value(samples, "context_proxy_fast_path_not_taken_turns_total", reason=r)
+            for r in ("no_previous_turn", "body_not_extended")] == [1, 1]
 
 
 def test_without_a_model_the_clis_router_call_is_a_conversation_of_its_own(
