@@ -4,8 +4,12 @@ and a full-history client over it.
 The same messages, converted: the system prompt is the first `developer` message, each tool call
 a `function_call` item after its assistant message, each tool result a `function_call_output`,
 the tools flat (`{"type": "function", "name", ...}`), `store: false` with every item resent each
-turn, as Codex does. As in `workload.Conversation`, the items are serialized once and kept as
-bytes; only the new ones are serialized per request.
+turn, as Codex does. Each body ends as Codex's do (tests/samples/codex-session.json): its tool
+settings, then `client_metadata`, new every request (the turn's ids and time, its keys in another
+order each time: Codex serializes a hash map). Codex's `prompt_cache_key` (its session id) is left
+out: the proxy would take the run for a session's thread, and the bench's no-header agents name
+nothing. As in `workload.Conversation`, the items are serialized once and kept as bytes; only the
+new ones are serialized per request.
 """
 
 from __future__ import annotations
@@ -71,8 +75,20 @@ class ResponsesConversation:
         return self._count
 
     def body(self, model: str, stream: bool) -> bytes:
-        head = b'{"stream":' + (b"true" if stream else b"false") + b',"model":' + dumps(model) + b',"input":['
-        return head + bytes(self._joined) + b'],"tools":' + _tools() + b',"store":false}'
+        head = b'{"model":' + dumps(model) + b',"stream":' + (b"true" if stream else b"false") + b',"input":['
+        settings = b',"tool_choice":"auto","parallel_tool_calls":true,"store":false,"include":[]'
+        return head + bytes(self._joined) + b'],"tools":' + _tools() + settings + b',"client_metadata":' + self._metadata() + b"}"
+
+    def _metadata(self) -> bytes:
+        """Codex's `client_metadata` for this request: ids of the turn, its time, keys in turn order."""
+        turn_id = f"{self.id}-turn-{self.turn}"
+        window = {"session_id": self.id, "turn_id": turn_id, "window_number": 0, "request_kind": "turn",
+                  "history_initialization": "new", "sandbox": "seccomp", "turn_started_at_unix_ms": 1796128005999 + self.turn}
+        fields = [("session_id", self.id), ("turn_id", turn_id), ("root_turn_id", turn_id),
+                  ("x-codex-installation-id", "30917a47-8a7c-462f-b8b5-0fb1b1180b64"),
+                  ("x-codex-turn-metadata", json.dumps(window, separators=(",", ":")))]
+        shift = self.turn % len(fields)
+        return dumps(dict(fields[shift:] + fields[:shift]))
 
     def advance(self, output: list[Message]) -> None:
         """Append the reply's output items as Codex echoes them (without their ids, which need the

@@ -48,15 +48,23 @@ def test_the_messages_transcript_is_valid_and_moves_its_breakpoint(tmp_path: Pat
 
 
 def test_the_responses_transcript_is_valid_turn_after_turn() -> None:
+    """As Codex sends it (tests/samples/codex-session.json): its fields in its order, but its session
+    id (the bench's no-header agents name none) and reasoning settings; `client_metadata` last,
+    new every request, its keys in another order."""
     conversation = ResponsesConversation("bench-1", "agent200")
+    codex = json.loads((Path(__file__).resolve().parents[1] / "samples" / "codex-session.json").read_text())["turn_1"]["body"]
+    metadata = []
     for turn in range(3):
         body = json.loads(conversation.body("bench-s16", stream=False))
         assert check_request(body) is None, turn
+        assert list(body) == [k for k in codex if k not in ("reasoning", "prompt_cache_key")]
+        metadata.append(list(body["client_metadata"].items()))
         call = {"type": "function_call", "id": f"fc_{turn}", "status": "completed", "call_id": f"call_r{turn}",
                 "name": CALL_NAME, "arguments": CALL_ARGS}
         conversation.advance([{"type": "message", "id": f"msg_{turn}", "role": "assistant",
                                "content": [{"type": "output_text", "text": "Next.", "annotations": []}]}, call])
     assert body["input"][0]["role"] == "developer" and body["input"][-1]["call_id"] == "call_r1"
+    assert len({tuple(m) for m in metadata}) == 3 and len({tuple(k for k, _ in m) for m in metadata}) == 3
 
 
 def test_the_gemini_transcript_is_valid_turn_after_turn() -> None:
