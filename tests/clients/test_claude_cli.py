@@ -15,6 +15,7 @@ from tests.conftest import MakeProxy
 from tests.fakes.fake_anthropic import tool_use_id
 from tests.fakes.fake_upstream import FakeUpstream, Recorded, Reply
 from tests.support.claude_agent import ClaudeAgent
+from tests.test_metrics import scrape, value
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 RECORDED = ("claude-turn1.json", "claude-tool-continuation.json", "claude-resumed-turn.json")
@@ -75,6 +76,11 @@ def test_claude_code_runs_a_tool_loop_through_the_proxy_and_resumes(
     assert [t["name"] for t in continuation["tools"]] == [t["name"] for t in turn1["tools"]] == [t["name"] for t in later["tools"]]
     reads = [usage["cache_read_input_tokens"] for usage in upstream.anthropic.usages()]
     assert reads[0] == 0 and 0 < reads[1] < reads[2]
+    # Its continuation and its resumed turn extend the request before (its first, with no reply
+    # yet, kept in an opening slot): read only where new, whatever the window then does.
+    samples = scrape(proxy)
+    outcomes = [value(samples, "context_proxy_fast_path_turns_total", outcome=o) for o in ("taken", "declined", "none")]
+    assert outcomes[2] == 1 and outcomes[0] + outcomes[1] == 2
 
 
 def test_a_live_run_still_sends_what_the_fixtures_recorded(upstream: FakeUpstream, tmp_path: Path) -> None:
