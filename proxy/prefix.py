@@ -96,6 +96,10 @@ BODY_BYTES = 20 * 2**20  # server.cache_mb
 PARSED = 2  # bytes of parsed objects per byte of JSON
 HASH_BYTES = 120  # an item's hash: its string and its place in the list
 MAX_BODIES = 256  # small conversations: more than this many taking turns at once rarely come back in time
+# Volatile fields at a body's end (Dialect.volatile_fields: Codex's client_metadata, ~1 KB) are
+# looked for in its last VOLATILE_BYTES, at most VOLATILE_CANDIDATES places parsed: a body that
+# sends more, or hides their name in them often, is parsed whole.
+VOLATILE_BYTES, VOLATILE_CANDIDATES = 64 * 1024, 8
 # A run's first request has no reply to name its run by: it is kept in a slot of its session's (or
 # tenant's) opening key, where its second request looks. A session's threads start close together
 # (Claude Code's main thread, a subagent it calls at once, its side requests): a slot each.
@@ -403,30 +407,36 @@ def _extend(
 def _retailed(previous: BodyEntry, raw: bytes, start: int, volatile: frozenset[str]) -> tuple[bytes, dict[str, Any]] | None:
     """`raw`'s tail (from its transcript's closing bracket) when it repeats `previous`'s but for
     the values of the `volatile` fields that close the body (Codex sends its `client_metadata`
-    last, new every request): (its bytes, those fields' values), else None. Exact: the bytes
-    before those fields are the previous tail's own, found last in `raw` after `start`, and what
-    follows them parses as those fields alone (a wrong place would leave a bracket unclosed
-    there, or among the new items: either then fails to parse)."""
+    last, new every request): (its bytes, those fields' values), else None. Exact: the first
+    such field's name is looked for from the end (a short needle: a long one, searched backwards,
+    can cost n×m), the previous tail's bytes before it must stand right before it, and what
+    follows must parse as those fields alone (a wrong place would leave a bracket unclosed there,
+    or among the new items: either then fails to parse). Bounded: VOLATILE_BYTES, VOLATILE_CANDIDATES."""
     keys = list(previous.body)
     first = len(keys)
     while first > 0 and keys[first - 1] in volatile:
         first -= 1
     if first == len(keys):
         return None
-    cut = previous.tail.rfind(orjson.dumps(keys[first]))
+    name = orjson.dumps(keys[first])
+    cut = previous.tail.rfind(name)
     if cut <= 0:
         return None
     stable = previous.tail[:cut]  # the bracket, the fields before the volatile ones, a comma
-    at = raw.rfind(stable, start)
-    if at < 0:
-        return None
-    try:
-        fields = orjson.loads(b"{" + raw[at + len(stable) :])
-    except ValueError:
-        return None
-    if type(fields) is not dict or list(fields) != keys[first:]:
-        return None
-    return raw[at:], fields
+    end = len(raw)
+    for _ in range(VOLATILE_CANDIDATES):
+        at = raw.rfind(name, max(start + len(stable), len(raw) - VOLATILE_BYTES), end)
+        if at < 0:
+            return None
+        if raw.startswith(stable, at - len(stable)):
+            try:
+                fields = orjson.loads(b"{" + raw[at:])
+            except ValueError:
+                fields = None  # the name inside a value (its own key again): look further back
+            if type(fields) is dict and list(fields) == keys[first:]:
+                return raw[at - len(stable) :], fields
+        end = at
+    return None
 
 
 def _appended(

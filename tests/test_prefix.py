@@ -51,7 +51,7 @@ from typing import Any  # noqa: E402
 
 import orjson  # noqa: E402
 
-from proxy.prefix import OPENING_SLOTS, BodyCache, ParsedBody, _proven  # noqa: E402
+from proxy.prefix import OPENING_SLOTS, VOLATILE_BYTES, BodyCache, ParsedBody, _proven  # noqa: E402
 from proxy.request_limits import OFFLOAD_BYTES  # noqa: E402
 
 KEY = ("tenant", "chat", "conversation")
@@ -383,11 +383,14 @@ def test_a_body_whose_volatile_fields_alone_changed_at_its_end_still_extends_the
     assert list(extended.body) == ["model", "messages", "tools", "meta"] and bytes(extended.entry.head) + extended.entry.tail == later
     assert extend(cache, KEY, raw(msgs("a", "b", "c"), {"turn": 2}, tools=("ls", "cat")), "messages", None, None, volatile) is None
     assert extend(cache, KEY, later, "messages") is None  # the dialect says no field is volatile
-    # A new value holding the previous tail's bytes before `meta` as structure (`],"tools":["ls"],`):
-    # found last, that place leaves a brace unclosed after it, so the body is parsed whole.
-    lookalike = raw(msgs("a", "b", "c", "d"), {"q": [1], "tools": ["ls"], "turn": 3})
-    assert b'],"tools":["ls"],"turn"' in lookalike
-    assert extend(cache, KEY, lookalike, "messages", None, None, volatile) is None
+    # A new value holding the previous tail's bytes before `meta` as structure, and `"meta"` itself
+    # as a key of its own: the top-level one is where the tail's bytes stand right before it.
+    lookalike = raw(msgs("a", "b", "c", "d"), {"q": [1], "tools": ["ls"], "meta": {"turn": 3}})
+    assert b'],"tools":["ls"],"meta"' in lookalike
+    found = extend(cache, KEY, lookalike, "messages", None, None, volatile)
+    assert found is not None and found.reused == 2 and found.body == orjson.loads(lookalike)
+    # Volatile fields over VOLATILE_BYTES are not looked through: the body is parsed whole.
+    assert extend(cache, KEY, raw(msgs("a", "b", "c"), {"turn": "x" * VOLATILE_BYTES}), "messages", None, None, volatile) is None
     # The same bytes in a new item's string are escaped: no look-alike there.
     quoted = raw([*msgs("a", "b"), {"role": "user", "content": '],"tools":["ls"],'}], {"turn": 3})
     found = extend(cache, KEY, quoted, "messages", None, None, volatile)
