@@ -492,7 +492,7 @@ def _resent(
     # it sends again) hold none and are not scanned.
     listed = previous.body[transcript_key]
     stop, last = (separators[at + 1][0], separators[at + 1][1]) if at + 1 < len(separators) else (len(head), len(listed))
-    for separator in _separators(head, kept[-1][0] + 1, stop, kept[-1][1], last - kept[-1][1] - 1):
+    for separator in _separators(head, kept[-1][0] + 1, stop, kept[-1][1], last - kept[-1][1] - 1, listed):
         if not raw.startswith(head[kept[-1][0] : separator[0] + 1], kept[-1][0]):
             break
         kept.append(separator)
@@ -513,13 +513,20 @@ def _resent(
     return ParsedBody(body, reused, previous, entry, key, fresh=end - comma)
 
 
-def _separators(data: Any, start: int, end: int, index: int, most: int) -> list[Separator]:
+def _separators(data: Any, start: int, end: int, index: int, most: int, elements: list[Any] | None = None) -> list[Separator]:
     """The first `most` separators of a transcript array in `data[start:end]`, which starts where
     element `index` does and holds whole elements (bytes of a body known to be valid JSON): the
-    scan ends at the last one asked for."""
+    scan ends at the last one asked for. `elements`: the array parsed; an element whose bytes are
+    its compact JSON (orjson's dump, as JavaScript and httpx clients send) ends where that dump
+    does, found by one compare (an object or array closes where its bytes say, whatever follows);
+    the others are scanned token by token (a tool output full of escapes: ~15 ns a byte)."""
     out: list[Separator] = []
     if most <= 0:
         return out
+    if elements is not None:
+        start, index = _dumped_separators(data, start, end, index, most, elements, out)
+        if len(out) == most:
+            return out
     depth = 0
     for token in _TOKENS.finditer(data, start, end):
         byte = data[token.start()]
@@ -536,6 +543,30 @@ def _separators(data: Any, start: int, end: int, index: int, most: int) -> list[
         else:
             depth -= 1
     return out
+
+
+def _dumped_separators(
+    data: Any, start: int, end: int, index: int, most: int, elements: list[Any], out: list[Separator]
+) -> tuple[int, int]:
+    """`_separators` by each element's dump: appends to `out` the separators found, and returns
+    where (and at which element) the first element that is not its dump starts."""
+    at = start
+    while len(out) < most and index < len(elements):
+        while at < end and data[at] in JSON_SPACE:
+            at += 1
+        value = orjson.dumps(elements[index])
+        stop = at + len(value)
+        # bytes(): a memoryview compares a byte at a time, a copy and bytes' == is a memcmp
+        if value[0] not in OPENERS or stop > end or bytes(data[at:stop]) != value:
+            break
+        while stop < end and data[stop] in JSON_SPACE:
+            stop += 1
+        if stop >= end or data[stop] != COMMA:
+            break
+        index += 1
+        out.append((stop, index))
+        at = stop + 1
+    return at, index
 
 
 def _entry(raw: bytes, body: Any, transcript_key: str, parts: Parts | None = None) -> BodyEntry | None:

@@ -50,6 +50,7 @@ import json  # noqa: E402
 from typing import Any  # noqa: E402
 
 import orjson  # noqa: E402
+import pytest  # noqa: E402
 
 from proxy.prefix import OPENING_SLOTS, VOLATILE_BYTES, BodyCache, ParsedBody, _proven  # noqa: E402
 from proxy.request_limits import OFFLOAD_BYTES  # noqa: E402
@@ -269,12 +270,14 @@ def test_last_messages_sent_again_changed_are_parsed_from_a_separator_on():
     assert parsed.fresh == raw.rindex(b"]") - raw.index(b', {"role": "user", "content": "c"}')  # from the separator on
 
 
-def test_a_claude_code_client_is_parsed_only_where_its_body_changed_turn_after_turn():
+@pytest.mark.parametrize("dumps", [json.dumps, orjson.dumps], ids=["spaced", "compact"])
+def test_a_claude_code_client_is_parsed_only_where_its_body_changed_turn_after_turn(dumps: Any):
     """Over a long run that moves one or two breakpoints each turn (or none: a plain append),
     sends a message as a string again or as blocks, and now and then edits an older message:
     every body read is exactly what a full parse gives; only the newest messages are parsed
     again, but for an edit a few messages back (parsed from a separator before it) or of the
-    task (before any separator: parsed whole)."""
+    task (before any separator: parsed whole). Spaced as Python's json writes it, or compact as
+    Claude Code (JavaScript) does: its separators are then found by its messages' dumps."""
     import random
 
     rng = random.Random(16)
@@ -289,7 +292,8 @@ def test_a_claude_code_client_is_parsed_only_where_its_body_changed_turn_after_t
                     {"role": "user", "content": f"result {turn}" + ' "quoted", [x], {y}' * rng.randrange(3)}]
         marks = rng.choice([0, 1, 1, 2])
         sent = [*history[: len(history) - marks], *map(marked, history[len(history) - marks :])]
-        raw = body(sent, tools=[{"name": "run"}], stream=True)
+        raw = dumps({"model": "m", "messages": sent, "tools": [{"name": "run"}], "stream": True})
+        raw = raw if isinstance(raw, bytes) else raw.encode()
         parsed = extend(cache, KEY, raw, "messages")
         if parsed is None:
             whole += 1
@@ -303,6 +307,34 @@ def test_a_claude_code_client_is_parsed_only_where_its_body_changed_turn_after_t
             resent += parsed.reused < len(parsed.origin.raws)
         cache.remember(KEY, parsed, [f"h{i}" for i in range(len(parsed.body["messages"]))])
     assert 1 < whole < 15 and resent > 30, (whole, resent)
+
+
+def test_separators_read_off_the_elements_dumps_are_the_scans():
+    """`_separators` given the parsed elements finds each compact one's end by its dump, and scans
+    the rest: the same separators as the scan alone, however the elements are written and
+    spaced (a dump that is not their bytes, a look-alike of one inside a string)."""
+    import random
+
+    from proxy.prefix import _separators
+
+    rng = random.Random(7)
+    writers = [orjson.dumps, lambda v: json.dumps(v).encode(), lambda v: json.dumps(v, ensure_ascii=False, indent=1).encode()]
+    for _ in range(200):
+        elements: list[Any] = []
+        for i in range(rng.randrange(1, 8)):
+            text = rng.choice(["plain", "é and \"quoted\"", '{"role":"user"},{', "x" * rng.randrange(50)])
+            elements.append(rng.choice([{"role": "user", "content": text}, [i, {"k": text}], {"n": i, "f": 1.5}]))
+        raw = b"[" + b"".join(
+            (rng.choice([b",", b", ", b",\n  "]) if n else b"") + rng.choice(writers)(e) for n, e in enumerate(elements)
+        ) + b"]"
+        assert json.loads(raw) == elements
+        start = rng.randrange(len(elements))
+        at = 1 if start == 0 else _separators(raw, 1, len(raw) - 1, 0, start)[-1][0] + 1
+        most = rng.randrange(len(elements) + 1)
+        view = memoryview(raw)[: len(raw) - 1]
+        scanned = _separators(view, at, len(view), start, most)
+        assert _separators(view, at, len(view), start, most, elements) == scanned
+        assert len(scanned) == min(most, len(elements) - 1 - start)
 
 
 def test_a_separator_is_proven_not_guessed():
