@@ -40,10 +40,18 @@ class ChatRelay(OneMessageRelay):
         self._shared = self._filter is not None and self._round is self._seen
 
     def feed(self, chunk: bytes) -> bytes:
+        # A model's stream is an event a read, most of them text deltas: one in the frame learned
+        # goes out as it came, not split into lines first (`ReplyAssembler.feed_text`).
+        if (
+            (self._filter is None or self._shared) and chunk[:6] == b"data: " and chunk[-2:] == b"\n\n"
+            and not self._parser.pending and self._seen.feed_text(chunk[6:-2])
+        ):
+            return chunk
         if self._filter is None:  # the fast path: bytes out as they came in (but [DONE], held)
             seen = self._seen
             for payload in self._parser.feed(chunk):
-                seen.feed(payload)
+                if not seen.feed_text(payload):
+                    seen.feed(payload)
             if seen.done and self._done_held is None and (cut := chunk.find(DONE)) >= 0:
                 chunk, self._done_held = chunk[:cut], chunk[cut:]
             return chunk
@@ -51,8 +59,11 @@ class ChatRelay(OneMessageRelay):
         unchanged = True  # every event of the chunk goes to the client as it came
         for payload in self._parser.feed(chunk):
             if self._shared:
+                if self._seen.feed_text(payload):  # a text delta: the filter passes it as it came
+                    out.append(payload)
+                    continue
                 if (plain := _untouched(payload)) is not None:  # the filter passes it as it came
-                    self._seen.feed_chunk(plain)
+                    self._seen.take(payload, plain)
                     out.append(payload)
                     continue
                 self._round, self._shared = self._seen.copy(), False  # they part here

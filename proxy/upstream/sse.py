@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 
 from ..messages import Message
+from . import frames
 
 log = logging.getLogger("proxy.sse")
 
@@ -25,6 +26,11 @@ class SSEParser:
 
     def __init__(self) -> None:
         self._pieces: list[bytes] = []  # the unfinished line
+
+    @property
+    def pending(self) -> bool:
+        """Part of a line is waiting for its end."""
+        return bool(self._pieces)
 
     def feed(self, chunk: bytes) -> list[bytes]:
         # A stream's chunk is usually its events, whole: ended by a newline, no search needed.
@@ -49,8 +55,13 @@ class SSEParser:
         return payloads
 
 
+
 class ReplyAssembler:
-    """Rebuilds the assistant message (content and tool-call deltas) from chat.completion.chunks."""
+    """Rebuilds the assistant message (content and tool-call deltas) from chat.completion.chunks.
+
+    Most of a stream is text deltas that differ only in their text: `feed_text` reads such a
+    chunk by its text alone once a parsed one showed its frame (frames.py), ~1.5 µs an event
+    less than a parse and a walk."""
 
     def __init__(self) -> None:
         self.content: list[str] = []
@@ -63,6 +74,8 @@ class ReplyAssembler:
         self.done = False
         self.usage: dict[str, Any] | None = None
         self.error: str | None = None  # an error event the upstream ended the stream with
+        self.frame: frames.Frame | None = None  # a text delta's bytes around its text
+        self.frames_left = frames.MAX_FRAMES
 
     def feed(self, payload: bytes) -> dict[str, Any] | None:
         """Take one `data:` payload; returns it parsed (None for [DONE] or junk)."""
@@ -75,9 +88,25 @@ class ReplyAssembler:
             log.warning("unparseable SSE payload from upstream (%d bytes)", len(payload))
             return None
         if isinstance(chunk, dict):
-            self.feed_chunk(chunk)
+            self.take(payload, chunk)
             return chunk
         return None
+
+    def feed_text(self, payload: bytes) -> bool:
+        """Take `payload` if it is a text delta in the frame learned (True), else nothing (False)."""
+        text = frames.read(self.frame, payload) if self.frame is not None else None
+        if text is None:
+            return False
+        if text:
+            self.content.append(text)
+        return True
+
+    def take(self, payload: bytes, chunk: dict[str, Any]) -> None:
+        """`feed_chunk`, and the chunk's frame learned from its bytes if it is a text delta
+        (`feed_text` then reads the next ones that share it)."""
+        self.feed_chunk(chunk)
+        if self.frames_left and (frame := _frame_of(payload, chunk)) is not None and frame != self.frame:
+            self.frame, self.frames_left = frame, self.frames_left - 1
 
     def feed_chunk(self, chunk: dict[str, Any]) -> None:
         if self.id is None and isinstance(chunk.get("id"), str):
@@ -126,6 +155,7 @@ class ReplyAssembler:
         other.tool_calls = {index: pieces.copy() for index, pieces in self.tool_calls.items()}
         other.id, other.finish_reason, other.done = self.id, self.finish_reason, self.done
         other.usage, other.error = self.usage, self.error
+        other.frame, other.frames_left = self.frame, self.frames_left
         return other
 
     @property
@@ -143,6 +173,25 @@ class ReplyAssembler:
         if self.refusal:
             msg["refusal"] = "".join(self.refusal)
         return msg
+
+
+def _frame_of(payload: bytes, chunk: dict[str, Any]) -> frames.Frame | None:
+    """The frame of `payload` (parsed: `chunk`) if it is a text delta that does nothing else: one
+    choice, no finish, no usage, no error, a delta of its text and perhaps its role."""
+    choices = chunk.get("choices")
+    if chunk.get("usage") or chunk.get("error") is not None or type(choices) is not list or len(choices) != 1:
+        return None
+    choice = choices[0]
+    if type(choice) is not dict or choice.get("index", 0) != 0 or choice.get("finish_reason"):
+        return None
+    delta = choice.get("delta")
+    if type(delta) is not dict or not delta.keys() <= {"content", "role"}:
+        return None
+    text = delta.get("content")
+    if type(text) is not str or not text:
+        return None
+    probed = {**chunk, "choices": [{**choice, "delta": {**delta, "content": frames.PROBE}}]}
+    return frames.learn(payload, text, orjson.loads, probed)
 
 
 class _CallPieces:
