@@ -23,6 +23,7 @@ import orjson
 
 from ..errors import ProxyError
 from ..transcript import Call, Raw
+from ..upstream import frames
 from .base import OneMessageRelay, RoundEnd
 
 log = logging.getLogger("proxy.messages")
@@ -99,6 +100,11 @@ class EventSplitter:
     def __init__(self) -> None:
         self._pieces: list[bytes] = []  # the unfinished event
 
+    @property
+    def pending(self) -> bool:
+        """Part of an event is waiting for its end."""
+        return bool(self._pieces)
+
     def feed(self, chunk: bytes) -> list[tuple[bytes, dict[str, Any] | None]]:
         # find, not `in` (see SSEParser.feed: `in` builds and drops a TypeError per call)
         if chunk.find(b"\r") >= 0:  # CRLF line ends (the API sends LF): the same events, LF-ended
@@ -122,6 +128,16 @@ class EventSplitter:
 
 
 def _payload(event: bytes) -> dict[str, Any] | None:
+    try:
+        parsed = _parsed(event)
+    except ValueError:
+        log.warning("unparseable SSE event from upstream (%d bytes)", len(event))
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def _parsed(event: bytes) -> Any:
+    """An event's `data:` JSON parsed (None without one); raises ValueError for one that isn't JSON."""
     at = event.find(b"data:")
     if at < 0:
         return None
@@ -132,12 +148,18 @@ def _payload(event: bytes) -> dict[str, Any] | None:
         if not lines:
             return None
         data = b"\n".join(lines)
-    try:
-        parsed = orjson.loads(data)
-    except ValueError:
-        log.warning("unparseable SSE event from upstream (%d bytes)", len(event))
+    return orjson.loads(data)
+
+
+def _text_frame(event: bytes, payload: dict[str, Any]) -> frames.Frame | None:
+    """The frame of `event` (parsed: `payload`) if it is a text delta that does nothing else."""
+    delta = payload.get("delta")
+    if payload.keys() != {"type", "index", "delta"} or type(payload["index"]) is not int or type(delta) is not dict:
         return None
-    return parsed if isinstance(parsed, dict) else None
+    text = delta.get("text")
+    if delta.keys() != {"type", "text"} or delta["type"] != "text_delta" or type(text) is not str or not text:
+        return None
+    return frames.learn(event, text, _parsed, {**payload, "delta": {**delta, "text": frames.PROBE}})
 
 
 # What the filter does with a content block as it starts (MessagesRelay._block_start).
@@ -188,6 +210,13 @@ class MessageAssembler:
                 self.usage = {**(self.usage or {}), **{k: v for k, v in payload["usage"].items() if v is not None}}
         elif kind == "message_stop":
             self.done = True
+
+    def add_text(self, index: int, text: str) -> None:
+        """What a `text_delta` of block `index` (started) adds."""
+        pieces = self._pieces.get((index, "text"))
+        if pieces is None:
+            pieces = self._pieces[(index, "text")] = [str(self.blocks[index].get("text") or "")]
+        pieces.append(text)
 
     def _delta(self, index: int, block: dict[str, Any], delta: dict[str, Any]) -> None:
         kind = delta.get("type")
@@ -259,6 +288,9 @@ class MessagesRelay(OneMessageRelay):
         self._stop_held: bytes | None = None
         self._usage: dict[str, Any] | None = None
         self._upstream_error: str | None = None  # the message of an error event the upstream sent
+        # A text delta's frame (frames.py) and its block's index: most of a stream's events.
+        self._frame: tuple[frames.Frame, int] | None = None
+        self._frames_left = frames.MAX_FRAMES
         self._new_round_state()
 
     def _new_round_state(self) -> None:
@@ -283,8 +315,12 @@ class MessagesRelay(OneMessageRelay):
         self._new_round_state()
 
     def feed(self, chunk: bytes) -> bytes:
+        if self._frame is not None and chunk[-2:] == b"\n\n" and self._framed(chunk):
+            return chunk  # one text delta, whole, that goes out as it came
         out: list[bytes] = []
         for event, payload in self._split.feed(chunk):
+            if self._frames_left and payload is not None and payload.get("type") == "content_block_delta":
+                self._learn(event, payload)
             if payload is None:
                 out.append(event)
             elif not self._ours:  # the fast path: as it came, but message_stop
@@ -331,6 +367,30 @@ class MessagesRelay(OneMessageRelay):
     @property
     def upstream_error(self) -> str | None:
         return self._upstream_error
+
+    def _learn(self, event: bytes, payload: dict[str, Any]) -> None:
+        frame = _text_frame(event, payload)
+        if frame is not None and (self._frame is None or frame != self._frame[0]):
+            self._frame, self._frames_left = (frame, payload["index"]), self._frames_left - 1
+
+    def _framed(self, chunk: bytes) -> bool:
+        """`chunk` taken if it is one text delta in the frame learned whose block is shown as it
+        came: what `feed` would do with it, without parsing it (frames.py); else nothing done."""
+        assert self._frame is not None
+        frame, index = self._frame
+        if self._split.pending or (text := frames.read(frame, chunk)) is None:
+            return False
+        if index not in self._seen.blocks:
+            return False  # an assembler drops a delta of a block never started
+        if self._ours:  # to both assemblers, if shown under its own index (so neither ours nor held)
+            if self._index.get(index) != index:
+                return False
+            if not self._shared:
+                if index not in self._round.blocks:
+                    return False
+                self._round.add_text(index, text)
+        self._seen.add_text(index, text)
+        return True
 
     # -- a round that offers our tools --------------------------------------------------------
 
