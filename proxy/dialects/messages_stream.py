@@ -159,7 +159,7 @@ def _text_frame(event: bytes, payload: dict[str, Any]) -> frames.Frame | None:
     text = delta.get("text")
     if delta.keys() != {"type", "text"} or delta["type"] != "text_delta" or type(text) is not str or not text:
         return None
-    return frames.learn(event, text, _parsed, {**payload, "delta": {**delta, "text": frames.PROBE}})
+    return frames.learn(event, (text,), _parsed, {**payload, "delta": {**delta, "text": frames.PROBE}})
 
 
 # What the filter does with a content block as it starts (MessagesRelay._block_start).

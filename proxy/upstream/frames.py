@@ -1,13 +1,14 @@
 """Text deltas read by their frame: the bytes around their text, learned from one parsed delta.
 
 Most of a streamed reply is text deltas that differ only in their text. Once one delta has been
-parsed, the bytes before and after its text (its frame) are known; a later event that starts and
-ends with them, and holds one JSON string between, is that delta with another text: read by the
-string alone (one `startswith`, one `endswith`, a parse of the string), not parsed and walked
-whole. Exact, as JSON is context-free: the frame is proven when learned (its bytes around another
-string parse as the same delta with that string), and no string token changes how the bytes
-around it parse. A stream whose frames keep changing (a field new in every event) is parsed event
-by event after MAX_FRAMES tries.
+parsed, the bytes around its text (its frame) are known; a later event that starts and ends with
+them, and holds one JSON string between, is that delta with another text: read by the string
+alone (one `startswith`, one `endswith`, a parse of the string), not parsed and walked whole. A
+frame may hold a second string after the text, one the reader ignores (OpenAI's `obfuscation`,
+new in every chunk). Exact, as JSON is context-free: the frame is proven when learned (its bytes
+around other strings parse as the same delta with those strings), and no string token changes
+how the bytes around it parse. A stream whose frames keep changing (another field new in every
+event) is parsed event by event after MAX_FRAMES tries.
 """
 
 from __future__ import annotations
@@ -20,36 +21,53 @@ import orjson
 MAX_FRAMES = 4  # frames learned per stream at most
 PROBE = "?"  # the string a frame is proven with
 
-# (the bytes before the text, the bytes after it)
-Frame = tuple[bytes, bytes]
+# The bytes around a delta's strings: before the text, (between it and the ignored string,) after the last.
+Frame = tuple[bytes, ...]
 
 
-def learn(data: bytes, text: str, parse: Callable[[bytes], Any], expected: Any) -> Frame | None:
-    """`data`'s frame around `text` (written as orjson writes it: as JavaScript and most servers
-    do), if `parse` of the frame around PROBE gives `expected` (the parsed delta with PROBE for
-    its text); else None (the text written otherwise, or found where it is not the text)."""
-    written = orjson.dumps(text)
-    at = data.find(written)
-    if at < 0:
-        return None
-    before, after = data[:at], data[at + len(written) :]
+def learn(data: bytes, strings: tuple[str, ...], parse: Callable[[bytes], Any], expected: Any) -> Frame | None:
+    """`data`'s frame around `strings` (its text, then perhaps a string to ignore), each written as
+    orjson writes it (as JavaScript and most servers do) and found in that order, if `parse` of
+    the frame around PROBE strings gives `expected` (the parsed delta with PROBE for each); else
+    None (a string written otherwise, or found where it is not that field)."""
+    pieces, at = [], 0
+    for string in strings:
+        written = orjson.dumps(string)
+        found = data.find(written, at)
+        if found < 0:
+            return None
+        pieces.append(data[at:found])
+        at = found + len(written)
+    pieces.append(data[at:])
     try:
-        probe = parse(before + orjson.dumps(PROBE) + after)
+        probe = parse(orjson.dumps(PROBE).join(pieces))
     except ValueError:
         return None
-    return (before, after) if probe == expected else None
+    return tuple(pieces) if probe == expected else None
 
 
 def read(frame: Frame, data: bytes) -> str | None:
-    """The text of `data` if it is a delta in `frame`, else None."""
-    before, after = frame
+    """The text of `data` if it is a delta in `frame`, else None. With a second string, any cut
+    of the middle into two strings around the bytes between them is the parse (a JSON text has
+    one): the first place those bytes are found is tried."""
+    before, after = frame[0], frame[-1]
     if not data.startswith(before) or not data.endswith(after):
         return None
     middle = data[len(before) : len(data) - len(after)]
-    if middle[:1] != b'"':
+    if len(frame) == 3:
+        cut = middle.find(frame[1])
+        if cut < 0 or _string(middle[cut + len(frame[1]) :]) is None:
+            return None
+        middle = middle[:cut]
+    return _string(middle)
+
+
+def _string(data: bytes) -> str | None:
+    """`data` parsed if it is one JSON string, else None."""
+    if data[:1] != b'"':
         return None
     try:
-        text = orjson.loads(middle)
+        value = orjson.loads(data)
     except ValueError:
         return None
-    return text if type(text) is str else None
+    return value if type(value) is str else None

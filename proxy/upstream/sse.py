@@ -177,7 +177,8 @@ class ReplyAssembler:
 
 def _frame_of(payload: bytes, chunk: dict[str, Any]) -> frames.Frame | None:
     """The frame of `payload` (parsed: `chunk`) if it is a text delta that does nothing else: one
-    choice, no finish, no usage, no error, a delta of its text and perhaps its role."""
+    choice, no finish, no usage, no error, a delta of its text and perhaps its role; an
+    `obfuscation` string after the text (OpenAI's, new in every chunk) is a string of the frame."""
     choices = chunk.get("choices")
     if chunk.get("usage") or chunk.get("error") is not None or type(choices) is not list or len(choices) != 1:
         return None
@@ -191,7 +192,10 @@ def _frame_of(payload: bytes, chunk: dict[str, Any]) -> frames.Frame | None:
     if type(text) is not str or not text:
         return None
     probed = {**chunk, "choices": [{**choice, "delta": {**delta, "content": frames.PROBE}}]}
-    return frames.learn(payload, text, orjson.loads, probed)
+    padding = chunk.get("obfuscation")
+    if type(padding) is not str:
+        return frames.learn(payload, (text,), orjson.loads, probed)
+    return frames.learn(payload, (text, padding), orjson.loads, {**probed, "obfuscation": frames.PROBE})
 
 
 class _CallPieces:

@@ -22,7 +22,7 @@ def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dic
 
 def stream(rng: random.Random, varying: bool) -> list[dict[str, Any]]:
     """A reply's chunks: a role first, texts, perhaps a tool call's pieces, a finish, usage.
-    `varying`: a field new in every chunk (OpenAI's `obfuscation`), so no frame holds twice."""
+    `varying`: a string new in every chunk after the text (OpenAI's `obfuscation`)."""
     extra = (lambda: {"obfuscation": "x" * rng.randrange(1, 9)}) if varying else dict
     out = [chunk({"role": "assistant", "content": ""}, **extra())]
     for _ in range(rng.randrange(1, 30)):
@@ -43,7 +43,7 @@ def write(value: Any, rng: random.Random) -> bytes:
 
 def test_text_deltas_read_by_their_frame_make_the_reply_a_parse_makes():
     rng = random.Random(3)
-    framed = 0
+    framed, padded = 0, 0
     for n in range(200):
         chunks = stream(rng, varying=n % 5 == 0)
         payloads = [write(c, rng) for c in chunks]
@@ -53,18 +53,19 @@ def test_text_deltas_read_by_their_frame_make_the_reply_a_parse_makes():
         for payload in payloads:
             if fast.feed_text(payload):
                 framed += 1
+                padded += n % 5 == 0
             else:
                 fast.feed(payload)
         assert fast.message() == parsed.message() and fast.usage == parsed.usage
         assert (fast.id, fast.finish_reason) == (parsed.id, parsed.finish_reason)
-    assert framed > 1000, framed  # most text deltas were read by their frame
+    assert framed > 1000 and padded > 100, (framed, padded)  # most text deltas, OpenAI's padded ones too
 
 
 def test_a_stream_whose_frame_changes_every_chunk_stops_learning():
     assembler = ReplyAssembler()
     framed = 0
     for n in range(1, 20):
-        payload = orjson.dumps(chunk({"content": "t"}, obfuscation="x" * n))
+        payload = orjson.dumps({**chunk({"content": "t"}), "created": n})  # before the text: the frame's
         if assembler.feed_text(payload):
             framed += 1
         else:
@@ -85,6 +86,24 @@ def test_bytes_in_a_frame_that_are_not_one_string_are_parsed():
     assert not assembler.feed_text(finish)
     assembler.feed(finish)
     assert assembler.message()["content"] == "firstété!" and assembler.finish_reason == "ab"
+
+
+def test_a_padded_frame_reads_the_text_before_the_padding_whatever_either_holds():
+    """OpenAI's chunks end with an `obfuscation` string of their own: the frame has a hole for it.
+    Texts and paddings that hold the bytes between the two (escaped, or not JSON) are read right
+    or parsed."""
+    assembler = ReplyAssembler()
+    between = b'},"finish_reason":null}],"obfuscation":'
+    texts = ["a", '},"finish_reason":null}],"obfuscation":"', "b"]
+    for n, text in enumerate(texts):
+        payload = orjson.dumps(chunk({"content": text}, obfuscation="p" * (n + 1)))
+        if not assembler.feed_text(payload):
+            assembler.feed(payload)
+    assert assembler.frame is not None and between in assembler.frame[1]
+    before, _, after = assembler.frame
+    assert not assembler.feed_text(before + b'"x"' + between + b"1" + after)  # padding not a string
+    assert not assembler.feed_text(before + b'"x' + between + b'"p"' + after)  # a text cut short
+    assert assembler.message()["content"] == "".join(texts)
 
 
 def test_a_frame_is_proven_where_the_text_is():
