@@ -17,6 +17,7 @@ import orjson
 
 from ..errors import ProxyError, UpstreamStreamBroken, error_body
 from ..transcript import Raw
+from ..upstream import frames
 from .base import RoundEnd
 from .responses_codec import CALLS, item_type, reply_read
 
@@ -34,6 +35,11 @@ class EventSplitter:
     def __init__(self) -> None:
         self._buffer = bytearray()
         self._scanned = 0  # the buffer before this offset holds no event end: never scanned twice
+
+    @property
+    def pending(self) -> bool:
+        """Part of an event is waiting for its end."""
+        return bool(self._buffer)
 
     def feed(self, chunk: bytes) -> list[bytes]:
         if not self._buffer and chunk[-2:] == b"\n\n" and chunk.find(b"\r") < 0:
@@ -81,6 +87,11 @@ def event_data(block: bytes) -> bytes | None:
     return b"\n".join(lines) if lines else None
 
 
+def _parsed(block: bytes) -> Any:
+    """A block's `data:` JSON parsed; raises ValueError for a block without one, or not JSON."""
+    return orjson.loads(event_data(block) or b"")
+
+
 def sse_event(event: dict[str, Any]) -> bytes:
     return b"event: " + str(event.get("type")).encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
@@ -101,6 +112,10 @@ class ResponsesRelay:
         self._closing = b""
         self._upstream_error: str | None = None
         self._finished = False
+        # A delta's frame (frames.py: its sequence_number's place, then its strings') and the
+        # output_index it was learned at: most of a stream's events.
+        self._frame: tuple[frames.Frame, int] | None = None
+        self._frames_left = frames.MAX_FRAMES
         self.begin_round(frozenset())
         self._rounds = 0
 
@@ -116,6 +131,8 @@ class ResponsesRelay:
         self._end: tuple[bytes, dict[str, Any]] | None = None
 
     def feed(self, chunk: bytes) -> bytes:
+        if self._frame is not None and self._framed(chunk):
+            return chunk  # one delta, whole, that goes out as it came
         blocks = self._splitter.feed(chunk)
         if len(blocks) == 1:  # a model's stream: an event a read
             return self._event(blocks[0])
@@ -179,6 +196,33 @@ class ResponsesRelay:
 
     # -- events ----------------------------------------------------------------------------------
 
+    def _framed(self, chunk: bytes) -> bool:
+        """`chunk` taken if it is one delta in the frame learned, numbered as the client's next
+        event and of an item shown under its own index: what `_event` would do with it (count
+        it, pass it as it came), without parsing it (frames.py); else nothing done."""
+        assert self._frame is not None
+        frame, index = self._frame
+        before, number = frame[0], str(self._seq).encode()
+        if self._splitter.pending or not chunk.startswith(before) or not chunk.startswith(number, len(before)):
+            return False
+        if self._index.get(index) != index or frames.read(frame[1:], chunk[len(before) + len(number) :]) is None:
+            return False
+        self._seq += 1
+        return True
+
+    def _learn(self, block: bytes, event: dict[str, Any]) -> None:
+        """The frame of `block` (parsed: `event`) if it is a delta that `_event` only counts and
+        passes on: a `...delta` event of an output item, its `delta` a string (perhaps with an
+        `obfuscation` string after it, OpenAI's, new in every event)."""
+        seq, index, text, padding = event.get("sequence_number"), event.get("output_index"), event.get("delta"), event.get("obfuscation")
+        if type(seq) is not int or type(index) is not int or type(text) is not str or not text or "response" in event:
+            return
+        values: tuple[str | int, ...] = (seq, text) if type(padding) is not str else (seq, text, padding)
+        expected = {**event, "sequence_number": frames.PROBE_NUMBER, "delta": frames.PROBE}
+        frame = frames.learn(block, values, _parsed, expected if len(values) == 2 else {**expected, "obfuscation": frames.PROBE})
+        if frame is not None and (self._frame is None or frame != self._frame[0]):
+            self._frame, self._frames_left = (frame, index), self._frames_left - 1
+
     def _event(self, block: bytes) -> bytes:
         data = event_data(block)
         if data is None:
@@ -190,6 +234,8 @@ class ResponsesRelay:
         if not isinstance(event, dict):
             return block
         kind = event.get("type")
+        if self._frames_left and type(kind) is str and kind.endswith(".delta"):
+            self._learn(block, event)
         echoed = self._echo is not None and isinstance(event.get("response"), dict)
         if echoed:
             event = {**event, "response": {**event["response"], **self._echo}}  # type: ignore[dict-item]

@@ -19,31 +19,36 @@ from typing import Any
 import orjson
 
 MAX_FRAMES = 4  # frames learned per stream at most
-PROBE = "?"  # the string a frame is proven with
+PROBE, PROBE_NUMBER = "?", 7  # what a frame is proven with, in a string's place and a number's
 
 # The bytes around a delta's strings: before the text, (between it and the ignored string,) after the last.
 Frame = tuple[bytes, ...]
 
 
-def learn(data: bytes, strings: tuple[str, ...], parse: Callable[[bytes], Any], expected: Any) -> Frame | None:
-    """`data`'s frame around `strings` (its text, then perhaps a string to ignore), each written as
-    orjson writes it (as JavaScript and most servers do) and found in that order, if `parse` of
-    the frame around PROBE strings gives `expected` (the parsed delta with PROBE for each); else
-    None (a string written otherwise, or found where it is not that field)."""
+def learn(data: bytes, values: tuple[str | int, ...], parse: Callable[[bytes], Any], expected: Any) -> Frame | None:
+    """`data`'s frame around `values` (its text, then perhaps a string to ignore; or first a
+    number the reader knows, as a Responses event's `sequence_number`), each written as orjson
+    writes it (as JavaScript and most servers do) and found in that order, if `parse` of the frame
+    around PROBE (a string's place) and PROBE_NUMBER (a number's) gives `expected` (the parsed
+    delta with those in their places); else None (a value written otherwise, or found where it is
+    not that field)."""
     pieces, at = [], 0
-    for string in strings:
-        written = orjson.dumps(string)
+    for value in values:
+        written = orjson.dumps(value)
         found = data.find(written, at)
         if found < 0:
             return None
         pieces.append(data[at:found])
         at = found + len(written)
     pieces.append(data[at:])
+    probe = pieces[0]
+    for value, piece in zip(values, pieces[1:], strict=True):
+        probe += orjson.dumps(PROBE_NUMBER if type(value) is int else PROBE) + piece
     try:
-        probe = parse(orjson.dumps(PROBE).join(pieces))
+        parsed = parse(probe)
     except ValueError:
         return None
-    return tuple(pieces) if probe == expected else None
+    return tuple(pieces) if parsed == expected else None
 
 
 def read(frame: Frame, data: bytes) -> str | None:
