@@ -15,14 +15,16 @@ to the client's first call of the round (Gemini 3 wants one on each step's first
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from ..errors import ProxyError
 from ..transcript import Call, Raw
+from ..upstream import frames
 from .base import OneMessageRelay, RoundEnd
-from .messages_stream import EventSplitter
+from .messages_stream import EventSplitter, parsed_event
 
 log = logging.getLogger("proxy.gemini")
 
@@ -106,6 +108,15 @@ class ReplyAssembler:
             self.finish_reason = str(candidate["finishReason"])
             self.done = True
 
+    def feed_text(self, text: str, usage: dict[str, Any] | None, response_id: str | None) -> None:
+        """What `feed` does with a chunk of one plain text part and no finish (its usage and its
+        id, if it has them)."""
+        if response_id is not None and self.id is None:
+            self.id = response_id
+        if usage is not None:
+            self.usage = usage
+        self._add({"text": text})
+
     def _add(self, part: dict[str, Any]) -> None:
         last = self.parts[-1] if self.parts else None
         if (
@@ -186,6 +197,16 @@ def with_parts(payload: dict[str, Any], parts: list[Any], finish: bool = True) -
     return {**payload, "candidates": [candidate, *(payload.get("candidates") or [])[1:]]}
 
 
+@dataclass(frozen=True, slots=True)
+class TextFrame:
+    """A text chunk's frame (frames.py), what its holes are (its text, then perhaps its
+    `usageMetadata`) and the chunk's `responseId`."""
+
+    frame: frames.Frame
+    kinds: tuple[type, ...]
+    response_id: str | None
+
+
 def sse_event(payload: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\r\n\r\n"
 
@@ -203,6 +224,8 @@ class GeminiRelay(OneMessageRelay):
         self._carried: str | None = None  # a signature taken off our call, for the client's next call
         self._usage: dict[str, Any] | None = None
         self._upstream_error: str | None = None
+        self._frame: TextFrame | None = None  # a text chunk's frame (frames.py): most of a stream's chunks
+        self._frames_left = frames.MAX_FRAMES
 
     # -- StreamRelay ------------------------------------------------------------------------
 
@@ -222,9 +245,17 @@ class GeminiRelay(OneMessageRelay):
         self._shared = bool(ours) and self._round is self._seen
 
     def feed(self, chunk: bytes) -> bytes:
+        if self._frame is not None and not self._pending:
+            # CRLF line ends (Gemini's) read as LF ones, as the splitter reads them and they go out
+            whole = chunk.replace(b"\r", b"") if chunk.find(b"\r") >= 0 else chunk
+            if self._framed(whole):
+                return whole  # one text chunk that goes out as it came
         out: list[bytes] = [self._pending] if self._pending else []
         self._pending = b""
-        for event, payload in self._split.feed(chunk):
+        events = self._split.feed(chunk)
+        if self._frames_left and len(events) == 1 and events[0][1] is not None:
+            self._learn(chunk, *events[0])
+        for event, payload in events:
             if payload is None:
                 out.append(event)
                 continue
@@ -292,6 +323,50 @@ class GeminiRelay(OneMessageRelay):
     @property
     def upstream_error(self) -> str | None:
         return self._upstream_error
+
+    # -- text chunks read by their frame ------------------------------------------------------
+
+    def _framed(self, chunk: bytes) -> bool:
+        """`chunk` (LF-ended) taken if it is one text chunk in the frame learned: what `feed` would
+        do with it (its text and usage to the assemblers, the chunk out), without parsing it."""
+        assert self._frame is not None
+        frame = self._frame
+        if self._split.pending:
+            return False
+        values = frames.read_values(frame.frame, chunk, frame.kinds)
+        if values is None:
+            return False
+        usage = values[1] if len(values) > 1 else None
+        for assembler in (self._seen,) if not self._ours or self._shared else (self._round, self._seen):
+            assembler.feed_text(values[0], usage, frame.response_id)
+        return True
+
+    def _learn(self, chunk: bytes, event: bytes, payload: dict[str, Any]) -> None:
+        """`chunk`'s frame if it is the one event `payload` and a text chunk that does nothing else
+        (one candidate, one plain text part, no finish, no error); its `usageMetadata` after the
+        text (cumulative: new in every chunk) is a hole of the frame, read whole."""
+        if chunk.replace(b"\r", b"") != event:
+            return  # not this event alone, as it came
+        candidates, usage = payload.get("candidates"), payload.get("usageMetadata")
+        candidate = first_candidate(payload)
+        if "error" in payload or type(candidates) is not list or len(candidates) != 1 or candidate is None:
+            return
+        content = candidate.get("content")
+        parts = parts_of(candidate)
+        if candidate.get("finishReason") or type(content) is not dict or len(parts) != 1 or type(parts[0]) is not dict:
+            return
+        text = parts[0].get("text")
+        if parts[0].keys() != {"text"} or type(text) is not str or not text:
+            return
+        expected = {**payload, "candidates": [{**candidate, "content": {**content, "parts": [{"text": frames.PROBE}]}}]}
+        values: tuple[Any, ...] = (text,)
+        if type(usage) is dict:
+            expected["usageMetadata"], values = frames.PROBE, (text, usage)
+        found = frames.learn(event, values, parsed_event, expected)
+        if found is not None and (self._frame is None or found != self._frame.frame):
+            response_id = payload.get("responseId") if isinstance(payload.get("responseId"), str) else None
+            self._frame = TextFrame(found, (str, dict) if len(values) > 1 else (str,), response_id)
+            self._frames_left -= 1
 
     # -- helpers ------------------------------------------------------------------------------
 

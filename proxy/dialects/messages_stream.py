@@ -129,14 +129,14 @@ class EventSplitter:
 
 def _payload(event: bytes) -> dict[str, Any] | None:
     try:
-        parsed = _parsed(event)
+        parsed = parsed_event(event)
     except ValueError:
         log.warning("unparseable SSE event from upstream (%d bytes)", len(event))
         return None
     return parsed if isinstance(parsed, dict) else None
 
 
-def _parsed(event: bytes) -> Any:
+def parsed_event(event: bytes) -> Any:
     """An event's `data:` JSON parsed (None without one); raises ValueError for one that isn't JSON."""
     at = event.find(b"data:")
     if at < 0:
@@ -159,7 +159,7 @@ def _text_frame(event: bytes, payload: dict[str, Any]) -> frames.Frame | None:
     text = delta.get("text")
     if delta.keys() != {"type", "text"} or delta["type"] != "text_delta" or type(text) is not str or not text:
         return None
-    return frames.learn(event, (text,), _parsed, {**payload, "delta": {**delta, "text": frames.PROBE}})
+    return frames.learn(event, (text,), parsed_event, {**payload, "delta": {**delta, "text": frames.PROBE}})
 
 
 # What the filter does with a content block as it starts (MessagesRelay._block_start).
