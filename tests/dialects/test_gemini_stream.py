@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 
 from proxy.dialects.gemini_stream import GeminiRelay
+from tests.support.relays import network_reads, with_and_without_frames
 
 TEXTS = ["Hello", ' "quoted" ', "back\\slash", "naïve — ünïcode", "line\nbreak", "model", "?", "7", "{}"]
 
@@ -51,28 +52,6 @@ def stream(rng: random.Random) -> list[dict[str, Any]]:
     return out
 
 
-def reads(rng: random.Random, data: bytes) -> list[bytes]:
-    out, at = [], 0
-    while at < len(data):
-        end = data.find(b"\n\n", at)
-        step = max(1, rng.choice([end + 2 - at if end >= 0 else 5, 5, 200]))
-        out.append(data[at : at + step])
-        at += step
-    return out
-
-
-def relay_all(chunks: list[bytes], ours: frozenset[str], frames: bool) -> tuple[Any, ...]:
-    relay = GeminiRelay()
-    if not frames:
-        relay._frames_left = 0  # the relay as before frames: every chunk parsed
-    relay.begin_round(ours)
-    out = [relay.feed(c) for c in chunks]
-    end = relay.end_round()
-    out += [relay.release(), relay.closing()]
-    reply = (end.reply.items, end.reply.response_id, [c.name for c in end.ours])
-    return out, reply, relay.seen(), relay.usage, relay.finished, relay._frame is not None
-
-
 def relay_rounds(rounds: list[list[bytes]], ours: frozenset[str], frames: bool) -> list[Any]:
     """Rounds of one reply, as the exchange relays them (our calls answered between)."""
     relay = GeminiRelay()
@@ -95,13 +74,12 @@ def test_a_relay_reading_text_chunks_by_their_frame_is_the_relay_that_parses_the
         ending = rng.choice([b"\r\n\r\n", b"\n\n"])
         writes = [orjson.dumps, lambda p: json.dumps(p).encode()] if n % 3 == 0 else [orjson.dumps]
         data = b"".join(b"data: " + rng.choice(writes)(c) + ending for c in stream(rng))
-        chunks = reads(rng, data)
+        chunks = network_reads(rng, data)
         ours = frozenset({"recall"}) if n % 2 else frozenset()
-        fast, slow = relay_all(chunks, ours, frames=True), relay_all(chunks, ours, frames=False)
-        assert fast[:5] == slow[:5], n
+        fast, _ = with_and_without_frames(GeminiRelay, chunks, ours)
         if not ours:
-            assert b"".join(fast[0]) == data.replace(b"\r", b"")  # as it came, LF-ended
-        framed += fast[5]
+            assert b"".join(fast.out) == data.replace(b"\r", b"")  # as it came, LF-ended
+        framed += fast.framed
     assert framed > 100, framed
 
 
@@ -109,8 +87,7 @@ def test_a_read_that_ends_a_chunk_begun_before_it_is_not_a_text_chunk_of_its_own
     events = [b"data: " + orjson.dumps(chunk([{"text": t}], n)) + b"\r\n\r\n" for n, t in enumerate("abcd", 1)]
     look_alike = b"data: " + orjson.dumps(chunk([{"text": "whole?"}], 9)) + b"\r\n\r\n"
     chunks = [*events[:3], events[3][:-10], look_alike, events[3][-10:]]
-    fast, slow = relay_all(chunks, frozenset(), frames=True), relay_all(chunks, frozenset(), frames=False)
-    assert fast[:5] == slow[:5] and fast[5]
+    assert with_and_without_frames(GeminiRelay, chunks, frozenset())[0].framed
 
 
 def test_a_signature_taken_off_our_call_goes_to_the_clients_next_call_not_to_a_text():
@@ -122,9 +99,8 @@ def test_a_signature_taken_off_our_call_goes_to_the_clients_next_call_not_to_a_t
                 chunk([{"text": "c"}], 4), chunk([{"text": "d"}], 5),
                 chunk([{"functionCall": {"id": "c2", "name": "run", "args": {}}}], 6, finish="STOP")]
     chunks = [b"data: " + orjson.dumps(p) + b"\r\n\r\n" for p in payloads]
-    fast, slow = relay_all(chunks, ours, frames=True), relay_all(chunks, ours, frames=False)
-    assert fast[:5] == slow[:5] and fast[5]
-    assert fast[2][0]["parts"][-1].get("thoughtSignature") == "c2ln"
+    fast, _ = with_and_without_frames(GeminiRelay, chunks, ours)
+    assert fast.framed and fast.seen[0]["parts"][-1].get("thoughtSignature") == "c2ln"
 
 
 def test_a_later_rounds_text_chunks_read_by_the_first_rounds_frame_make_its_reply():
@@ -147,6 +123,5 @@ def test_a_usage_that_is_no_object_in_a_frames_place_is_parsed():
     parsed, and leaves the usage as it was."""
     events = [b"data: " + orjson.dumps(chunk([{"text": t}], n)) + b"\r\n\r\n" for n, t in enumerate("abc", 1)]
     odd = b"data: " + orjson.dumps({**chunk([{"text": "d"}], 4), "usageMetadata": 4}) + b"\r\n\r\n"
-    fast, slow = relay_all([*events, odd], frozenset(), frames=True), relay_all([*events, odd], frozenset(), frames=False)
-    assert fast[:5] == slow[:5] and fast[5]
-    assert fast[3]["candidatesTokenCount"] == 3
+    fast, _ = with_and_without_frames(GeminiRelay, [*events, odd], frozenset())
+    assert fast.framed and fast.usage["candidatesTokenCount"] == 3

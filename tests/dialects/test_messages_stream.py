@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 
 from proxy.dialects.messages_stream import MessagesRelay
+from tests.support.relays import network_reads, with_and_without_frames
 
 TEXTS = ["Hello", ' "quoted" ', "back\\slash", "naïve — ünïcode", "line\nbreak", "text_delta", "?", "{}", "msg_1"]
 
@@ -51,44 +52,18 @@ def stream(rng: random.Random) -> list[dict[str, Any]]:
     return events
 
 
-def reads(rng: random.Random, data: bytes) -> list[bytes]:
-    """`data` cut as a network might: an event a read, several, an event in pieces."""
-    out, at = [], 0
-    while at < len(data):
-        step = max(1, rng.choice([data.find(b"\n\n", at) + 2 - at, 5, 200]))
-        out.append(data[at : at + step])
-        at += step
-    return out
-
-
-def relay_all(chunks: list[bytes], ours: frozenset[str], frames: bool) -> tuple[list[bytes], Any, Any]:
-    relay = MessagesRelay()
-    if not frames:
-        relay._frames_left = 0  # the relay as before frames: every event parsed
-    relay.begin_round(ours)
-    out = [relay.feed(c) for c in chunks]
-    end = relay.end_round()
-    out += [relay.release(), relay.closing()]
-    return out, (end.reply.items, [c.name for c in end.ours], [c.name for c in end.theirs]), relay.seen()
-
-
 def test_a_relay_reading_text_deltas_by_their_frame_is_the_relay_that_parses_them():
     rng = random.Random(11)
     framed = 0
     for n in range(300):
         writes = [orjson.dumps, lambda p: json.dumps(p).encode()] if n % 3 == 0 else [orjson.dumps]
         data = b"".join(event(p, rng.choice(writes)) for p in stream(rng))
-        chunks = reads(rng, data)
+        chunks = network_reads(rng, data)
         ours = frozenset({"recall"}) if n % 2 else frozenset()
-        fast, slow = relay_all(chunks, ours, frames=True), relay_all(chunks, ours, frames=False)
-        assert fast == slow, n
+        fast, _ = with_and_without_frames(MessagesRelay, chunks, ours)
         if not ours:
-            assert b"".join(fast[0]) == data  # as it came
-        relay = MessagesRelay()
-        relay.begin_round(ours)
-        for c in chunks:
-            relay.feed(c)
-        framed += relay._frame is not None
+            assert b"".join(fast.out) == data  # as it came
+        framed += fast.framed
     assert framed > 100, framed
 
 
@@ -110,17 +85,15 @@ def test_a_read_that_looks_like_a_text_delta_but_ends_an_event_begun_before_is_n
     look_alike = event(text(0, "whole?"))
     # A frame learned, then half an event, then a read that is a text delta whole: one broken event.
     chunks = [*events[:4], events[4][:-10], look_alike, events[4][-10:], *events[5:]]  # cut in its JSON
-    relayed = relay_all(chunks, frozenset(), frames=True)
-    assert relayed == relay_all(chunks, frozenset(), frames=False)
-    assert relayed[1][0][0]["content"][0]["text"] == "ab"  # the broken event's text is no one's
+    fast, _ = with_and_without_frames(MessagesRelay, chunks, frozenset())
+    assert fast.framed and fast.reply[0][0]["content"][0]["text"] == "ab"  # the broken event's text is no one's
 
 
 def test_deltas_of_a_block_never_started_are_dropped_as_a_parse_drops_them():
     chunks = [event(p) for p in [OPENING, text(0, "a"), text(0, "b"), start(1), text(1, "c"), text(1, "d"), *CLOSING]]
     for ours in (frozenset(), frozenset({"recall"})):
-        relayed = relay_all(chunks, ours, frames=True)
-        assert relayed == relay_all(chunks, ours, frames=False)
-        assert relayed[1][0][0]["content"] == [{"type": "text", "text": "cd"}]
+        fast, _ = with_and_without_frames(MessagesRelay, chunks, ours)
+        assert fast.framed and fast.reply[0][0]["content"] == [{"type": "text", "text": "cd"}]
 
 
 def test_a_late_delta_of_a_block_shown_under_another_index_goes_to_that_block():
@@ -131,6 +104,5 @@ def test_a_late_delta_of_a_block_shown_under_another_index_goes_to_that_block():
     payloads = [OPENING, start(0, "tool_use", "recall"), {"type": "content_block_stop", "index": 0},
                 start(1), text(1, "a"), text(1, "b"), start(2), text(1, "late"), text(2, "c"), *CLOSING]
     chunks = [event(p) for p in payloads]
-    relayed = relay_all(chunks, ours, frames=True)
-    assert relayed == relay_all(chunks, ours, frames=False)
-    assert [b["text"] for b in relayed[2][0]["content"]] == ["ablate", "c"]
+    fast, _ = with_and_without_frames(MessagesRelay, chunks, ours)
+    assert fast.framed and [b["text"] for b in fast.seen[0]["content"]] == ["ablate", "c"]

@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 
 from proxy.dialects.responses_stream import ResponsesRelay
+from tests.support.relays import network_reads, relayed, with_and_without_frames
 
 TEXTS = ["Hello", ' "quoted" ', "back\\slash", "naïve — ünïcode", "line\nbreak", "msg_1", "?", "7", "{}"]
 RESPONSE = {"id": "resp_1", "object": "response", "status": "in_progress", "output": []}
@@ -66,39 +67,18 @@ def event(payload: dict[str, Any], write: Any = orjson.dumps) -> bytes:
     return b"event: " + payload["type"].encode() + b"\ndata: " + write(payload) + b"\n\n"
 
 
-def reads(rng: random.Random, data: bytes) -> list[bytes]:
-    out, at = [], 0
-    while at < len(data):
-        step = max(1, rng.choice([data.find(b"\n\n", at) + 2 - at, 5, 200]))
-        out.append(data[at : at + step])
-        at += step
-    return out
-
-
-def relay_all(chunks: list[bytes], ours: frozenset[str], frames: bool) -> tuple[Any, ...]:
-    relay = ResponsesRelay()
-    if not frames:
-        relay._frames_left = 0  # the relay as before frames: every event parsed
-    relay.begin_round(ours)
-    out = [relay.feed(c) for c in chunks]
-    end = relay.end_round()
-    out += [relay.release(), relay.closing()]
-    return out, end.reply.items, [c.name for c in end.ours], relay.seen(), relay._frame is not None
-
-
 def test_a_relay_reading_deltas_by_their_frame_is_the_relay_that_parses_them():
     rng = random.Random(13)
     framed = 0
     for n in range(300):
         writes = [orjson.dumps, lambda p: json.dumps(p).encode()] if n % 3 == 0 else [orjson.dumps]
         data = b"".join(event(p, rng.choice(writes)) for p in stream(rng))
-        chunks = reads(rng, data)
+        chunks = network_reads(rng, data)
         ours = frozenset({"recall"}) if n % 2 else frozenset()
-        fast, slow = relay_all(chunks, ours, frames=True), relay_all(chunks, ours, frames=False)
-        assert fast[:4] == slow[:4], n
+        fast, _ = with_and_without_frames(ResponsesRelay, chunks, ours)
         if not ours:
-            assert b"".join(fast[0]) == data  # as it came
-        framed += fast[4]
+            assert b"".join(fast.out) == data  # as it came
+        framed += fast.framed
     assert framed > 100, framed
 
 
@@ -118,9 +98,8 @@ def test_a_delta_numbered_otherwise_or_cut_is_parsed():
     look_alike = event(text(4, "whole?"))
     chunks = [*events[:4], events[4][:-10], look_alike, events[4][-10:], events[5]]
     for case in (events, chunks):
-        fast, slow = relay_all(case, frozenset(), frames=True), relay_all(case, frozenset(), frames=False)
-        assert fast[:4] == slow[:4] and fast[4]
-    renumbered = relay_all(events, frozenset(), frames=True)[0]
+        assert with_and_without_frames(ResponsesRelay, case, frozenset())[0].framed
+    renumbered = relayed(ResponsesRelay, events, frozenset()).out
     assert b'"sequence_number":4' in renumbered[4] and b'"sequence_number":5' in renumbered[5]
 
 
@@ -138,6 +117,5 @@ def test_a_delta_of_an_item_shown_under_another_index_is_renumbered():
         text(2, "a", index=1), text(3, "b", index=1), text(4, "c", index=1),
     ]
     chunks = [event(p) for p in payloads]
-    fast, slow = relay_all(chunks, frozenset({"recall"}), frames=True), relay_all(chunks, frozenset({"recall"}), frames=False)
-    assert fast[:4] == slow[:4] and fast[4]
-    assert all(b'"output_index":0' in out for out in fast[0][3:7])
+    fast, _ = with_and_without_frames(ResponsesRelay, chunks, frozenset({"recall"}))
+    assert fast.framed and all(b'"output_index":0' in out for out in fast.out[3:7])
