@@ -19,6 +19,10 @@ item, or its events (response.created ... response.completed, numbered);
 `POST /v1{beta}/models/<model>:generateContent` (`:streamGenerateContent`) in Gemini's: a
 candidate with a text and a `functionCall` part, or as many `data:` chunks (the model name in the
 URL tells how many), the call in the last.
+Streamed events are shaped as the real APIs' are where that costs a relay something: OpenAI's
+deltas (chat's and Responses') carry an `obfuscation` string new in every event, a Responses
+stream's `.done` events and `response.completed` repeat the text its deltas made, and every
+Gemini chunk carries its usage so far.
 """
 
 from __future__ import annotations
@@ -77,7 +81,9 @@ def _reply_template() -> bytes:
 REPLY = _reply_template()
 
 
-def _chunk(delta: dict[str, object], finish: str | None = None, usage: dict[str, int] | None = None) -> bytes:
+def _chunk(
+    delta: dict[str, object], finish: str | None = None, usage: dict[str, int] | None = None, obfuscation: str | None = None
+) -> bytes:
     obj: dict[str, object] = {
         "id": "chatcmpl-bench",
         "object": "chat.completion.chunk",
@@ -87,7 +93,16 @@ def _chunk(delta: dict[str, object], finish: str | None = None, usage: dict[str,
     }
     if usage is not None:
         obj["usage"] = usage
+    if obfuscation is not None:
+        obj["obfuscation"] = obfuscation
     return b"data: " + _j(obj) + b"\n\n"
+
+
+def _obfuscation(n: int) -> str:
+    """The padding OpenAI's streamed deltas carry (`obfuscation`, chat's and Responses'): random
+    characters, of a length that hides the text's, new in every event."""
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+    return "".join(alphabet[(n * 7 + i * 13) % len(alphabet)] for i in range(2 + (n * 5) % 13))
 
 
 @lru_cache(maxsize=64)
@@ -98,7 +113,8 @@ def stream_parts(chunks: int) -> tuple[list[bytes], tuple[bytes, bytes], list[by
     words = (THOUGHT + " ") * (n_content // 8 + 1)
     step = max(1, len(words) // n_content)
     pieces = [words[i * step : (i + 1) * step] for i in range(n_content)]
-    content = [_chunk({"role": "assistant", "content": pieces[0]})] + [_chunk({"content": p}) for p in pieces[1:]]
+    content = [_chunk({"role": "assistant", "content": pieces[0]}, obfuscation=_obfuscation(0))]
+    content += [_chunk({"content": p}, obfuscation=_obfuscation(i)) for i, p in enumerate(pieces[1:], 1)]
     call = _chunk(
         {"tool_calls": [{"index": 0, "id": "@@ID@@", "type": "function", "function": {"name": CALL_NAME, "arguments": CALL_ARGS}}]}
     )
@@ -161,10 +177,10 @@ def anthropic_stream_parts(chunks: int) -> tuple[list[bytes], tuple[bytes, bytes
     return head, (a, b), tail
 
 
-def _responses_reply(chunks: int) -> dict[str, object]:
+def _responses_reply(chunks: int, text: str = THOUGHT) -> dict[str, object]:
     output = [
         {"type": "message", "id": "msg_bench", "status": "completed", "role": "assistant",
-         "content": [{"type": "output_text", "text": THOUGHT, "annotations": []}]},
+         "content": [{"type": "output_text", "text": text, "annotations": []}]},
         {"type": "function_call", "id": "fc_bench", "status": "completed", "call_id": "@@ID@@",
          "name": CALL_NAME, "arguments": CALL_ARGS},
     ]
@@ -181,12 +197,14 @@ RESPONSES_REPLY = _j(_responses_reply(42)).replace(b"@@ID@@", b"%s").replace(b"1
 def responses_stream_parts(chunks: int) -> list[bytes]:
     """The events of a streamed response, as bytes with `@@ID@@` where the call id goes: about
     `chunks` of them (the text's deltas make up the difference)."""
-    reply = _responses_reply(chunks)
-    message, call = reply["output"]  # type: ignore[misc]
     n_text = max(1, chunks - 10)
     words = (THOUGHT + " ") * (n_text // 8 + 1)
     step = max(1, len(words) // n_text)
     pieces = [words[i * step : (i + 1) * step] for i in range(n_text)]
+    # The text's `.done` events, its item's and the response's say what its deltas made, as the
+    # API's do: the reply (and what the client sends back) grows with the events, as over chat.
+    reply = _responses_reply(chunks, "".join(pieces))
+    message, call = reply["output"]  # type: ignore[misc]
     started = {**reply, "status": "in_progress", "output": [], "usage": None}
     at = {"item_id": "msg_bench", "output_index": 0, "content_index": 0}
     events: list[dict[str, object]] = [
@@ -194,8 +212,9 @@ def responses_stream_parts(chunks: int) -> list[bytes]:
         {"type": "response.in_progress", "response": started},
         {"type": "response.output_item.added", "output_index": 0, "item": {**message, "status": "in_progress", "content": []}},
         {"type": "response.content_part.added", **at, "part": {"type": "output_text", "text": "", "annotations": []}},
-        *({"type": "response.output_text.delta", **at, "delta": piece, "logprobs": []} for piece in pieces),
-        {"type": "response.output_text.done", **at, "text": THOUGHT, "logprobs": []},
+        *({"type": "response.output_text.delta", **at, "delta": piece, "logprobs": [], "obfuscation": _obfuscation(i)}
+          for i, piece in enumerate(pieces)),
+        {"type": "response.output_text.done", **at, "text": message["content"][0]["text"], "logprobs": []},  # type: ignore[index]
         {"type": "response.content_part.done", **at, "part": message["content"][0]},
         {"type": "response.output_item.done", "output_index": 0, "item": message},
         {"type": "response.output_item.added", "output_index": 1, "item": {**call, "status": "in_progress", "arguments": ""}},
@@ -226,17 +245,24 @@ def gemini_stream_parts(chunks: int) -> tuple[list[bytes], tuple[bytes, bytes]]:
     words = (THOUGHT + " ") * (n_text // 8 + 1)
     step = max(1, len(words) // n_text)
     head = {"modelVersion": "bench", "responseId": "bench"}
+    # Every chunk carries the usage so far, cumulative, as the API's do.
     texts = [
-        b"data: " + _j({"candidates": [{"content": {"role": "model", "parts": [{"text": words[i * step : (i + 1) * step]}]}, "index": 0}], **head}) + b"\r\n\r\n"
+        b"data: " + _j({"candidates": [{"content": {"role": "model", "parts": [{"text": words[i * step : (i + 1) * step]}]}, "index": 0}],
+                        "usageMetadata": _gemini_usage(i + 1), **head}) + b"\r\n\r\n"
         for i in range(n_text)
     ]
     call = {"functionCall": {"id": "@@ID@@", "name": CALL_NAME, "args": json.loads(CALL_ARGS)}}
     final = b"data: " + _j({
         "candidates": [{"content": {"role": "model", "parts": [call]}, "finishReason": "STOP", "index": 0}],
-        "usageMetadata": {"promptTokenCount": 1000, "candidatesTokenCount": chunks, "totalTokenCount": 1000 + chunks}, **head,
+        "usageMetadata": _gemini_usage(chunks), **head,
     }) + b"\r\n\r\n"
     a, b = final.split(b"@@ID@@")
     return texts, (a, b)
+
+
+def _gemini_usage(tokens: int) -> dict[str, object]:
+    return {"promptTokenCount": 1000, "candidatesTokenCount": tokens, "totalTokenCount": 1000 + tokens,
+            "promptTokensDetails": [{"modality": "TEXT", "tokenCount": 1000}]}
 
 
 def _chunk_count(body: bytes) -> int:
