@@ -131,12 +131,14 @@ class ResponsesRelay:
         self._end: tuple[bytes, dict[str, Any]] | None = None
 
     def feed(self, chunk: bytes) -> bytes:
-        if self._frame is not None and self._framed(chunk):
+        if self._frame is not None and not self._splitter.pending and self._framed(chunk):
             return chunk  # one delta, whole, that goes out as it came
         blocks = self._splitter.feed(chunk)
         if len(blocks) == 1:  # a model's stream: an event a read
             return self._event(blocks[0])
-        return b"".join([self._event(block) for block in blocks])
+        # Several events a read (a fast upstream, a busy proxy): each delta in the frame (learned
+        # from this read's first, perhaps) is taken by it too, and not learned again.
+        return b"".join([block if self._frame is not None and self._framed(block) else self._event(block) for block in blocks])
 
     def end_round(self) -> RoundEnd:
         end = self._end[1] if self._end is not None else None
@@ -197,13 +199,14 @@ class ResponsesRelay:
     # -- events ----------------------------------------------------------------------------------
 
     def _framed(self, chunk: bytes) -> bool:
-        """`chunk` taken if it is one delta in the frame learned, numbered as the client's next
-        event and of an item shown under its own index: what `_event` would do with it (count
-        it, pass it as it came), without parsing it (frames.py); else nothing done."""
+        """`chunk` (whole events, nothing of one pending before it) taken if it is one delta in
+        the frame learned, numbered as the client's next event and of an item shown under its own
+        index: what `_event` would do with it (count it, pass it as it came), without parsing it
+        (frames.py); else nothing done."""
         assert self._frame is not None
         frame, index = self._frame
         before, number = frame[0], str(self._seq).encode()
-        if self._splitter.pending or not chunk.startswith(before) or not chunk.startswith(number, len(before)):
+        if not chunk.startswith(before) or not chunk.startswith(number, len(before)):
             return False
         if self._index.get(index) != index or frames.read(frame[1:], chunk[len(before) + len(number) :]) is None:
             return False
