@@ -24,7 +24,7 @@ from ..errors import ProxyError
 from ..transcript import Call, Raw
 from ..upstream import frames
 from .base import OneMessageRelay, RoundEnd
-from .messages_stream import EventSplitter, parsed_event
+from .messages_stream import EventSplitter, parsed_event, payload_of
 
 log = logging.getLogger("proxy.gemini")
 
@@ -245,17 +245,22 @@ class GeminiRelay(OneMessageRelay):
         self._shared = bool(ours) and self._round is self._seen
 
     def feed(self, chunk: bytes) -> bytes:
-        if self._frame is not None and not self._pending:
+        if self._frame is not None and not self._pending and not self._split.pending:
             # CRLF line ends (Gemini's) read as LF ones, as the splitter reads them and they go out
             whole = chunk.replace(b"\r", b"") if chunk.find(b"\r") >= 0 else chunk
             if self._framed(whole):
                 return whole  # one text chunk that goes out as it came
         out: list[bytes] = [self._pending] if self._pending else []
         self._pending = b""
-        events = self._split.feed(chunk)
-        if self._frames_left and len(events) == 1 and events[0][1] is not None:
-            self._learn(chunk, *events[0])
-        for event, payload in events:
+        for event in self._split.events(chunk):
+            # Several chunks a read (a fast upstream, a busy proxy): each text chunk in the frame
+            # (learned, perhaps, from this read's first) is taken by it too, not parsed.
+            if self._frame is not None and self._framed(event):
+                out.append(event)
+                continue
+            payload = payload_of(event)
+            if self._frames_left and payload is not None:
+                self._learn(event, payload)
             if payload is None:
                 out.append(event)
                 continue
@@ -327,12 +332,11 @@ class GeminiRelay(OneMessageRelay):
     # -- text chunks read by their frame ------------------------------------------------------
 
     def _framed(self, chunk: bytes) -> bool:
-        """`chunk` (LF-ended) taken if it is one text chunk in the frame learned: what `feed` would
-        do with it (its text and usage to the assemblers, the chunk out), without parsing it."""
+        """`chunk` (LF-ended whole events, nothing of one pending before it) taken if it is one
+        text chunk in the frame learned: what `feed` would do with it (its text and usage to the
+        assemblers, the chunk out), without parsing it."""
         assert self._frame is not None
         frame = self._frame
-        if self._split.pending:
-            return False
         values = frames.read_values(frame.frame, chunk, frame.kinds)
         if values is None:
             return False
@@ -341,12 +345,10 @@ class GeminiRelay(OneMessageRelay):
             assembler.feed_text(values[0], usage, frame.response_id)
         return True
 
-    def _learn(self, chunk: bytes, event: bytes, payload: dict[str, Any]) -> None:
-        """`chunk`'s frame if it is the one event `payload` and a text chunk that does nothing else
-        (one candidate, one plain text part, no finish, no error); its `usageMetadata` after the
-        text (cumulative: new in every chunk) is a hole of the frame, read whole."""
-        if chunk.replace(b"\r", b"") != event:
-            return  # not this event alone, as it came
+    def _learn(self, event: bytes, payload: dict[str, Any]) -> None:
+        """`event`'s frame (LF-ended, parsed: `payload`) if it is a text chunk that does nothing
+        else (one candidate, one plain text part, no finish, no error); its `usageMetadata` after
+        the text (cumulative: new in every chunk) is a hole of the frame, read whole."""
         candidates, usage = payload.get("candidates"), payload.get("usageMetadata")
         candidate = first_candidate(payload)
         if "error" in payload or type(candidates) is not list or len(candidates) != 1 or candidate is None:

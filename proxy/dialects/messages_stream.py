@@ -91,7 +91,8 @@ def sse_event(payload: dict[str, Any]) -> bytes:
 
 
 class EventSplitter:
-    """Bytes in any split; out come complete events: (their bytes, the parsed `data:` JSON or None).
+    """Bytes in any split; out come complete events: (their bytes, the parsed `data:` JSON or None),
+    or their bytes alone (`events`).
 
     Linear in the bytes fed (as SSEParser is): the pieces of an unfinished event are kept in a
     list and joined once, when its blank line comes. How long one may grow is the upstream's bound
@@ -106,6 +107,13 @@ class EventSplitter:
         return bool(self._pieces)
 
     def feed(self, chunk: bytes) -> list[tuple[bytes, dict[str, Any] | None]]:
+        events = []  # a loop, not a comprehension: no function call per chunk (Python 3.11)
+        for event in self.events(chunk):
+            events.append((event, payload_of(event)))
+        return events
+
+    def events(self, chunk: bytes) -> list[bytes]:
+        """The events `chunk` completes, not parsed (see `payload_of`)."""
         # find, not `in` (see SSEParser.feed: `in` builds and drops a TypeError per call)
         if chunk.find(b"\r") >= 0:  # CRLF line ends (the API sends LF): the same events, LF-ended
             chunk = chunk.replace(b"\r", b"")
@@ -120,14 +128,15 @@ class EventSplitter:
         rest = complete.pop()
         if rest:
             self._pieces.append(rest)
-        events = []  # a loop, not a comprehension: no function call per chunk (Python 3.11)
+        events = []
         for event in complete:
             if event.strip():
-                events.append((event + b"\n\n", _payload(event)))
+                events.append(event + b"\n\n")
         return events
 
 
-def _payload(event: bytes) -> dict[str, Any] | None:
+def payload_of(event: bytes) -> dict[str, Any] | None:
+    """An event's `data:` JSON object parsed; None if it has none (a comment) or is not one."""
     try:
         parsed = parsed_event(event)
     except ValueError:
@@ -315,10 +324,16 @@ class MessagesRelay(OneMessageRelay):
         self._new_round_state()
 
     def feed(self, chunk: bytes) -> bytes:
-        if self._frame is not None and chunk[-2:] == b"\n\n" and self._framed(chunk):
+        if self._frame is not None and chunk[-2:] == b"\n\n" and not self._split.pending and self._framed(chunk):
             return chunk  # one text delta, whole, that goes out as it came
         out: list[bytes] = []
-        for event, payload in self._split.feed(chunk):
+        for event in self._split.events(chunk):
+            # Several events a read (a fast upstream, a busy proxy): each text delta in the frame
+            # (learned, perhaps, from this read's first) is taken by it too, not parsed.
+            if self._frame is not None and self._framed(event):
+                out.append(event)
+                continue
+            payload = payload_of(event)
             if self._frames_left and payload is not None and payload.get("type") == "content_block_delta":
                 self._learn(event, payload)
             if payload is None:
@@ -376,11 +391,12 @@ class MessagesRelay(OneMessageRelay):
             self._frame, self._frames_left = (frame, payload["index"]), self._frames_left - 1
 
     def _framed(self, chunk: bytes) -> bool:
-        """`chunk` taken if it is one text delta in the frame learned whose block is shown as it
-        came: what `feed` would do with it, without parsing it (frames.py); else nothing done."""
+        """`chunk` (whole events, nothing of one pending before it) taken if it is one text delta
+        in the frame learned whose block is shown as it came: what `feed` would do with it,
+        without parsing it (frames.py); else nothing done."""
         assert self._frame is not None
         frame, index = self._frame
-        if self._split.pending or (text := frames.read(frame, chunk)) is None:
+        if (text := frames.read(frame, chunk)) is None:
             return False
         if index not in self._seen.blocks:
             return False  # an assembler drops a delta of a block never started
