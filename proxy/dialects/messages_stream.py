@@ -384,8 +384,8 @@ class MessagesRelay(OneMessageRelay):
         return self._upstream_error
 
     def _learn(self, event: bytes, payload: dict[str, Any]) -> None:
-        if self._frame is not None and event.startswith(self._frame[0][0]) and event.endswith(self._frame[0][-1]):
-            return  # in the frame known (a text delta's frame is its bytes before and after the text)
+        if self._frame is not None and frames.read(self._frame[0], event) is not None:
+            return  # one `_framed` passed by (its block held, ours, not started): the same frame
         frame = _text_frame(event, payload)
         if frame is not None and (self._frame is None or frame != self._frame[0]):
             self._frame, self._frames_left = (frame, payload["index"]), self._frames_left - 1

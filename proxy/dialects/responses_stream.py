@@ -204,14 +204,20 @@ class ResponsesRelay:
         index: what `_event` would do with it (count it, pass it as it came), without parsing it
         (frames.py); else nothing done."""
         assert self._frame is not None
-        frame, index = self._frame
-        before, number = frame[0], str(self._seq).encode()
-        if not chunk.startswith(before) or not chunk.startswith(number, len(before)):
-            return False
-        if self._index.get(index) != index or frames.read(frame[1:], chunk[len(before) + len(number) :]) is None:
+        index = self._frame[1]
+        if not self._in_frame(chunk, self._seq) or self._index.get(index) != index:
             return False
         self._seq += 1
         return True
+
+    def _in_frame(self, block: bytes, seq: int) -> bool:
+        """Whether `block` is one delta in the frame learned, numbered `seq`."""
+        assert self._frame is not None
+        frame, number = self._frame[0], str(seq).encode()
+        before = frame[0]
+        if not block.startswith(before) or not block.startswith(number, len(before)):
+            return False
+        return frames.read(frame[1:], block[len(before) + len(number) :]) is not None
 
     def _learn(self, block: bytes, event: dict[str, Any]) -> None:
         """The frame of `block` (parsed: `event`) if it is a delta that `_event` only counts and
@@ -220,6 +226,8 @@ class ResponsesRelay:
         seq, index, text, padding = event.get("sequence_number"), event.get("output_index"), event.get("delta"), event.get("obfuscation")
         if type(seq) is not int or type(index) is not int or type(text) is not str or not text or "response" in event:
             return
+        if self._frame is not None and self._in_frame(block, seq):
+            return  # one `_framed` passed by (its item held or hidden, its number not the client's next): the same frame
         values: tuple[str | int, ...] = (seq, text) if type(padding) is not str else (seq, text, padding)
         expected = {**event, "sequence_number": frames.PROBE_NUMBER, "delta": frames.PROBE}
         frame = frames.learn(block, values, _parsed, expected if len(values) == 2 else {**expected, "obfuscation": frames.PROBE})
