@@ -103,9 +103,13 @@ class ReplyAssembler:
 
     def take(self, payload: bytes, chunk: dict[str, Any]) -> None:
         """`feed_chunk`, and the chunk's frame learned from its bytes if it is a text delta
-        (`feed_text` then reads the next ones that share it)."""
+        (`feed_text` then reads the next ones that share it). A delta in the frame known (one a
+        relay parsed anyway: a later round's, its view parted from the client's) is not learned
+        again: it would give the same frame."""
         self.feed_chunk(chunk)
-        if self.frames_left and (frame := _frame_of(payload, chunk)) is not None and frame != self.frame:
+        if not self.frames_left or (self.frame is not None and frames.read(self.frame, payload) is not None):
+            return
+        if (frame := _frame_of(payload, chunk)) is not None and frame != self.frame:
             self.frame, self.frames_left = frame, self.frames_left - 1
 
     def feed_chunk(self, chunk: dict[str, Any]) -> None:
