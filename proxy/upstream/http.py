@@ -173,6 +173,11 @@ class HttpReply:
                     self._silence_timer = loop.call_at(self._heard + self._timeout_s, self._check_silence)
                 try:
                     chunk = await content.readany()
+                except Exception:
+                    # A stream cut (aiohttp stores the error) goes on with what came before the
+                    # cut, the error with the next read: it stays stored.
+                    if not (chunk := _received_before_error(content)):
+                        raise
                 finally:
                     self._reading = False
                 if not chunk:
@@ -203,6 +208,18 @@ class HttpReply:
             self._deadline_timer.cancel()
             self._deadline_timer = None
         self._response.release()
+
+
+def _received_before_error(content: aiohttp.StreamReader) -> bytes:
+    """The bytes `content` holds unread though an error is stored in it (b"" for none). Its
+    `readany` raises the error ahead of them: a stream whose last events and cut were read off the
+    socket together (the loop busy meanwhile: a commit, another turn) lost those events, to the
+    client and to the partial reply kept. Read through aiohttp's own buffer (3.x's private
+    `_buffer` and `_read_nowait`; without them, nothing is read and the error goes as before)."""
+    read = getattr(content, "_read_nowait", None)
+    if not getattr(content, "_buffer", None) or read is None:
+        return b""
+    return read(-1)  # type: ignore[no-any-return]
 
 
 class HttpUpstream:
