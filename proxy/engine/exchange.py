@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
 
 from ..dialects.base import Dialect, ReplyRead, RoundEnd, StreamRelay
+from ..eager import eager
 from ..errors import ProxyError, UpstreamStreamBroken
 from ..pipeline import Turn
 from ..quota import QuotaExceeded
@@ -151,12 +153,26 @@ class Exchange:
         headers = self.trace.upstream_call(
             self.turn.headers, self.items, self.internal, (self.report.tokens_sent or 0) + self.internal_tokens
         )
-        if self.streaming:  # its items must be durable before the first byte: committed meanwhile
-            self.writer.durable()
         self._call_started = time.perf_counter()
-        reply = await self.upstream.call(self.dialect.name, body, headers, self.query)
+        call = self.upstream.call(self.dialect.name, body, headers, self.query)
+        reply = await (self._committing_meanwhile(call) if self.streaming else call)
         self.trace.upstream_replied(reply.status)
         return reply
+
+    async def _committing_meanwhile(self, call: Coroutine[Any, Any, UpstreamReply]) -> UpstreamReply:
+        """A streamed turn's new items must be durable before its reply's first byte, not before
+        it is forwarded: the request goes first (the call's first step, now: aiohttp queues the
+        body's write as a task of its own), the commit is queued behind it and runs while the
+        upstream works (the embedded store commits in place: run first, it would hold the request
+        back by its whole length). A call that fails leaves the items to the turn's end, which
+        writes them as failed."""
+        sending = eager(call)
+        committing = asyncio.get_running_loop().call_soon(self.writer.durable)
+        try:
+            return await sending
+        except BaseException:
+            committing.cancel()
+            raise
 
     async def _read_round(self, reply: ReplyRead, ours: list[Call]) -> UpstreamReply | None:
         """Answer our calls, keep the round in the trajectory, and ask the upstream again.

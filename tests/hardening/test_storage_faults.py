@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -259,6 +261,43 @@ def test_turns_a_sigkill_cut_short_are_marked_failed_at_start(processes, upstrea
         assert statuses == ["live", "live", "failed"]
         assert [m["content"] for m in live(http2, "streaming")] == ["the task", "reply to: the task"]
     assert "interrupted turns marked failed" in second.log_path.read_text()
+
+
+def test_a_streamed_turn_goes_upstream_before_its_commit(processes, upstream, tmp_path):
+    """Issue 31: a streamed turn's new items must be durable before its reply's first byte, not
+    before it is forwarded: the commit runs while the upstream works. It ran first, holding the
+    request back by its whole length. With the store's database write-locked by another
+    connection, so that the commit must wait, the request still reaches the upstream; once the
+    lock goes, the reply streams and the turn is kept."""
+    (proxy,) = processes()
+    http = httpx.Client(base_url=f"http://127.0.0.1:{proxy.port}", auth=proxy.admin_auth, timeout=30)
+    assert turn(http, "overlap", "the task").status_code == 200  # its record is in memory: the next turn stages
+    answer = Reply.text("the streamed answer", pause_after_chunks=0)
+    upstream.enqueue(answer)
+    transcript = [*({"role": m["role"], "content": m["content"]} for m in live(http, "overlap")), {"role": "user", "content": "go on"}]
+    received: list[bytes] = []
+
+    def ask() -> None:
+        body = {"model": "gpt-4o-mini", "messages": transcript, "stream": True}
+        with httpx.Client(base_url=http.base_url, timeout=60) as client, client.stream(
+            "POST", "/v1/chat/completions", json=body, headers={**AUTH, "X-Conversation-ID": "overlap"}
+        ) as r:
+            received.append(b"".join(r.iter_bytes()))
+
+    lock = sqlite3.connect(tmp_path / "data" / "cache.db", isolation_level=None, timeout=30)
+    asking = threading.Thread(target=ask, daemon=True)
+    try:
+        lock.execute("BEGIN IMMEDIATE")  # no other connection commits until it ends
+        asking.start()
+        assert answer.reached.wait(10), "the request waited for its commit"
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+    answer.release()
+    asking.join(30)
+    assert received and b"the streamed answer" not in received[0]  # sent in 4-character deltas
+    assert "".join(re.findall(r'"content":"([^"]*)"', received[0].decode())) == "the streamed answer"
+    assert [m["content"] for m in live(http, "overlap")] == ["the task", "reply to: the task", "go on", "the streamed answer"]
 
 
 def test_redis_out_of_memory_is_a_507_and_delete_still_works(make_proxy, upstream, redis):
