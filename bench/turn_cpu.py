@@ -20,7 +20,8 @@ proxy process's CPU (schedstat: on-CPU nanoseconds of every thread; utime+stime 
 ticks) per request: the median over rounds, and each round's ratio to the first tree; with
 `--concurrency`, requests a second too (wall time: what the target's core got through).
 `--stream N` streams every measured reply as N events (and the warm turns before them: a client
-keeps to one), `--event-gap-ms` apart (bench/run.py's stream phase: 16 events, 0.5 ms).
+keeps to one), `--event-gap-ms` apart (bench/run.py's stream phase: 16 events, 0.5 ms), and adds
+the client's time to the first byte (p50 a round; the trees take turns, so it is an A/B too).
 `--variant NAME=VALUE` adds the last tree again with that variable in its environment (a
 setting's A/B). `--traces` adds the last tree again with telemetry on, exporting to an OTLP/HTTP
 sink run here (it accepts and drops the spans), so the cost of tracing on shows beside it.
@@ -126,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     streamed = {"stream": True, "model": stream_model(args.stream)} if args.stream else {}
     per_request: dict[str, list[float]] = {name: [] for name, _ in targets}
     rates: dict[str, list[float]] = {name: [] for name, _ in targets}  # req/s (wall), with --concurrency
+    first_bytes: dict[str, list[float]] = {name: [] for name, _ in targets}  # the client's, with --stream (p50 a round)
     try:
         mock.wait_ready(30)
         for _, proc in targets:
@@ -142,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                             **streamed)
                 per_request[name].append((cpu_ns(proc.pid) - before) / result["sent"] / 1e6)
                 rates[name].append(result["rps"] or 0.0)
+                if args.stream:
+                    first_bytes[name].append(result["ttfb"]["p50"])
                 lg(op="close", pool=pool)
                 if result["errors"]:
                     raise RuntimeError(f"{name}: {result['errors']} errors, e.g. {result['error_samples'][:1]}")
@@ -152,13 +156,16 @@ def main(argv: list[str] | None = None) -> int:
             proc.stop()
     base = args.proxy_src and per_request[targets[0][0]]
     concurrent = args.concurrency > 1  # then the wall time says something too: requests a second
-    print("| tree | CPU ms/turn (median) | per round | ratio to the first, per round |" + (" req/s (median), per round |" if concurrent else ""))
-    print("|------|----------------------|-----------|-------------------------------|" + ("---|" if concurrent else ""))
+    print("| tree | CPU ms/turn (median) | per round | ratio to the first, per round |" + (" req/s (median), per round |" if concurrent else "")
+          + (" first byte p50 ms (median), per round |" if args.stream else ""))
+    print("|------|----------------------|-----------|-------------------------------|" + ("---|" if concurrent else "")
+          + ("---|" if args.stream else ""))
     for name, values in per_request.items():
         ratios = [v / b for v, b in zip(values, base, strict=True)]
         print(f"| {name} | {statistics.median(values):.3f} | {' '.join(f'{v:.3f}' for v in values)} | "
               f"{' '.join(f'{x:.3f}' for x in ratios)} (median {statistics.median(ratios):.3f}) |"
-              + (f" {statistics.median(rates[name]):.0f}: {' '.join(f'{v:.0f}' for v in rates[name])} |" if concurrent else ""))
+              + (f" {statistics.median(rates[name]):.0f}: {' '.join(f'{v:.0f}' for v in rates[name])} |" if concurrent else "")
+              + (f" {statistics.median(first_bytes[name]):.2f}: {' '.join(f'{v:.2f}' for v in first_bytes[name])} |" if args.stream else ""))
     if sink is not None:
         print(f"\nspans received by the OTLP sink: {sink.received} bytes")
     return 0
