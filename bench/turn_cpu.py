@@ -156,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             proc.stop()
     base = args.proxy_src and per_request[targets[0][0]]
     concurrent = args.concurrency > 1  # then the wall time says something too: requests a second
-    print("| tree | CPU ms/turn (median) | per round | ratio to the first, per round |" + (" req/s (median), per round |" if concurrent else "")
+    print("| tree | CPU ms/turn (median) | per round | ratio to the first, per round |"
+          + (" req/s (median), per round |" if concurrent else "")
           + (" first byte p50 ms (median), per round |" if args.stream else ""))
     print("|------|----------------------|-----------|-------------------------------|" + ("---|" if concurrent else "")
           + ("---|" if args.stream else ""))
@@ -165,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {statistics.median(values):.3f} | {' '.join(f'{v:.3f}' for v in values)} | "
               f"{' '.join(f'{x:.3f}' for x in ratios)} (median {statistics.median(ratios):.3f}) |"
               + (f" {statistics.median(rates[name]):.0f}: {' '.join(f'{v:.0f}' for v in rates[name])} |" if concurrent else "")
-              + (f" {statistics.median(first_bytes[name]):.2f}: {' '.join(f'{v:.2f}' for v in first_bytes[name])} |" if args.stream else ""))
+              + (f" {statistics.median(first_bytes[name]):.2f}: {' '.join(f'{v:.2f}' for v in first_bytes[name])} |"
+                 if args.stream else ""))
     if sink is not None:
         print(f"\nspans received by the OTLP sink: {sink.received} bytes")
     return 0
