@@ -173,10 +173,10 @@ class HttpReply:
                     self._silence_timer = loop.call_at(self._heard + self._timeout_s, self._check_silence)
                 try:
                     chunk = await content.readany()
-                except Exception:
+                except Exception as exc:
                     # A stream cut (aiohttp stores the error) goes on with what came before the
-                    # cut, the error with the next read: it stays stored.
-                    if not (chunk := _received_before_error(content)):
+                    # cut, the error with the next read: it stays stored. Any other goes now.
+                    if content.exception() is not exc or not (chunk := _received_before_error(content)):
                         raise
                 finally:
                     self._reading = False
