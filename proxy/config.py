@@ -1,8 +1,8 @@
-"""Typed, closed settings: one pydantic model per section of `config.yaml`.
+"""Typed, closed settings: one section (proxy/settings_base.py) per section of `config.yaml`.
 
-Sources, strongest first: constructor arguments, env vars `CONTEXT_PROXY_<SECTION>__<KEY>`,
-then the YAML file. Every section forbids unknown keys, so a typo stops start-up with the key
-named instead of becoming a silent no-op.
+Sources, strongest first: `load_settings`'s arguments, env vars `CONTEXT_PROXY_<SECTION>__<KEY>`,
+the seed's `DEFAULT_CONVERSATION_HISTORY_TOKEN_LIMIT`, then the YAML file. Every section forbids
+unknown keys, so a typo stops start-up with the key named instead of becoming a silent no-op.
 """
 
 from __future__ import annotations
@@ -12,30 +12,11 @@ import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    SecretStr,
-    ValidationError,
-    ValidatorFunctionWrapHandler,
-    create_model,
-    field_validator,
-    model_validator,
-)
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    YamlConfigSettingsSource,
-)
+import yaml
+
+from .settings_base import Field, Private, Secret, Section, SettingsError, deep_merge, env_values, overrides_of
 
 ENV_PREFIX = "CONTEXT_PROXY_"
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ServerSettings(Section):
@@ -124,7 +105,7 @@ class UpstreamSettings(Section):
         "instead of the client's Authorization, and never logged.",
     )
     timeout_s: float = Field(600, gt=0, le=86400, description="Seconds of upstream silence before a 504.")
-    api_key: SecretStr | None = Field(None, description="Sent upstream instead of the client's key when set.")
+    api_key: Secret | None = Field(None, description="Sent upstream instead of the client's key when set.")
     max_connections: int = Field(100, ge=1, le=10000, description="Pooled connections to the upstream.")
     max_reply_mb: float = Field(
         32,
@@ -146,18 +127,16 @@ class UpstreamSettings(Section):
     anthropic_base_url: str = Field(
         "https://api.anthropic.com", description="Anthropic API root for Messages requests (no /v1)."
     )
-    anthropic_api_key: SecretStr | None = Field(
+    anthropic_api_key: Secret | None = Field(
         None, description="Sent to the Anthropic API as x-api-key instead of the client's key when set."
     )
     gemini_base_url: str = Field(
         "https://generativelanguage.googleapis.com", description="Gemini API root for Gemini requests (no /v1beta)."
     )
 
-    @model_validator(mode="after")
-    def _one_credential(self) -> UpstreamSettings:
+    def _check(self) -> None:
         if self.api_key is not None and "@" in self.base_url.split("//", 1)[-1].split("/", 1)[0]:
             raise ValueError("base_url holds credentials and api_key is set too: use one of them")
-        return self
 
 
 class StorageSettings(Section):
@@ -189,7 +168,7 @@ class ConversationSettings(Section):
 
 
 class AdminSettings(Section):
-    token: SecretStr | None = Field(
+    token: Secret | None = Field(
         None,
         description="Bearer token of the admin API; unset = one the proxy makes and keeps in "
         "<storage.path>/admin-token (0600), printed at start-up as a /ui URL.",
@@ -222,11 +201,9 @@ class TruncationSettings(Section):
     read_length: int = Field(8000, ge=100, description="Most characters one read_tool_output call returns.")
     max_read_rounds: int = Field(4, ge=0, le=20, description="read_tool_output rounds per request before the model must answer.")
 
-    @model_validator(mode="after")
-    def _preview_shorter_than_limit(self) -> TruncationSettings:
+    def _check(self) -> None:
         if self.preview_length >= self.max_tool_response_length:
             raise ValueError("preview_length must be smaller than max_tool_response_length")
-        return self
 
 
 class QuotaSettings(Section):
@@ -302,37 +279,32 @@ class CompactionSettings(Section):
     )
 
     # The old flat names this section was given, with their new names (for the start-up log).
-    _moved: tuple[tuple[str, str], ...] = PrivateAttr(default=())
+    _moved: tuple[tuple[str, str], ...] = Private(tuple)
 
-    @field_validator("strategy", mode="before")
     @classmethod
-    def _yaml_off(cls, value: Any) -> Any:
-        # YAML 1.1 reads an unquoted `off` (and `no`, `false`) as false.
-        return "off" if value is False or (isinstance(value, str) and value.strip().lower() == "false") else value
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _old_flat_names(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    def _prepare(cls, data: dict[str, Any]) -> dict[str, Any]:
         """Read the keys that moved into mask/turns/budget under their old flat names too; both
-        names at once is an error naming the new one."""
-        if not isinstance(data, dict) or not MOVED_COMPACTION_KEYS.keys() & data.keys():
-            return handler(data)
-        data, moved = dict(data), []
+        names at once is an error naming the new one. YAML 1.1 reads an unquoted `off` (and `no`,
+        `false`) as false: that is the strategy `off`."""
+        strategy = data.get("strategy")
+        if strategy is False or (isinstance(strategy, str) and strategy.strip().lower() == "false"):
+            data["strategy"] = "off"
+        moved = []
         for old, (section, key) in MOVED_COMPACTION_KEYS.items():
             if old not in data:
                 continue
             inner = data.get(section, {})
-            if isinstance(inner, BaseModel):
+            if isinstance(inner, Section):
                 inner = inner.model_dump(exclude_unset=True)
             if not isinstance(inner, dict):
-                continue  # a malformed section: its own validation names it
+                continue  # a malformed section: its own check names it
             if key in inner:
                 raise ValueError(f"{old} is now {section}.{key}: set only {section}.{key}")
             data[section] = {**inner, key: data.pop(old)}
             moved.append((old, f"{section}.{key}"))
-        settings = handler(data)
-        settings._moved = tuple(moved)
-        return settings
+        if moved:
+            data["_moved"] = tuple(moved)
+        return data
 
 
 # A knowledge namespace: the charset of conversation ids, shorter. "versions" and "diff" name
@@ -345,12 +317,18 @@ def is_knowledge_namespace(value: str) -> bool:
     return bool(KNOWLEDGE_NAMESPACE.fullmatch(value)) and value not in RESERVED_NAMESPACES and set(value) != {"."}
 
 
+def _namespace(value: str | None) -> str | None:
+    if value is not None and not is_knowledge_namespace(value):
+        raise ValueError("a namespace is 1-64 characters of A-Z a-z 0-9 . _ : - (not 'versions' or 'diff')")
+    return value
+
+
 class KnowledgeSettings(Section):
     enabled: bool = Field(
         False, description="Send the tenant's long-term knowledge document upstream and offer the tools that edit it."
     )
     namespace: str | None = Field(
-        None, description="The document's namespace (X-Knowledge-Namespace wins); null = the tenant's default document."
+        None, check=_namespace, description="The document's namespace (X-Knowledge-Namespace wins); null = the tenant's default document."
     )
     max_tokens: int = Field(
         2000, ge=100, le=100_000,
@@ -361,13 +339,6 @@ class KnowledgeSettings(Section):
         description="Offer the agent the tools that edit the document (reading it is always offered). Off by "
         "default: one prompt injection would otherwise persist in every later conversation of the tenant.",
     )
-
-    @field_validator("namespace")
-    @classmethod
-    def _namespace(cls, value: str | None) -> str | None:
-        if value is not None and not is_knowledge_namespace(value):
-            raise ValueError("a namespace is 1-64 characters of A-Z a-z 0-9 . _ : - (not 'versions' or 'diff')")
-        return value
 
 
 class Profile(Section):
@@ -381,41 +352,6 @@ class Profile(Section):
 
 
 PROFILE_SECTIONS = ("context", "truncation", "compaction", "quota", "knowledge")
-
-
-def overrides_of(section: type[Section]) -> type[Section]:
-    """`section` with every key optional: a profile's overrides of it. Each key given is checked as
-    the section checks it (type, bounds, its field validators, old names read by a before or wrap
-    validator); the checks across keys (the section's after validators) run on the merged profile,
-    since a key may be valid only with the defaults it is merged over. `model_dump(exclude_unset=True)`
-    is what the profile sets."""
-    fields: dict[str, Any] = {}
-    for name, info in section.model_fields.items():
-        if isinstance(info.annotation, type) and issubclass(info.annotation, Section):
-            inner = overrides_of(info.annotation)
-            fields[name] = (inner, inner())
-        else:
-            optional = info._copy()
-            optional.default, optional.default_factory = None, None  # never validated, never dumped when unset
-            fields[name] = (info.annotation, optional)
-    decorators = section.__pydantic_decorators__
-    validators: dict[str, Any] = {
-        name: field_validator(*d.info.fields, mode=d.info.mode)(classmethod(d.func.__func__))
-        for name, d in decorators.field_validators.items()
-    }
-    validators.update(
-        (name, model_validator(mode=d.info.mode)(classmethod(d.func.__func__)))
-        for name, d in decorators.model_validators.items()
-        if d.info.mode != "after"
-    )
-    return create_model(  # type: ignore[call-overload, no-any-return]
-        section.__name__.removesuffix("Settings") + "Overrides",
-        __base__=Section,
-        __module__=__name__,
-        __validators__=validators,
-        __namespace__=dict(section.__private_attributes__),
-        **fields,
-    )
 
 
 ContextOverrides = overrides_of(ContextSettings)
@@ -442,11 +378,11 @@ class ProfileOverrides(Section):
         }
 
 
-def _merge(base: BaseModel, changes: dict[str, Any]) -> dict[str, Any]:
+def _merge(base: Section, changes: dict[str, Any]) -> dict[str, Any]:
     merged = base.model_dump()
     for key, value in changes.items():
         inner = getattr(base, key)
-        merged[key] = _merge(inner, value) if isinstance(inner, BaseModel) else value
+        merged[key] = _merge(inner, value) if isinstance(inner, Section) else value
     return merged
 
 
@@ -471,6 +407,14 @@ class SummarizerSettings(Section):
     )
 
 
+def _key_is_set(name: str | None) -> str | None:
+    # Checked at start-up so a missing key stops the proxy instead of failing every request;
+    # the value itself is read again at each call (rotation without a restart).
+    if name is not None and not os.environ.get(name):
+        raise ValueError(f"environment variable {name} is not set")
+    return name
+
+
 class ModelSettings(Section):
     """One entry of `models:`, keyed by the public model name clients send.
 
@@ -493,6 +437,7 @@ class ModelSettings(Section):
     api_key_env: str | None = Field(
         None,
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        check=_key_is_set,
         description="NAME of the env var holding the provider key (read at each call, never logged); "
         "null = litellm's own default variable for the provider (e.g. ANTHROPIC_API_KEY), if any.",
     )
@@ -523,17 +468,7 @@ class ModelSettings(Section):
          "client"}
     )
 
-    @field_validator("api_key_env")
-    @classmethod
-    def _key_is_set(cls, name: str | None) -> str | None:
-        # Checked at start-up so a missing key stops the proxy instead of failing every request;
-        # the value itself is read again at each call (rotation without a restart).
-        if name is not None and not os.environ.get(name):
-            raise ValueError(f"environment variable {name} is not set")
-        return name
-
-    @model_validator(mode="after")
-    def _consistent(self) -> ModelSettings:
+    def _check(self) -> None:
         if self.litellm_model is None:
             used = [name for name in self.LITELLM_ONLY if name in self.model_fields_set]
             if used:
@@ -544,12 +479,18 @@ class ModelSettings(Section):
                 f"params may not set {', '.join(reserved)} "
                 "(use litellm_model, api_base, api_key_env, extra_headers, timeout_s)"
             )
-        return self
+
+
+def _http_url(value: str | None) -> str | None:
+    if value is not None and not value.startswith(("http://", "https://")):
+        raise ValueError("must be an http:// or https:// URL (OTLP over HTTP)")
+    return value
 
 
 class TelemetrySettings(Section):
     otlp_endpoint: str | None = Field(
         None,
+        check=_http_url,
         description="OTLP/HTTP collector for traces: a base URL (http://host:4318, traces go to its /v1/traces) "
         "or the full traces URL; null = the OTEL_EXPORTER_OTLP_* variables decide (unset: no traces).",
     )
@@ -561,13 +502,6 @@ class TelemetrySettings(Section):
         32768, ge=256, le=10_000_000, description="Longest span attribute value: captured contents are cut to it."
     )
 
-    @field_validator("otlp_endpoint")
-    @classmethod
-    def _http_url(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL (OTLP over HTTP)")
-        return value
-
 
 class LoggingSettings(Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
@@ -578,13 +512,8 @@ class LoggingSettings(Section):
     )
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX,
-        env_nested_delimiter="__",
-        extra="forbid",
-        frozen=True,
-    )
+class Settings(Section):
+    """Every setting. `load_settings` reads them from their sources."""
 
     server: ServerSettings = ServerSettings()
     upstream: UpstreamSettings = UpstreamSettings()
@@ -606,10 +535,9 @@ class Settings(BaseSettings):
     )
     models: dict[str, ModelSettings] = Field(default_factory=dict, description="Settings per requested model name.")
 
-    _profiles: dict[str | None, Profile] = PrivateAttr(default_factory=dict)
+    _profiles: dict[str | None, Profile] = Private(dict)
 
-    @model_validator(mode="after")
-    def _resolve_profiles(self) -> Settings:
+    def _check(self) -> None:
         """Merge each profile over the defaults once, so a bad override stops start-up, naming it."""
         default = Profile(
             context=self.context, truncation=self.truncation, compaction=self.compaction, quota=self.quota,
@@ -619,12 +547,11 @@ class Settings(BaseSettings):
         for name, overrides in self.profiles.items():
             try:
                 self._profiles[name] = Profile.model_validate(overrides.merged_over(default))
-            except ValidationError as exc:
-                raise ValueError(f"profiles.{name}: {_one_line(exc, prefix='')}") from None
+            except SettingsError as exc:
+                raise ValueError(f"profiles.{name}: {exc.one_line()}") from None
         for model, entry in self.models.items():
             if entry.profile is not None and entry.profile not in self.profiles:
                 raise ValueError(f"models.{model}.profile: no profile named {entry.profile!r}")
-        return self
 
     def moved_keys(self) -> list[str]:
         """The keys given under an old name, as "old -> new" (start-up logs them: the old names go one day)."""
@@ -640,33 +567,9 @@ class Settings(BaseSettings):
         """Every profile by name (None = the defaults)."""
         return dict(self._profiles)
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        yaml_file = settings_cls.model_config.get("yaml_file")
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings, LegacyEnvSource(settings_cls)]
-        if yaml_file:
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file))
-        return tuple(sources)
-
 
 # The seed's own env var for the history budget: below CONTEXT_PROXY_* vars, above the YAML.
 LEGACY_TOKEN_LIMIT_ENV = "DEFAULT_CONVERSATION_HISTORY_TOKEN_LIMIT"
-
-
-class LegacyEnvSource(PydanticBaseSettingsSource):
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        value = os.environ.get(LEGACY_TOKEN_LIMIT_ENV)
-        return {"context": {"history_token_limit": value}} if value else {}
 
 
 class ConfigError(Exception):
@@ -674,25 +577,26 @@ class ConfigError(Exception):
 
 
 def load_settings(config_path: str | Path | None = None, **overrides: object) -> Settings:
-    """Read settings from `config_path` (if it exists), env vars and `overrides`."""
+    """Read settings from `config_path` (if it exists), env vars and `overrides`, strongest last."""
     if config_path is not None and not Path(config_path).is_file():
         raise ConfigError(f"config file not found: {config_path}")
-    # pydantic-settings reads the YAML path from model_config; a subclass carries this file's path.
-    cls = Settings
-    if config_path is not None:
-        cls = type("FileSettings", (Settings,), {"model_config": {**Settings.model_config, "yaml_file": str(config_path)}})
     try:
-        return cls(**overrides)
-    except ValidationError as exc:
-        raise ConfigError(_one_line(exc)) from None
-    except (OSError, ValueError) as exc:  # unreadable or malformed YAML
-        raise ConfigError(f"cannot read {config_path}: {exc}") from None
+        from_file = _read_yaml(Path(config_path)) if config_path is not None else {}
+    except (OSError, TypeError, ValueError, yaml.YAMLError) as exc:  # unreadable or malformed YAML
+        raise ConfigError(f"cannot read {config_path}: {' '.join(str(exc).split())}") from None  # one line
+    legacy = os.environ.get(LEGACY_TOKEN_LIMIT_ENV)
+    try:
+        from_env = env_values(Settings, ENV_PREFIX, os.environ)
+        layers = [from_file, {"context": {"history_token_limit": legacy}} if legacy else {}, from_env, overrides]
+        return Settings.model_validate(deep_merge(*layers))
+    except SettingsError as exc:
+        raise ConfigError(exc.one_line(prefix="bad setting ")) from None
 
 
-def _one_line(exc: ValidationError, prefix: str = "bad setting ") -> str:
-    parts = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"])
-        message = err["msg"].removeprefix("Value error, ")
-        parts.append(f"{where}: {message}" if where else message)
-    return prefix + "; ".join(parts)
+def _read_yaml(path: Path) -> dict[str, Any]:
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise TypeError("the file must hold a mapping of sections to their keys")
+    return data

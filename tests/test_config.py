@@ -28,6 +28,8 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         ({}, "server:\n  prot: 80\n", "server.prot"),
         ({}, "storage:\n  backend: floppy\n", "storage.backend"),
         ({}, "surprise: true\n", "surprise"),
+        ({}, "server: {port: 1\n", "cannot read"),  # malformed YAML: still one line
+        ({}, "- server\n", "must hold a mapping"),
         ({"CONTEXT_PROXY_UPSTREAM__TIMEOUT_S": "-1"}, None, "upstream.timeout_s"),
         # a key under its old flat name and its new one at once: the error names the new one
         ({"CONTEXT_PROXY_COMPACTION__MASK__BATCH": "2"}, "compaction:\n  mask_batch: 3\n", "set only mask.batch"),
@@ -220,3 +222,51 @@ def test_a_profile_overrides_only_the_keys_it_names_nested_sections_key_by_key(t
     assert (small.truncation.preview_length, small.truncation.max_tool_response_length) == (500, 1000)
     assert small.quota.max_llm_calls is None
     assert settings.profile(None).compaction.mask.keep_tool_outputs == 4  # the defaults untouched
+
+
+# -- the environment's values as their types; what settings never show or allow --------------------------------------
+
+
+def test_env_values_are_read_as_their_keys_types(monkeypatch):
+    monkeypatch.setenv("CONTEXT_PROXY_SERVER__FAST_PATH", "no")
+    monkeypatch.setenv("context_proxy_server__max_body_mb", "8")  # any case, as before
+    monkeypatch.setenv("CONTEXT_PROXY_SERVER__ALLOWED_HOSTS", '["proxy.internal"]')  # a tuple: JSON
+    monkeypatch.setenv("CONTEXT_PROXY_MODELS", '{"Big-Model": {"history_token_limit": 100}}')
+    monkeypatch.setenv("CONTEXT_PROXY_ADMIN__TOKEN", "s3cret-admin")
+    monkeypatch.setenv("CONTEXT_PROXY_ADMIN_TOKEN", "not a setting of ours")  # no such section: left alone
+    settings = load_settings(None)
+    assert settings.server.fast_path is False and settings.server.max_body_mb == 8.0
+    assert settings.server.allowed_hosts == ("proxy.internal",)
+    assert settings.models["Big-Model"].history_token_limit == 100
+    assert settings.admin.token.get_secret_value() == "s3cret-admin"
+    assert "s3cret" not in repr(settings) and "s3cret" not in settings.admin.model_dump_json()
+
+
+@pytest.mark.parametrize(
+    "name, value, named",
+    [
+        ("CONTEXT_PROXY_SERVER__PROT", "80", "server.prot: Extra inputs are not permitted"),
+        ("CONTEXT_PROXY_MODELS", "{not json", "models: CONTEXT_PROXY_MODELS is not valid JSON"),
+        ("CONTEXT_PROXY_SERVER__FAST_PATH", "maybe", "server.fast_path: Input should be a valid boolean"),
+        ("CONTEXT_PROXY_LOGGING__LEVEL", "LOUD", "logging.level: Input should be 'DEBUG', 'INFO', 'WARNING' or 'ERROR'"),
+    ],
+)
+def test_a_bad_env_value_is_refused_naming_its_key(monkeypatch, name, value, named):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        load_settings(None)
+
+
+def test_settings_are_frozen():
+    settings = load_settings(None)
+    with pytest.raises(AttributeError, match="frozen"):
+        settings.server.port = 1  # type: ignore[misc]
+    assert settings.server.model_copy(update={"port": 1}).port == 1 and settings.server.port == 8080
+
+
+def test_the_proxy_starts_without_pydantic():
+    """Settings are read by proxy/settings_base.py: pydantic and pydantic-settings cost every proxy
+    ~13 MB resident. (litellm, when a model routes through it, brings pydantic along.)"""
+    probe = "import sys, proxy.cli, proxy.app; print(sorted({m.split('.')[0] for m in sys.modules if 'pydantic' in m}))"
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
