@@ -1,6 +1,6 @@
 """What the proxy's resident memory is made of, under the bench's load.
 
-`python -m bench.memory_breakdown [--conversations 10000] [--repeats N] [--env NAME=VALUE ...] [--src TREE]`
+`python -m bench.memory_breakdown [--conversations 10000] [--repeats N] [--env NAME=VALUE ...] [--src TREE] [--named]`
 starts the mock upstream and one proxy (shipped config.yaml, `--src`'s tree) under
 `bench.memprobe --untraced` (nothing slows it down), then runs what `python -m bench.run` runs
 against a proxy: `--repeats` (1) repeats of the side-by-side phases (20 agent conversations of 200
@@ -9,7 +9,8 @@ messages one at a time, streamed turns, 16 concurrent clients; each repeat new o
 side-by-side load, after the memory run) the proxy writes `memprobe.breakdown()`: its resident
 set by mapping, glibc malloc's and pymalloc's own figures, its threads, and each cache's entries,
 believed and real size. `--env` sets the proxy's environment (MALLOC_ARENA_MAX=2, a
-CONTEXT_PROXY_ setting...): an A/B of a lever without editing anything. Prints a table per
+CONTEXT_PROXY_ setting...): an A/B of a lever without editing anything. `--named`: the agents name
+their conversation (X-Conversation-ID), as bench.run's proxy-named's do; else the proxy derives it. Prints a table per
 checkpoint and writes the whole as JSON (`--out`).
 """
 
@@ -112,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=1, help="side-by-side blocks before the memory run (bench.run's --repeats)")
     p.add_argument("--env", action="append", default=[], help="NAME=VALUE for the proxy's environment (repeatable)")
     p.add_argument("--src", default=str(REPO), help="source tree whose proxy and config.yaml run")
+    p.add_argument("--named", action="store_true", help="the agents name their conversation (bench.run's proxy-named)")
     p.add_argument("--smoke", action="store_true", help="the bench's smoke load: seconds, proves the tool works")
     p.add_argument("--out", default=str(RESULTS / "memory-breakdown.json"))
     args = p.parse_args(argv)
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         bench.procs.append(proc)
         proc.start()
         proc.wait_ready(60)
-        t = Target("proxy", f"http://127.0.0.1:{proc.port}/v1", proc)
+        t = Target("proxy-named" if args.named else "proxy", f"http://127.0.0.1:{proc.port}/v1", proc)
         checkpoints = result["checkpoints"]
         checkpoints["idle after start"] = dump(proc.pid, probe_file)
         log(f"side-by-side load ({args.repeats} repeat{'s' if args.repeats != 1 else ''})")
@@ -170,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
             proc_.stop()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
-    text = [f"# memory breakdown ({', '.join(f'{k}={v}' for k, v in extra.items()) or 'no extra env'})", ""]
+    agents = "agents naming their conversation" if args.named else "derived ids"
+    text = [f"# memory breakdown ({agents}; {', '.join(f'{k}={v}' for k, v in extra.items()) or 'no extra env'})", ""]
     text += [render(name, b) for name, b in result["checkpoints"].items()]
     text += ["| side-by-side phase | resident MB | peak since idle MB | fast path taken / declined / none |", "|---|---|---|---|"]
     text += [

@@ -123,17 +123,21 @@ def test_bench_smoke_speaks_every_wire_format(tmp_path: Path, wire: str) -> None
     assert all(p["errors"] == 0 for p in data["blocks"] if isinstance(p, dict) and "errors" in p)
 
 
-def test_memory_breakdown_smoke_and_the_caches_count_what_they_hold(tmp_path: Path) -> None:
-    """`python -m bench.memory_breakdown --smoke --repeats 2`: every checkpoint written, each
-    repeat's phases noted, and the caches that bound themselves by bytes believe within a third of
-    what their objects really take (the budgets in proxy/prefix.py and proxy/engine/fastpath.py
-    are only as good as that)."""
+@pytest.mark.parametrize("named", [False, True], ids=["derived", "named"])
+def test_memory_breakdown_smoke_and_the_caches_count_what_they_hold(tmp_path: Path, named: bool) -> None:
+    """`python -m bench.memory_breakdown --smoke --repeats 2 [--named]`: every checkpoint written,
+    each repeat's phases noted, and the caches that bound themselves by bytes believe within a third
+    of what their objects really take (the budgets in proxy/prefix.py and proxy/engine/fastpath.py
+    are only as good as that); with the proxy deriving the conversations, or the agents naming them."""
     out = tmp_path / "mb.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.memory_breakdown", "--smoke", "--repeats", "2", "--out", str(out)],
+        [sys.executable, "-m", "bench.memory_breakdown", "--smoke", "--repeats", "2", "--out", str(out),
+         *(["--named"] if named else [])],
         cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
     )
     assert proc.returncode == 0, f"breakdown failed\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
+    agents = "agents naming their conversation" if named else "derived ids"
+    assert proc.stdout.startswith(f"# memory breakdown ({agents};"), proc.stdout[:200]
     result = json.loads(out.read_text())
     assert list(result["checkpoints"]) == ["idle after start", "after the side-by-side load", "after 40 more conversations"]
     phases = [p["phase"] for p in result["phases"]]
