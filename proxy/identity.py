@@ -9,8 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,14 +100,10 @@ THREAD_HASH_CHARS = 12
 
 def thread_token(basis: Any) -> str:
     """A short stable name for one thread of a client session: a hash of what starts it (its
-    dialect's `thread_basis`: system prompt, first user message, tool names)."""
-    return thread_token_and_size("", basis)[0]
-
-
-def thread_token_and_size(tenant: str, basis: Any) -> tuple[str, int]:
-    """The thread token (the tenant is not in it: the family's id is), and the size it hashed."""
+    dialect's `thread_basis`: system prompt, first user message, tool names). The tenant is not
+    in it: the family's id is."""
     blob = json.dumps(basis, sort_keys=True, ensure_ascii=False).encode()
-    return hashlib.sha256(b"context-proxy thread\0" + blob).hexdigest()[:THREAD_HASH_CHARS], len(blob)
+    return hashlib.sha256(b"context-proxy thread\0" + blob).hexdigest()[:THREAD_HASH_CHARS]
 
 
 def thread_conversation_id(family: str, token: str) -> str:
@@ -129,46 +124,5 @@ def family_of(conversation_id: str, is_thread: bool) -> str:
 def derived_conversation_id(tenant: str, basis: Any) -> str:
     """Stable per agent run: a hash of the tenant and the run's basis (its dialect's choice: the
     system prompt and the first user message)."""
-    return derived_id_and_size(tenant, basis)[0]
-
-
-def derived_id_and_size(tenant: str, basis: Any) -> tuple[str, int]:
-    """The derived id, and the size of what it hashed (what a remembered basis holds, about)."""
     blob = json.dumps([tenant, *basis], sort_keys=True, ensure_ascii=False).encode()
-    return "auto-" + hashlib.sha256(blob).hexdigest()[:32], len(blob)
-
-
-class RunNames:
-    """A name hashed from a run's basis (`derived_conversation_id`, or a session thread's
-    `thread_token`), remembered for recent runs: every turn of an agent repeats its run's basis
-    (system prompt, task, tool names: KBs to dump and hash, ~3% of a later turn). Looked up by
-    what the caller says names the run (its request's BodyCache key), and used only if the
-    basis kept there equals this one: a comparison at C speed, usually of the very same objects
-    (a body the BodyCache extended shares them), so a shared name costs a hash, never a wrong
-    name. Bounded by `max_entries` runs and `max_bytes` of the bases kept (they outlive the
-    bodies they came from), least recently used out first."""
-
-    def __init__(
-        self, name: Callable[[str, Any], tuple[str, int]], max_entries: int = 256, max_bytes: int = 2 * 2**20
-    ) -> None:
-        self.name = name  # (tenant, basis) -> (the name, the size of what it hashed)
-        self.max_entries, self.max_bytes = max_entries, max_bytes
-        self._ids: OrderedDict[Any, tuple[Any, str, int]] = OrderedDict()
-        self._bytes = 0
-
-    def of(self, tenant: str, basis: Any, run: Hashable) -> str:
-        key = (tenant, run)
-        held = self._ids.get(key)
-        if held is not None and held[0] == basis:
-            self._ids.move_to_end(key)
-            return held[1]
-        named, size = self.name(tenant, basis)
-        if held is not None:
-            self._bytes -= held[2]
-        self._ids[key] = (basis, named, size)
-        self._ids.move_to_end(key)
-        self._bytes += size
-        while len(self._ids) > self.max_entries or (self._bytes > self.max_bytes and len(self._ids) > 1):
-            _, (_, _, dropped) = self._ids.popitem(last=False)
-            self._bytes -= dropped
-        return named
+    return "auto-" + hashlib.sha256(blob).hexdigest()[:32]

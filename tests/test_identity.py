@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from tests.conftest import ALICE, BOB, admin_get, live_messages, openai_client, trajectory
 from tests.fakes.fake_upstream import Reply
 
@@ -124,26 +126,23 @@ def test_a_new_run_of_the_same_agent_and_task_is_a_new_conversation(proxy, upstr
     assert len(live_messages(http, first_id)) == 7 and len(live_messages(http, second_id)) == 5
 
 
-def test_derived_ids_remembered_per_run_are_the_ids_their_basis_hashes_to():
-    from proxy.identity import RunNames, derived_conversation_id, derived_id_and_size
+def test_a_run_extended_past_its_first_user_message_is_named_by_it(make_proxy, upstream, tmp_path, caplog):
+    """A run's derived id is kept with the body it came from, for the request that extends it;
+    one whose basis changed on the way (its first request had no user message yet) is named as
+    a fresh request of the same messages is, by a proxy that never saw the first."""
+    caplog.set_level(logging.INFO, logger="proxy.access")
+    client = openai_client(make_proxy(server={"fast_path": True}))
 
-    ids = RunNames(derived_id_and_size, max_entries=2)
-    system, task = ["You fix bugs."], "fix issue 7"
-    first = ids.of("tenant", [system, task], run=("fingerprint", 1))
-    assert first == derived_conversation_id("tenant", [system, task])
-    assert ids.of("tenant", [system, task], run=("fingerprint", 1)) == first  # a later turn of the run
-    # The same name with another basis (two runs whose requests start alike) is hashed, not taken.
-    other = ids.of("tenant", [system, "fix issue 8"], run=("fingerprint", 1))
-    assert other == derived_conversation_id("tenant", [system, "fix issue 8"]) != first
-    assert ids.of("another tenant", [system, task], run=("fingerprint", 1)) == derived_conversation_id(
-        "another tenant", [system, task]
-    ) != first
-    for n in range(5):  # bounded: the oldest runs go
-        ids.of("tenant", [system, f"task {n}"], run=("fingerprint", n + 10))
-    assert len(ids._ids) == 2
-    small = RunNames(derived_id_and_size, max_bytes=10_000)  # and by the bases' size: they outlive their bodies
-    for n in range(5):
-        small.of("tenant", ["x" * 4_000, f"task {n}"], run=n)
-    assert len(small._ids) == 2 and small.of("tenant", ["x" * 4_000, "task 4"], run=4) == derived_conversation_id(
-        "tenant", ["x" * 4_000, "task 4"]
+    def turn(messages: list[dict]) -> tuple[str, list[dict]]:
+        raw = client.chat.completions.with_raw_response.create(model="m", messages=messages)
+        return raw.headers["X-Conversation-ID"], [*messages, {"role": "assistant", "content": raw.parse().choices[0].message.content}]
+
+    opened, history = turn([SYSTEM, {"role": "assistant", "content": "What shall I do?"}])
+    tasked, history = turn([*history, {"role": "user", "content": "task: fix the bug"}])
+    went_on, _ = turn([*history, {"role": "user", "content": "next"}])
+    reasons = [r.fast_path_reason for r in caplog.records if r.name == "proxy.access"]
+    assert "body_not_extended" not in reasons  # each body extended the one before
+    fresh = openai_client(make_proxy(data_dir=tmp_path / "elsewhere")).chat.completions.with_raw_response.create(
+        model="m", messages=history[:-1]
     )
+    assert opened != tasked == went_on == fresh.headers["X-Conversation-ID"]

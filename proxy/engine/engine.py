@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import orjson
 
@@ -32,15 +33,7 @@ from ..dialects.base import Dialect
 from ..eager import eager
 from ..errors import InvalidRequest, ProxyError
 from ..history import TurnPlan, is_fresh_start, plan_anchored, plan_appended, plan_full_history, plan_proxy_history
-from ..identity import (
-    ConversationKey,
-    RunNames,
-    derived_conversation_id,
-    derived_id_and_size,
-    thread_conversation_id,
-    thread_token,
-    thread_token_and_size,
-)
+from ..identity import ConversationKey, derived_conversation_id, thread_conversation_id, thread_token
 from ..marks import Marks
 from ..metrics import Metrics
 from ..pipeline import Pipeline, Turn
@@ -87,6 +80,21 @@ async def whole(step: Awaitable[None]) -> None:
         raise asyncio.CancelledError
 
 
+def _run_name(request: ParsedRequest, kind: tuple[str, str], basis: Any, name: Callable[[], str]) -> str:
+    """A run's name hashed from its basis (`kind`: a tenant's derived id, or a session thread's
+    token), kept with the body it came from (BodyEntry.derived) for the request that extends it:
+    that one repeats the basis's very objects, so a comparison at C speed replaces dumping and
+    hashing KBs (~3% of a later turn). Kept nowhere else: a basis that outlived its body would
+    hold that body's strings scattered through the heap (1.2 MB and more at the bench's peak)."""
+    parsed = request.parsed
+    origin = parsed.origin if parsed is not None and parsed.reused else None
+    held = origin.derived.get(kind) if origin is not None else None
+    named = held[1] if held is not None and held[0] == basis else name()
+    if parsed is not None and parsed.entry is not None:
+        parsed.entry.derived[kind] = (basis, named)
+    return named
+
+
 def _shared(stored: list[str], sent: list[str]) -> int:
     """How many leading hashes two transcripts share."""
     n = 0
@@ -127,9 +135,6 @@ class Engine:
         self.fastpath = FastPath(metrics, enabled=settings.server.fast_path, max_bytes=cache // 4)
         self.bodies = BodyCache(cache, enabled=settings.server.fast_path, on_evict=self.fastpath.let_go)
         self.request_parts = RequestParts()  # what each conversation's last turn sent besides its transcript
-        # Each run's derived id, each session thread's token: not hashed again on its every turn.
-        self.derived_ids = RunNames(derived_id_and_size)
-        self.thread_tokens = RunNames(thread_token_and_size)
         self._tool_tokens: dict[tuple[str, str], int] = {}  # (dialect, tokenizer) -> the recall tools' tokens
         # Turns past their reply, still writing (the client may already hold the whole response),
         # with their conversation: its next turn waits for those writes, never for an upstream.
@@ -176,8 +181,7 @@ class Engine:
             )
         raws = request.transcript()
         basis = dialect.identity_basis(request.body, raws)
-        run = request.parsed.key if request.parsed is not None else None  # its run's BodyCache key
-        derived = self.derived_ids.of(tenant, basis, run) if run is not None else derived_conversation_id(tenant, basis)
+        derived = _run_name(request, ("derived id", tenant), basis, lambda: derived_conversation_id(tenant, basis))
         return await self._run_of(ConversationKey(tenant, derived), request, raws, dry_run)
 
     async def _thread_of(self, family: ConversationKey, request: ParsedRequest, claim: bool) -> ConversationKey:
@@ -188,8 +192,7 @@ class Engine:
         shows is its main one and keeps the session id; every other is `<session>:<token>`."""
         raws = request.transcript()
         basis = request.dialect.thread_basis(request.body, raws)
-        run = request.parsed.key if request.parsed is not None else None  # its thread's BodyCache key
-        token = self.thread_tokens.of(family.tenant, basis, run) if run is not None else thread_token(basis)
+        token = _run_name(request, ("thread token", family.tenant), basis, lambda: thread_token(basis))
         conversation = await self.store.get(family)
         main = conversation.marks.get(THREAD_MARK) if conversation is not None else None
         main = main if main is not None else self._claims.get(family)
