@@ -199,6 +199,7 @@ class BodyEntry:
     # tokens its tools and instructions make, for a model): a body that extends this one has the
     # same bytes there (ParsedBody.reused), so the same facts.
     derived: dict[Any, Any] = field(default_factory=dict)
+    conversation: Any = None  # the conversation whose turn it was kept for (BodyCache.remember)
 
     @property
     def size(self) -> int:
@@ -248,6 +249,7 @@ class BodyCache:
         self._misses: OrderedDict[Any, int] = OrderedDict()
         self._proofs: set[asyncio.Future[bool]] = set()  # prove_soon's, under way
         self._slots: OrderedDict[Any, int] = OrderedDict()  # each opening key's next slot (opening_slot)
+        self._homes: OrderedDict[Any, Any] = OrderedDict()  # each recent conversation's key (remember)
 
     async def extend(
         self, key: Any, raw: bytes, transcript_key: str, parts: Parts | None = None, opening: Any = None,
@@ -313,8 +315,14 @@ class BodyCache:
             return ParsedBody(body)
         return ParsedBody(body, entry=await off_loop(len(raw), _entry, raw, body, transcript_key, parts), key=key)
 
-    def remember(self, key: Any, parsed: ParsedBody, hashes: list[str]) -> None:
-        """Keep `parsed` (its transcript checked, `hashes` its items' hashes) for the next request."""
+    def remember(self, key: Any, parsed: ParsedBody, hashes: list[str], conversation: Any = None) -> None:
+        """Keep `parsed` (its transcript checked, `hashes` its items' hashes) for the next request,
+        the one body of `conversation` kept: a run whose first bytes changed (a client that turns
+        to streaming or to another model: its run's key is its bytes up to its first reply)
+        left its last body under a key no request of it looks up again, which would fill the
+        budget until the least recently used went (4 MB over the bench's 20 agents)."""
+        if conversation is not None:
+            self._move_home(conversation, key)
         entry = parsed.entry
         old = self._entries.pop(key, None)
         if old is not None:
@@ -324,6 +332,7 @@ class BodyCache:
         if entry is None or len(hashes) != len(entry.raws) or not self.enabled:
             return
         entry.hashes = hashes
+        entry.conversation = conversation
         self._entries[key] = entry
         self._held += entry.size
         while self._held > self.max_bytes or len(self._entries) > MAX_BODIES:
@@ -332,6 +341,16 @@ class BodyCache:
             if self.on_evict is not None:
                 self.on_evict(evicted)
             evicted.let_go()
+
+    def _move_home(self, conversation: Any, key: Any) -> None:
+        """`conversation`'s body is kept under `key` from now on: the one kept under another key
+        for it goes (one that key holds for another conversation now stays)."""
+        home = self._homes.pop(conversation, None)
+        if home is not None and home != key and (old := self._entries.get(home)) is not None and old.conversation == conversation:
+            self.forget(home)
+        self._homes[conversation] = key
+        if len(self._homes) > MAX_BODIES:
+            self._homes.popitem(last=False)
 
     def prove_soon(self, key: Any, transcript_key: str) -> None:
         """Prove where the body kept under `key` splits, as a task of its own, if it was parsed

@@ -427,3 +427,26 @@ def test_a_body_whose_volatile_fields_alone_changed_at_its_end_still_extends_the
     quoted = raw([*msgs("a", "b"), {"role": "user", "content": '],"tools":["ls"],'}], {"turn": 3})
     found = extend(cache, KEY, quoted, "messages", None, None, volatile)
     assert found is not None and found.body == orjson.loads(quoted)
+
+
+def test_a_conversation_keeps_one_body_the_one_its_last_turn_sent():
+    """A run whose first bytes changed (a client that turned to streaming: its run's key is its
+    bytes up to its first reply) leaves no body behind under its old key, where no request of
+    it looks again; a body kept there for another conversation since stays."""
+    cache = BodyCache()
+    mine, theirs = ConversationKey("t", "a"), ConversationKey("t", "b")
+    before, after, later = ("t", "chat", None, 1), ("t", "chat", None, 2), ("t", "chat", None, 3)
+
+    def keep(key: tuple, raw: bytes, conversation: ConversationKey) -> None:
+        parsed = asyncio.run(cache.full(key, raw, orjson.loads(raw), "messages"))
+        cache.remember(key, parsed, [f"h{i}" for i in range(len(parsed.body["messages"]))], conversation)
+
+    keep(before, body(msgs("a"), stream=False), mine)
+    keep(after, body(msgs("a", "b"), stream=True), mine)
+    assert extend(cache, before, body(msgs("a", "c"), stream=False), "messages") is None  # let go
+    assert extend(cache, after, body(msgs("a", "b", "c"), stream=True), "messages") is not None
+    assert cache.held == cache._entries[after].size
+    keep(before, body(msgs("x"), stream=False), theirs)
+    keep(later, body(msgs("a", "b", "c"), stream=False), mine)  # mine moves on from `after`
+    assert extend(cache, after, body(msgs("a", "b", "c", "d"), stream=True), "messages") is None
+    assert extend(cache, before, body(msgs("x", "y"), stream=False), "messages") is not None  # theirs stays

@@ -269,7 +269,7 @@ class Engine:
         fresh = parsed.fresh if extended and parsed.fresh is not None else request.size  # type: ignore[union-attr]
         hashes = known + await validated_hashes(dialect.validate, codec.hash, raws, len(known), fresh)
         if by_bytes:
-            self.bodies.remember(parsed.key, parsed, hashes)  # type: ignore[union-attr]
+            self.bodies.remember(parsed.key, parsed, hashes, key)  # type: ignore[union-attr]
         if not extended:
             self.prefixes.remember(key, raws, hashes, size=request.size)
         else:  # the body cache holds this conversation: a snapshot would outlive its body there, in memory of its own
