@@ -572,6 +572,28 @@ async def test_writes_that_wait_while_the_store_thread_is_busy_are_written_toget
         msg("the store writes again"), msg("ok", "assistant")]
 
 
+async def test_a_conversation_that_does_not_exist_is_told_without_waiting_for_the_store_thread(reopen):
+    """A derived-id agent's first turn asks whether its conversation exists before its turn: a
+    busy store thread (other turns' writes) must not hold it, with its parsed body, for a "no".
+    One that exists but is no longer held in memory is still read in turn, whole."""
+    store = await reopen()
+    await turn(store, A, ["task"])
+    store = await reopen()  # nothing held in memory: A is read from its rows
+    started, release = threading.Event(), threading.Event()
+    busy = store._thread.run(lambda: (started.set(), release.wait(10)))
+    await asyncio.to_thread(started.wait, 10)
+    missing = asyncio.ensure_future(store.get(ConversationKey(A.tenant, "never-made")))
+    await asyncio.sleep(0)  # one step of the loop: answered while the thread is held
+    assert missing.done() and missing.result() is None
+    existing = asyncio.ensure_future(store.get(A))
+    while store._thread._asked < store._thread._done + 2:  # it queued behind the busy call
+        await asyncio.sleep(0)
+    assert not existing.done()
+    release.set()
+    await busy
+    assert [h for _, h in (await existing).live] == [message_hash(msg("task")), message_hash(msg("ok", "assistant"))]
+
+
 # -- turn records ------------------------------------------------------------------------------------
 
 

@@ -33,6 +33,7 @@ log = logging.getLogger("proxy.store.disk")
 
 TABLE = "context_proxy_rows"
 _GET = f"SELECT value, raw FROM {TABLE} WHERE key = ?"
+_HAS = f"SELECT 1 FROM {TABLE} WHERE key = ?"
 _SET = f"INSERT INTO {TABLE} (key, value, raw) VALUES "
 # An existing row is updated where it stands (its rowid and its index entry kept): INSERT OR
 # REPLACE deletes it and inserts it anew at the table's end, which touched both leaves, the
@@ -101,6 +102,11 @@ class Rows:
         finally:
             self._held = None
         self._write(held)
+
+    def committed(self, key: str) -> bool:
+        """Whether `key` has a row as last committed: any thread, on its own connection (a WAL
+        reader waits for no writer), never the write under way (the store's calls' alone)."""
+        return self._con.execute(_HAS, (key,)).fetchone() is not None
 
     def get(self, key: str, default: Any = None) -> Any:
         if self._held is not None and key in self._held:
