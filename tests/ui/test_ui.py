@@ -187,11 +187,16 @@ def test_list_and_replay_show_calls_summaries_and_expandable_outputs(make_proxy,
     def in_window() -> list[int]:
         return [int(m.get_attribute("data-seq")) for m in timeline.find_elements(By.CSS_SELECTOR, ".message.in-window")]
 
-    # The click's handler runs in the page, not in the click command: wait for what it draws.
-    toggle.click()
+    # The click's handler runs in the page, not in the click command: wait for what it draws. The
+    # click is dispatched on the button in the page: a WebDriver click lands where it measured the
+    # button, and once, in a full run under load, it toggled nothing (cause not found).
+    def click() -> None:
+        browser.execute_script("arguments[0].click()", toggle)
+
+    click()
     wait(browser).until(lambda _: toggle.get_attribute("aria-pressed") == "true")
     assert in_window() == last_turn["sent_seqs"]
-    toggle.click()
+    click()
     wait(browser).until(lambda _: toggle.get_attribute("aria-pressed") == "false")
     assert in_window() == []
     assert browser.find_elements(By.CSS_SELECTOR, "#token-chart svg rect.bar.sent")
